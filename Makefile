@@ -1,0 +1,122 @@
+# bakery - one entry point.  Targets: all test demo bench install deps asan fuzz clean
+#   make                 build everything into build/ (CUDA objects when nvcc is found)
+#   make test            unit tests + shell pipeline tests (prints "N passed, N failed")
+#   make asan test       the same under AddressSanitizer + UBSan (build in build/asan)
+#   make CUDA=0          host twin only;  make NVCC=/path/to/nvcc  another toolkit
+.SUFFIXES:
+SHELL := /bin/bash
+
+PREFIX  ?= /usr/local
+CC      ?= cc
+CXX     ?= c++
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA    ?= $(if $(NVCC),1,0)
+
+DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libxxhash-dev libsentencepiece-dev \
+                libjansson-dev libopenblas-dev libyaml-dev gnuplot-nox clang
+
+WARN     := -Wall -Wextra -Werror
+OPT      ?= -O2
+CPPFLAGS += -D_GNU_SOURCE -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread
+CFLAGS   += -std=c11 $(OPT) -g $(WARN) -fopenmp
+CXXFLAGS += -std=c++17 $(OPT) -g $(WARN)
+LDLIBS   += -lmsgpackc -lxxhash -lsentencepiece -ljansson -lyaml -lopenblas -lstdc++ -lm -fopenmp
+
+BUILD := build
+ifneq ($(filter asan,$(MAKECMDGOALS)),)
+BUILD    := build/asan
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+CFLAGS   += $(SANFLAGS)
+CXXFLAGS += $(SANFLAGS)
+LDFLAGS  += $(SANFLAGS)
+OPT      := -O1
+CUDA     := 0
+endif
+
+LIB_C   := $(wildcard common/*.c formats/*.c gpu/*.c)
+LIB_CXX := $(wildcard formats/*.cc)
+LIB_CU  := $(wildcard gpu/*.cu)
+CMDS    := $(patsubst cmd/%.c,%,$(wildcard cmd/bk-*.c))
+UNIT    := $(patsubst tests/unit/%.c,%,$(wildcard tests/unit/test_*.c))
+FUZZ    := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+
+LIB_OBJ := $(LIB_C:%.c=$(BUILD)/obj/%.o) $(LIB_CXX:%.cc=$(BUILD)/obj/%.o)
+ifeq ($(CUDA),1)
+CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVCCFLAGS  ?= -O2 -std=c++17 -I. -gencode arch=compute_80,code=sm_80 \
+              -gencode arch=compute_86,code=sm_86 -gencode arch=compute_90,code=sm_90 \
+              -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
+CPPFLAGS   += -DBK_HAVE_CUDA=1
+LIB_OBJ    += $(LIB_CU:%.cu=$(BUILD)/obj/%.o)
+LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
+endif
+
+BINS := $(CMDS:%=$(BUILD)/bin/%)
+TESTBINS := $(UNIT:%=$(BUILD)/tests/%)
+
+.PHONY: all test demo bench install deps asan fuzz clean check-deps
+all: $(BINS) $(TESTBINS)
+asan: all
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/obj/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DBK_HAVE_CUDA=1 -MMD -MP -c $< -o $@
+
+$(BUILD)/libbakery.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/bin/%: $(BUILD)/obj/cmd/%.o $(BUILD)/libbakery.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $< $(BUILD)/libbakery.a $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(BUILD)/obj/tests/unit/harness.o $(BUILD)/libbakery.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $< $(BUILD)/obj/tests/unit/harness.o $(BUILD)/libbakery.a $(LDLIBS) -o $@
+$(BUILD)/obj/tests/unit/harness.o: tests/harness.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+test: all
+	@BUILD=$(BUILD) tests/run.sh
+
+demo: all
+	@$(MAKE) --no-print-directory -f pipelines/demo.mk BIN=$(CURDIR)/$(BUILD)/bin
+
+bench: all
+	@BUILD=$(BUILD) bench/run.sh
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
+	           $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man7
+	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin
+	install -m 644 $(wildcard man/*.1) $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 644 $(wildcard man/*.5) $(DESTDIR)$(PREFIX)/share/man/man5
+	install -m 644 $(wildcard man/*.7) $(DESTDIR)$(PREFIX)/share/man/man7
+
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then echo "deps: all installed"; exit 0; fi; \
+	cmd="apt-get install -y --no-install-recommends $$(echo $$missing)"; \
+	if [ "$$(id -u)" != 0 ]; then echo "deps: missing packages; run as root:"; echo "  apt-get update && $$cmd"; exit 1; fi; \
+	echo "deps: $$cmd"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$cmd
+
+# libFuzzer targets (clang); run each: build/fuzz/fuzz_stream -max_total_time=600 tests/fuzz/corpus/stream
+FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I. -Wall -Wextra -Werror -fopenmp
+fuzz: $(FUZZ:%=build/fuzz/%)
+build/fuzz/%: tests/fuzz/%.c $(LIB_C) $(LIB_CXX)
+	@mkdir -p build/fuzz/obj
+	for f in $(LIB_CXX); do clang++ -std=c++17 -g -O1 -fsanitize=address,undefined -I. -c $$f -o build/fuzz/obj/$$(basename $$f .cc).o || exit 1; done
+	clang $(FUZZ_CFLAGS) -I/usr/include/x86_64-linux-gnu/openblas-pthread $< $(LIB_C) build/fuzz/obj/*.o \
+	    -lmsgpackc -lxxhash -lsentencepiece -ljansson -lyaml -lopenblas -lstdc++ -lm -o $@
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

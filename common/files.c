@@ -1,0 +1,233 @@
+/* files.c - see files.h. */
+#include "files.h"
+#include "diag.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+char *bk_try_read_file(const char *path, size_t *len)
+{
+	FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+	if (!f)
+		return NULL;
+	size_t cap = 1 << 16, n = 0;
+	char *buf = xmalloc(cap + 1);
+	for (;;) {
+		if (n == cap) {
+			cap *= 2;
+			buf = xrealloc(buf, cap + 1);
+		}
+		size_t r = fread(buf + n, 1, cap - n, f);
+		n += r;
+		if (r == 0)
+			break;
+	}
+	int err = ferror(f) ? (errno ? errno : EIO) : 0;
+	if (f != stdin)
+		fclose(f);
+	if (err) {
+		free(buf);
+		errno = err;
+		return NULL;
+	}
+	buf[n] = 0;
+	if (len)
+		*len = n;
+	return buf;
+}
+
+char *bk_read_file(const char *path, size_t *len)
+{
+	char *p = bk_try_read_file(path, len);
+	if (!p)
+		die("%s: %s", path, strerror(errno));
+	return p;
+}
+
+bk_map bk_map_file(const char *path)
+{
+	bk_map m = {0};
+	int fd = open(path, O_RDONLY);
+	if (fd < 0)
+		die("%s: %s", path, strerror(errno));
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		die("%s: %s", path, strerror(errno));
+	if (!S_ISREG(st.st_mode))
+		die("%s: not a regular file", path);
+	m.len = (size_t)st.st_size;
+	if (m.len) {
+		void *p = mmap(NULL, m.len, PROT_READ, MAP_PRIVATE, fd, 0);
+		if (p == MAP_FAILED)
+			die("%s: mmap: %s", path, strerror(errno));
+		m.data = p;
+	}
+	close(fd);
+	return m;
+}
+
+void bk_unmap(bk_map *m)
+{
+	if (m->data)
+		munmap((void *)m->data, m->len);
+	m->data = NULL;
+	m->len = 0;
+}
+
+/* ---- atomic outputs ---- */
+
+struct bk_out {
+	FILE *f;
+	char *path, *tmp;
+};
+
+#define BK_MAX_TMP 16
+static char *live_tmp[BK_MAX_TMP]; /* temporaries to remove if we die */
+static int cleanup_installed;
+
+static void remove_tmps(void)
+{
+	for (int i = 0; i < BK_MAX_TMP; i++)
+		if (live_tmp[i])
+			unlink(live_tmp[i]);
+}
+
+static void on_fatal_signal(int sig)
+{
+	remove_tmps(); /* unlink is async-signal-safe */
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+static void track_tmp(char *tmp, int add)
+{
+	if (!cleanup_installed) {
+		cleanup_installed = 1;
+		bk_atexit(remove_tmps);
+		/* tools that save on SIGINT install their own handlers after this */
+		if (signal(SIGINT, SIG_IGN) != SIG_IGN)
+			signal(SIGINT, on_fatal_signal);
+		if (signal(SIGTERM, SIG_IGN) != SIG_IGN)
+			signal(SIGTERM, on_fatal_signal);
+		signal(SIGHUP, on_fatal_signal);
+	}
+	for (int i = 0; i < BK_MAX_TMP; i++) {
+		if (add && !live_tmp[i]) {
+			live_tmp[i] = tmp;
+			return;
+		}
+		if (!add && live_tmp[i] == tmp) {
+			live_tmp[i] = NULL;
+			return;
+		}
+	}
+	if (add)
+		BUG("too many open output files");
+}
+
+bk_out *bk_out_open(const char *path)
+{
+	bk_out *o = xcalloc(1, sizeof *o);
+	o->path = xstrdup(path);
+	if (!strcmp(path, "-")) {
+		o->f = stdout;
+		return o;
+	}
+	o->tmp = xasprintf("%s.tmp.%ld", path, (long)getpid());
+	track_tmp(o->tmp, 1);
+	o->f = fopen(o->tmp, "wb");
+	if (!o->f)
+		die("%s: %s", o->tmp, strerror(errno));
+	return o;
+}
+
+FILE *bk_out_file(bk_out *o) { return o->f; }
+const char *bk_out_path(const bk_out *o) { return o->path; }
+
+void bk_out_commit(bk_out *o)
+{
+	if (!o->tmp) {
+		if (fflush(o->f) != 0 && errno != EPIPE)
+			die("write error on %s: %s", o->path, strerror(errno));
+	} else {
+		if (fflush(o->f) != 0 || ferror(o->f))
+			die("%s: write error: %s", o->tmp, strerror(errno));
+		if (fsync(fileno(o->f)) != 0 && errno != EINVAL)
+			die("%s: fsync: %s", o->tmp, strerror(errno));
+		if (fclose(o->f) != 0)
+			die("%s: close: %s", o->tmp, strerror(errno));
+		if (rename(o->tmp, o->path) != 0)
+			die("rename %s -> %s: %s", o->tmp, o->path, strerror(errno));
+		track_tmp(o->tmp, 0);
+		free(o->tmp);
+	}
+	free(o->path);
+	free(o);
+}
+
+void bk_write_file_atomic(const char *path, const void *data, size_t len)
+{
+	bk_out *o = bk_out_open(path);
+	if (len && fwrite(data, 1, len, bk_out_file(o)) != len)
+		die("%s: write error: %s", path, strerror(errno));
+	bk_out_commit(o);
+}
+
+/* ---- stdout of filters ---- */
+
+static void on_sigpipe(int sig)
+{
+	(void)sig;
+	remove_tmps();
+	_exit(BK_EXIT_OK); /* the reader went away: a filter ends quietly */
+}
+
+void bk_stdout_init(void)
+{
+	signal(SIGPIPE, on_sigpipe);
+}
+
+void bk_stdout_close(void)
+{
+	if (fflush(stdout) != 0 || ferror(stdout)) {
+		if (errno == EPIPE)
+			exit(BK_EXIT_OK);
+		die("write error on standard output: %s", strerror(errno));
+	}
+	if (fclose(stdout) != 0 && errno != EPIPE)
+		die("write error on standard output: %s", strerror(errno));
+}
+
+void bk_mkdir_p(const char *path)
+{
+	char *p = xstrdup(path);
+	for (char *s = p + 1; *s; s++) {
+		if (*s != '/')
+			continue;
+		*s = 0;
+		if (mkdir(p, 0777) != 0 && errno != EEXIST)
+			die("mkdir %s: %s", p, strerror(errno));
+		*s = '/';
+	}
+	if (mkdir(p, 0777) != 0 && errno != EEXIST)
+		die("mkdir %s: %s", p, strerror(errno));
+	free(p);
+}
+
+int bk_file_exists(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0;
+}
+
+char *bk_path_join(const char *dir, const char *name)
+{
+	size_t n = strlen(dir);
+	return xasprintf("%s%s%s", dir, (n && dir[n - 1] == '/') ? "" : "/", name);
+}

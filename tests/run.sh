@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# run.sh - runs every unit test binary and every shell test; prints "N passed, N failed".
+# Usage: BUILD=build tests/run.sh [pattern]
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+export BK_BIN="$PWD/$BUILD/bin" PATH="$PWD/$BUILD/bin:$PATH"
+export XDG_CACHE_HOME="${TMPDIR:-/tmp}/bk-test-cache.$$"
+trap 'rm -rf "$XDG_CACHE_HOME"' EXIT
+pat=${1:-}
+pass=0 fail=0 failed=()
+run_one() { # name, command...
+	local name=$1; shift
+	local log; log=$(mktemp)
+	local t0=$SECONDS
+	if "$@" >"$log" 2>&1; then
+		pass=$((pass + 1)); printf 'ok   %-40s %3ds\n' "$name" $((SECONDS - t0))
+	else
+		fail=$((fail + 1)); failed+=("$name"); printf 'FAIL %-40s\n' "$name"; sed 's/^/    /' "$log" | tail -n 40
+	fi
+	rm -f "$log"
+}
+for t in "$BUILD"/tests/test_*; do
+	[ -x "$t" ] || continue
+	case "$t" in *"$pat"*) ;; *) continue ;; esac
+	run_one "$(basename "$t")" "$t"
+done
+for t in tests/t[0-9]*.sh; do
+	[ -f "$t" ] || continue
+	case "$t" in *"$pat"*) ;; *) continue ;; esac
+	run_one "$(basename "$t")" bash "$t"
+done
+[ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
