@@ -1,0 +1,535 @@
+/* stream.c - bakery record streams; see stream.h and man/bk-stream.5.
+ *
+ * Invariants of the reader:
+ *  1. buf[off, len) holds bytes read but not yet parsed; a record is parsed only when
+ *     all its bytes are in the buffer (msgpack_unpack_next on the whole record), so
+ *     raw = buf + record start is exact and the hash covers the bytes as stored.
+ *  2. The current record's objects point into buf; buf is only compacted or grown in
+ *     fill(), which runs before parsing the next record.
+ *  3. The header is deep-copied (own sbuffer + zone) and lives until close.
+ *  4. After the trailer only EOF is accepted. */
+#include "stream.h"
+#include "common/diag.h"
+#include "common/files.h"
+#include "common/flags.h"
+#include "common/hash.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <string.h>
+#include <xxhash.h>
+
+#define BK_MAGIC "bakery-stream"
+#define READ_CHUNK (1u << 16)
+
+struct bk_reader {
+	FILE *f;
+	char *name;
+	char *buf;
+	size_t cap, len, off;
+	int eof, done;
+	msgpack_unpacked cur;
+	const char *raw;
+	size_t rawlen;
+	uint64_t count;
+	XXH3_state_t *xx;
+	msgpack_sbuffer hdr_buf;
+	msgpack_unpacked hdr;
+};
+
+static void fill(bk_reader *r)
+{
+	if (r->off > 0) { /* compact: the previous record is no longer referenced */
+		memmove(r->buf, r->buf + r->off, r->len - r->off);
+		r->len -= r->off;
+		r->off = 0;
+	}
+	if (r->cap - r->len < READ_CHUNK) {
+		r->cap = r->cap * 2 > r->len + READ_CHUNK ? r->cap * 2 : r->len + READ_CHUNK;
+		r->buf = xrealloc(r->buf, r->cap);
+	}
+	size_t n = fread(r->buf + r->len, 1, r->cap - r->len, r->f);
+	r->len += n;
+	if (n == 0) {
+		if (ferror(r->f))
+			die("%s: read error: %s", r->name, strerror(errno));
+		r->eof = 1;
+	}
+}
+
+/* Parses the next msgpack object; returns 0 at a clean EOF (no bytes left). */
+static int next_object(bk_reader *r, const char *what)
+{
+	for (;;) {
+		size_t off = r->off;
+		msgpack_unpacked_destroy(&r->cur);
+		msgpack_unpacked_init(&r->cur);
+		msgpack_unpack_return ret =
+			msgpack_unpack_next(&r->cur, r->buf, r->len, &off);
+		if (ret == MSGPACK_UNPACK_SUCCESS) {
+			r->raw = r->buf + r->off;
+			r->rawlen = off - r->off;
+			r->off = off;
+			return 1;
+		}
+		if (ret == MSGPACK_UNPACK_CONTINUE) {
+			if (r->eof) {
+				if (r->off == r->len)
+					return 0;
+				die("%s: stream truncated in %s", r->name, what);
+			}
+			fill(r);
+			continue;
+		}
+		if (ret == MSGPACK_UNPACK_NOMEM_ERROR)
+			die("%s: out of memory reading %s", r->name, what);
+		die("%s: stream corrupt: %s is not valid msgpack", r->name, what);
+	}
+}
+
+bk_reader *bk_reader_open(const char *path)
+{
+	bk_reader *r = xcalloc(1, sizeof *r);
+	r->name = xstrdup(strcmp(path, "-") ? path : "stdin");
+	r->f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+	if (!r->f)
+		die("%s: %s", path, strerror(errno));
+	msgpack_unpacked_init(&r->cur);
+	msgpack_unpacked_init(&r->hdr);
+	r->xx = XXH3_createState();
+	if (!r->xx)
+		die("out of memory");
+	XXH3_64bits_reset(r->xx);
+	fill(r);
+	if (!next_object(r, "the header"))
+		die("%s: empty stream (no header)", r->name);
+	XXH3_64bits_update(r->xx, r->raw, r->rawlen); /* the checksum covers the header */
+	const msgpack_object *h = &r->cur.data;
+	const msgpack_object *fmt = bk_obj_get(h, "bk");
+	if (h->type != MSGPACK_OBJECT_MAP || !fmt || !bk_obj_is(fmt, "header"))
+		die("%s: not a bakery stream (no header map first)", r->name);
+	const msgpack_object *ver = bk_obj_get(h, "version");
+	if (!ver || ver->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+		die("%s: stream header has no version", r->name);
+	if (ver->via.u64 != BK_STREAM_VERSION)
+		die("%s: stream version %" PRIu64 " is not supported (this is version %d); "
+		    "regenerate it with this bakery",
+		    r->name, ver->via.u64, BK_STREAM_VERSION);
+	const msgpack_object *prov = bk_obj_get(h, "provenance");
+	if (prov && prov->type != MSGPACK_OBJECT_ARRAY)
+		die("%s: stream header: 'provenance' is not an array", r->name);
+	/* deep copy the header so it survives buffer compaction (invariant 3) */
+	msgpack_sbuffer_init(&r->hdr_buf);
+	msgpack_packer pk;
+	msgpack_packer_init(&pk, &r->hdr_buf, msgpack_sbuffer_write);
+	msgpack_pack_object(&pk, *h);
+	size_t hoff = 0;
+	if (msgpack_unpack_next(&r->hdr, r->hdr_buf.data, r->hdr_buf.size, &hoff) !=
+	    MSGPACK_UNPACK_SUCCESS)
+		BUG("header copy does not parse");
+	return r;
+}
+
+const msgpack_object *bk_reader_next(bk_reader *r)
+{
+	if (r->done)
+		return NULL;
+	char what[64];
+	snprintf(what, sizeof what, "record %" PRIu64, r->count + 1);
+	if (!next_object(r, what))
+		die("%s: stream truncated after %" PRIu64 " records (no trailer)", r->name,
+		    r->count);
+	const msgpack_object *o = &r->cur.data;
+	if (o->type != MSGPACK_OBJECT_MAP)
+		die("%s: stream corrupt: record %" PRIu64 " is not a map", r->name, r->count + 1);
+	const msgpack_object *bk = bk_obj_get(o, "bk");
+	if (!bk) {
+		XXH3_64bits_update(r->xx, r->raw, r->rawlen);
+		r->count++;
+		return o;
+	}
+	if (!bk_obj_is(bk, "trailer"))
+		die("%s: stream corrupt: unexpected '%.*s' map at record %" PRIu64, r->name,
+		    bk->type == MSGPACK_OBJECT_STR ? (int)bk->via.str.size : 1,
+		    bk->type == MSGPACK_OBJECT_STR ? bk->via.str.ptr : "?", r->count + 1);
+	const msgpack_object *cnt = bk_obj_get(o, "count");
+	const msgpack_object *hx = bk_obj_get(o, "xxh3");
+	if (!cnt || cnt->type != MSGPACK_OBJECT_POSITIVE_INTEGER || !hx ||
+	    hx->type != MSGPACK_OBJECT_STR)
+		die("%s: stream corrupt: malformed trailer", r->name);
+	if (cnt->via.u64 != r->count)
+		die("%s: stream corrupt: trailer says %" PRIu64 " records, read %" PRIu64,
+		    r->name, cnt->via.u64, r->count);
+	char want[17];
+	bk_hash_hex(XXH3_64bits_digest(r->xx), want);
+	if (hx->via.str.size != 16 || memcmp(hx->via.str.ptr, want, 16))
+		die("%s: stream corrupt: checksum mismatch (header or records changed after writing)",
+		    r->name);
+	/* invariant 4: nothing may follow */
+	if (r->off == r->len && !r->eof)
+		fill(r);
+	if (r->off != r->len)
+		die("%s: stream corrupt: data after the trailer", r->name);
+	r->done = 1;
+	return NULL;
+}
+
+const char *bk_reader_raw(const bk_reader *r, size_t *len)
+{
+	*len = r->rawlen;
+	return r->raw;
+}
+
+const msgpack_object *bk_reader_header(const bk_reader *r) { return &r->hdr.data; }
+
+const msgpack_object_array *bk_reader_provenance(const bk_reader *r)
+{
+	static const msgpack_object_array empty;
+	const msgpack_object *p = bk_obj_get(&r->hdr.data, "provenance");
+	return p ? &p->via.array : &empty;
+}
+
+const msgpack_object *bk_reader_prov(const bk_reader *r, const char *key)
+{
+	const msgpack_object_array *a = bk_reader_provenance(r);
+	for (uint32_t i = a->size; i-- > 0;) {
+		const msgpack_object *v = bk_obj_get(&a->ptr[i], key);
+		if (v)
+			return v;
+	}
+	return NULL;
+}
+
+char *bk_reader_prov_str(const bk_reader *r, const char *key)
+{
+	const msgpack_object *v = bk_reader_prov(r, key);
+	if (!v || v->type != MSGPACK_OBJECT_STR)
+		return NULL;
+	return xstrndup(v->via.str.ptr, v->via.str.size);
+}
+
+void bk_reader_expect(const bk_reader *r, const char *key, const char *want, const char *what)
+{
+	const msgpack_object *v = bk_reader_prov(r, key);
+	if (!v)
+		return;
+	if (v->type == MSGPACK_OBJECT_STR && strlen(want) == v->via.str.size &&
+	    !memcmp(want, v->via.str.ptr, v->via.str.size))
+		return;
+	char got[64] = "?";
+	if (v->type == MSGPACK_OBJECT_STR)
+		snprintf(got, sizeof got, "%.*s", (int)v->via.str.size, v->via.str.ptr);
+	else if (v->type == MSGPACK_OBJECT_FLOAT64 || v->type == MSGPACK_OBJECT_FLOAT32)
+		snprintf(got, sizeof got, "%g", v->via.f64);
+	else if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+		snprintf(got, sizeof got, "%" PRIu64, v->via.u64);
+	die("%s: stream was made with another %s (stream: %s, given: %s)", r->name, what, got,
+	    want);
+}
+
+const char *bk_reader_name(const bk_reader *r) { return r->name; }
+uint64_t bk_reader_count(const bk_reader *r) { return r->count; }
+
+void bk_reader_close(bk_reader *r)
+{
+	if (!r)
+		return;
+	if (r->f != stdin)
+		fclose(r->f);
+	msgpack_unpacked_destroy(&r->cur);
+	msgpack_unpacked_destroy(&r->hdr);
+	msgpack_sbuffer_destroy(&r->hdr_buf);
+	XXH3_freeState(r->xx);
+	free(r->buf);
+	free(r->name);
+	free(r);
+}
+
+void bk_reader_die(const bk_reader *r, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	die("%s: record %" PRIu64 ": %s", r->name, r->count, msg);
+}
+
+/* ---------------- map access ---------------- */
+
+const msgpack_object *bk_obj_get(const msgpack_object *map, const char *key)
+{
+	if (!map || map->type != MSGPACK_OBJECT_MAP)
+		return NULL;
+	size_t klen = strlen(key);
+	for (uint32_t i = 0; i < map->via.map.size; i++) {
+		const msgpack_object *k = &map->via.map.ptr[i].key;
+		if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == klen &&
+		    !memcmp(k->via.str.ptr, key, klen))
+			return &map->via.map.ptr[i].val;
+	}
+	return NULL;
+}
+
+int bk_obj_is(const msgpack_object *o, const char *s)
+{
+	return o && o->type == MSGPACK_OBJECT_STR && o->via.str.size == strlen(s) &&
+	       !memcmp(o->via.str.ptr, s, o->via.str.size);
+}
+
+int bk_rec_ids_opt(const bk_reader *r, const msgpack_object *rec, const char *key,
+		   int32_t **ids, size_t *cap, size_t *n)
+{
+	const msgpack_object *v = bk_obj_get(rec, key);
+	*n = 0;
+	if (!v)
+		return 0;
+	if (v->type != MSGPACK_OBJECT_ARRAY)
+		bk_reader_die(r, "field '%s' is not an array of token ids", key);
+	if (v->via.array.size > *cap) {
+		*cap = v->via.array.size;
+		*ids = xrealloc(*ids, *cap * sizeof **ids);
+	}
+	for (uint32_t i = 0; i < v->via.array.size; i++) {
+		const msgpack_object *e = &v->via.array.ptr[i];
+		if (e->type != MSGPACK_OBJECT_POSITIVE_INTEGER || e->via.u64 > INT32_MAX)
+			bk_reader_die(r, "field '%s' item %u is not a token id", key, i);
+		(*ids)[i] = (int32_t)e->via.u64;
+	}
+	*n = v->via.array.size;
+	return 1;
+}
+
+size_t bk_rec_ids(const bk_reader *r, const msgpack_object *rec, const char *key,
+		  int32_t **ids, size_t *cap)
+{
+	size_t n;
+	if (!bk_rec_ids_opt(r, rec, key, ids, cap, &n))
+		bk_reader_die(r, "missing field '%s'", key);
+	return n;
+}
+
+int bk_rec_int_opt(const bk_reader *r, const msgpack_object *rec, const char *key, int64_t *v)
+{
+	const msgpack_object *o = bk_obj_get(rec, key);
+	if (!o)
+		return 0;
+	if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT64_MAX)
+		*v = (int64_t)o->via.u64;
+	else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+		*v = o->via.i64;
+	else
+		bk_reader_die(r, "field '%s' is not an integer", key);
+	return 1;
+}
+
+int64_t bk_rec_int(const bk_reader *r, const msgpack_object *rec, const char *key)
+{
+	int64_t v;
+	if (!bk_rec_int_opt(r, rec, key, &v))
+		bk_reader_die(r, "missing field '%s'", key);
+	return v;
+}
+
+char *bk_rec_str_opt(const bk_reader *r, const msgpack_object *rec, const char *key)
+{
+	const msgpack_object *o = bk_obj_get(rec, key);
+	if (!o)
+		return NULL;
+	if (o->type != MSGPACK_OBJECT_STR)
+		bk_reader_die(r, "field '%s' is not a string", key);
+	return xstrndup(o->via.str.ptr, o->via.str.size);
+}
+
+/* ---------------- writing ---------------- */
+
+struct bk_writer {
+	bk_out *out;
+	FILE *f;
+	msgpack_sbuffer body;
+	msgpack_packer pk;
+	uint32_t nfields;
+	int in_record, header_done;
+	uint64_t count;
+	XXH3_state_t *xx;
+};
+
+bk_writer *bk_writer_open(const char *path)
+{
+	bk_writer *w = xcalloc(1, sizeof *w);
+	w->out = bk_out_open(path);
+	w->f = bk_out_file(w->out);
+	msgpack_sbuffer_init(&w->body);
+	msgpack_packer_init(&w->pk, &w->body, msgpack_sbuffer_write);
+	w->xx = XXH3_createState();
+	if (!w->xx)
+		die("out of memory");
+	XXH3_64bits_reset(w->xx);
+	return w;
+}
+
+static void put(bk_writer *w, const void *p, size_t n)
+{
+	if (n && fwrite(p, 1, n, w->f) != n)
+		die("%s: write error: %s", bk_out_path(w->out), strerror(errno));
+}
+
+void bk_pack_strn(msgpack_packer *pk, const char *s, size_t n)
+{
+	msgpack_pack_str(pk, n);
+	msgpack_pack_str_body(pk, s, n);
+}
+
+void bk_pack_str(msgpack_packer *pk, const char *s) { bk_pack_strn(pk, s, strlen(s)); }
+
+void bk_pack_ids(msgpack_packer *pk, const int32_t *ids, size_t n)
+{
+	msgpack_pack_array(pk, n);
+	for (size_t i = 0; i < n; i++)
+		msgpack_pack_uint32(pk, (uint32_t)ids[i]);
+}
+
+void bk_writer_header_obj(bk_writer *w, const msgpack_object_array *prev, const bk_kv *items,
+			  int n)
+{
+	BUG_ON(w->header_done);
+	msgpack_sbuffer_clear(&w->body);
+	msgpack_packer *pk = &w->pk;
+	msgpack_pack_map(pk, 4);
+	bk_pack_str(pk, "bk");
+	bk_pack_str(pk, "header");
+	bk_pack_str(pk, "format");
+	bk_pack_str(pk, BK_MAGIC);
+	bk_pack_str(pk, "version");
+	msgpack_pack_uint32(pk, BK_STREAM_VERSION);
+	bk_pack_str(pk, "provenance");
+	uint32_t np = prev ? prev->size : 0;
+	msgpack_pack_array(pk, np + 1);
+	for (uint32_t i = 0; i < np; i++)
+		msgpack_pack_object(pk, prev->ptr[i]);
+	msgpack_pack_map(pk, (size_t)n + 2);
+	bk_pack_str(pk, "tool");
+	bk_pack_str(pk, bk_prog);
+	bk_pack_str(pk, "version");
+	bk_pack_str(pk, BK_VERSION);
+	for (int i = 0; i < n; i++) {
+		bk_pack_str(pk, items[i].key);
+		switch (items[i].type) {
+		case BK_KV_STR:
+			if (items[i].s)
+				bk_pack_str(pk, items[i].s);
+			else
+				msgpack_pack_nil(pk);
+			break;
+		case BK_KV_INT:
+			msgpack_pack_int64(pk, items[i].i);
+			break;
+		case BK_KV_NUM:
+			msgpack_pack_double(pk, items[i].d);
+			break;
+		}
+	}
+	put(w, w->body.data, w->body.size);
+	XXH3_64bits_update(w->xx, w->body.data, w->body.size); /* checksum covers the header */
+	msgpack_sbuffer_clear(&w->body);
+	w->header_done = 1;
+}
+
+void bk_writer_header(bk_writer *w, const bk_reader *in, const bk_kv *items, int n)
+{
+	bk_writer_header_obj(w, in ? bk_reader_provenance(in) : NULL, items, n);
+}
+
+msgpack_packer *bk_rec_begin(bk_writer *w)
+{
+	BUG_ON(!w->header_done || w->in_record);
+	msgpack_sbuffer_clear(&w->body);
+	w->nfields = 0;
+	w->in_record = 1;
+	return &w->pk;
+}
+
+void bk_rec_key(bk_writer *w, const char *key)
+{
+	BUG_ON(!w->in_record);
+	w->nfields++;
+	bk_pack_str(&w->pk, key);
+}
+
+void bk_rec_copy(bk_writer *w, const msgpack_object *in, const char *const *skip)
+{
+	BUG_ON(!w->in_record || in->type != MSGPACK_OBJECT_MAP);
+	for (uint32_t i = 0; i < in->via.map.size; i++) {
+		const msgpack_object_kv *kv = &in->via.map.ptr[i];
+		int skipped = 0;
+		for (const char *const *s = skip; s && *s && !skipped; s++)
+			skipped = bk_obj_is(&kv->key, *s);
+		if (skipped)
+			continue;
+		w->nfields++;
+		msgpack_pack_object(&w->pk, kv->key);
+		msgpack_pack_object(&w->pk, kv->val);
+	}
+}
+
+static void emit_record(bk_writer *w, const char *hdr, size_t hn, const char *body, size_t bn)
+{
+	put(w, hdr, hn);
+	put(w, body, bn);
+	XXH3_64bits_update(w->xx, hdr, hn);
+	XXH3_64bits_update(w->xx, body, bn);
+	w->count++;
+}
+
+void bk_rec_end(bk_writer *w)
+{
+	BUG_ON(!w->in_record);
+	char hdr[8];
+	size_t hn;
+	/* msgpack map header for nfields, smallest form (as msgpack_pack_map writes it) */
+	if (w->nfields < 16) {
+		hdr[0] = (char)(0x80 | w->nfields);
+		hn = 1;
+	} else if (w->nfields < 65536) {
+		hdr[0] = (char)0xde;
+		hdr[1] = (char)(w->nfields >> 8);
+		hdr[2] = (char)w->nfields;
+		hn = 3;
+	} else {
+		hdr[0] = (char)0xdf;
+		for (int i = 0; i < 4; i++)
+			hdr[1 + i] = (char)(w->nfields >> (24 - 8 * i));
+		hn = 5;
+	}
+	emit_record(w, hdr, hn, w->body.data, w->body.size);
+	w->in_record = 0;
+}
+
+void bk_writer_raw(bk_writer *w, const char *data, size_t len)
+{
+	BUG_ON(!w->header_done || w->in_record);
+	emit_record(w, data, len, NULL, 0);
+}
+
+uint64_t bk_writer_count(const bk_writer *w) { return w->count; }
+
+void bk_writer_close(bk_writer *w)
+{
+	BUG_ON(!w->header_done || w->in_record);
+	char hex[17];
+	bk_hash_hex(XXH3_64bits_digest(w->xx), hex);
+	msgpack_sbuffer_clear(&w->body);
+	msgpack_pack_map(&w->pk, 3);
+	bk_pack_str(&w->pk, "bk");
+	bk_pack_str(&w->pk, "trailer");
+	bk_pack_str(&w->pk, "count");
+	msgpack_pack_uint64(&w->pk, w->count);
+	bk_pack_str(&w->pk, "xxh3");
+	bk_pack_str(&w->pk, hex);
+	put(w, w->body.data, w->body.size);
+	bk_out_commit(w->out);
+	msgpack_sbuffer_destroy(&w->body);
+	XXH3_freeState(w->xx);
+	free(w);
+}
