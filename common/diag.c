@@ -8,6 +8,7 @@
 
 const char *bk_prog = "bakery";
 int bk_verbose;
+void (*bk_die_hook)(void);
 
 #define BK_MAX_ATEXIT 8
 static void (*atexit_fns[BK_MAX_ATEXIT])(void);
@@ -51,6 +52,8 @@ void die(const char *fmt, ...)
 	va_start(ap, fmt);
 	vreport("error: ", fmt, ap);
 	va_end(ap);
+	if (bk_die_hook)
+		bk_die_hook();
 	run_atexit();
 	exit(BK_EXIT_FAIL);
 }

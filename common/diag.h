@@ -33,6 +33,10 @@ _Noreturn void bk_bug(const char *file, int line, const char *fmt, ...)
 			BUG("%s", #c);                                         \
 	} while (0)
 
+/* Called by die() after printing and before exiting; a fuzz target sets it to a
+ * function that longjmp()s back, so bad input ends one run instead of the fuzzer. */
+extern void (*bk_die_hook)(void);
+
 /* Run before exit: remove temporary files, etc.  Called by die() too. */
 void bk_atexit(void (*fn)(void));
 

@@ -28,7 +28,7 @@ struct bk_reader {
 	char *name;
 	char *buf;
 	size_t cap, len, off;
-	int eof, done;
+	int eof, done, own;
 	msgpack_unpacked cur;
 	const char *raw;
 	size_t rawlen;
@@ -90,11 +90,19 @@ static int next_object(bk_reader *r, const char *what)
 
 bk_reader *bk_reader_open(const char *path)
 {
-	bk_reader *r = xcalloc(1, sizeof *r);
-	r->name = xstrdup(strcmp(path, "-") ? path : "stdin");
-	r->f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-	if (!r->f)
+	FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+	if (!f)
 		die("%s: %s", path, strerror(errno));
+	bk_reader *r = bk_reader_from_file(f, strcmp(path, "-") ? path : "stdin");
+	r->own = f != stdin;
+	return r;
+}
+
+bk_reader *bk_reader_from_file(FILE *f, const char *name)
+{
+	bk_reader *r = xcalloc(1, sizeof *r);
+	r->name = xstrdup(name);
+	r->f = f;
 	msgpack_unpacked_init(&r->cur);
 	msgpack_unpacked_init(&r->hdr);
 	r->xx = XXH3_createState();
@@ -235,7 +243,7 @@ void bk_reader_close(bk_reader *r)
 {
 	if (!r)
 		return;
-	if (r->f != stdin)
+	if (r->own)
 		fclose(r->f);
 	msgpack_unpacked_destroy(&r->cur);
 	msgpack_unpacked_destroy(&r->hdr);

@@ -20,6 +20,8 @@ typedef struct bk_reader bk_reader;
 
 /* Opens path ("-" = stdin) and reads the header; dies if it is not a bakery stream. */
 bk_reader *bk_reader_open(const char *path);
+/* The same over an open stream (not closed by bk_reader_close); name is for messages. */
+bk_reader *bk_reader_from_file(FILE *f, const char *name);
 /* The next record (a map), or NULL after a valid trailer.  The object lives until the
  * next call.  Dies on truncation, corruption, or a record that is not a map. */
 const msgpack_object *bk_reader_next(bk_reader *r);

@@ -1,0 +1,277 @@
+/* bk-tokenize - data files + system prompt -> stream of tokenized sample records. */
+#include "common/diag.h"
+#include "common/files.h"
+#include "common/flags.h"
+#include "common/hash.h"
+#include "formats/inputs.h"
+#include "formats/spm.h"
+#include "formats/stream.h"
+#include "formats/template.h"
+#include "formats/tokcache.h"
+
+#include <string.h>
+
+static const char usage[] =
+	"usage: bk-tokenize (--model DIR | --tokenizer FILE) [--template NAME]\n"
+	"                   [--system TEXT | --system-file FILE | --corpus FILE\n"
+	"                    [--corpus-format papers|text|list|json] [--system-template FILE]]\n"
+	"                   [--format auto|json|jsonl|text] [--prompt TEXT]...\n"
+	"                   [--max-seq-length N] [--no-cache] [-o FILE] [DATA...]\n"
+	"Reads prompts, prompt/response pairs or chat rows and writes one record per\n"
+	"sample: id, user, response, t_prompt (teacher: with the system prompt),\n"
+	"s_prompt (student: without), resp (paired data: response + end of turn).\n"
+	"  --model DIR          HF model directory: DIR/tokenizer.model, template detected\n"
+	"  --tokenizer FILE     a sentencepiece tokenizer.model\n"
+	"  --template NAME      raw, llama2, zephyr, mistral, mistral-v0.1, chatml, gemma\n"
+	"  --system TEXT        the system prompt to bake\n"
+	"  --system-file FILE   the system prompt, from a file\n"
+	"  --corpus FILE        a knowledge corpus placed into the system prompt\n"
+	"  --corpus-format F    papers, text, list or json (default text)\n"
+	"  --system-template FILE  text with {corpus} where the corpus goes\n"
+	"  --format F           data format: auto (default), json, jsonl, text\n"
+	"  --prompt TEXT        an inline prompt (repeatable), in addition to DATA\n"
+	"  --max-seq-length N   cut teacher and student sequences to N tokens (0 = off)\n"
+	"  --no-cache           do not read or write the tokenization cache\n"
+	"  -o, --output FILE    write to FILE (atomically) instead of stdout\n"
+	"  -v, --verbose        report cache hits and sentencepiece calls\n";
+
+typedef struct {
+	const char *model, *tokenizer, *template_name, *system, *system_file, *corpus,
+		*corpus_format, *system_template, *format, *out;
+	bk_strlist prompts;
+	long max_seq;
+	int no_cache;
+} tok_opts;
+
+/* The system prompt's token count (for results.json), through the cache so that a
+ * warm run makes no sentencepiece call at all. */
+static size_t count_system_tokens(const bk_spm *spm, bk_tokcache *cache, uint64_t tok_hash,
+				  const char *system)
+{
+	uint64_t key = bk_tokcache_key(tok_hash, "system-tokens", system, NULL, NULL);
+	bk_tokcache_entry e;
+	if (cache && bk_tokcache_get(cache, key, &e))
+		return e.nt;
+	bk_ids ids = {0};
+	bk_spm_encode(spm, system, strlen(system), &ids.v, &ids.n);
+	size_t n = ids.n;
+	if (cache) {
+		e = (bk_tokcache_entry){ids.v, NULL, NULL, ids.n, 0, 0, 0};
+		bk_tokcache_put(cache, key, &e);
+	}
+	free(ids.v);
+	return n;
+}
+
+/* user-text hash -> occurrences so far (open addressing, grows at half full) */
+typedef struct {
+	uint64_t *key;
+	uint32_t *count;
+	size_t cap, n;
+} occ_table;
+
+static uint64_t occ_next(occ_table *t, uint64_t h)
+{
+	if ((t->n + 1) * 2 > t->cap) {
+		occ_table g = {xcalloc(t->cap ? t->cap * 2 : 1024, 8), NULL, t->cap ? t->cap * 2 : 1024, 0};
+		g.count = xcalloc(g.cap, 4);
+		for (size_t i = 0; i < t->cap; i++)
+			if (t->count[i]) {
+				size_t j = t->key[i] & (g.cap - 1);
+				while (g.count[j])
+					j = (j + 1) & (g.cap - 1);
+				g.key[j] = t->key[i], g.count[j] = t->count[i], g.n++;
+			}
+		free(t->key);
+		free(t->count);
+		*t = g;
+	}
+	size_t j = h & (t->cap - 1);
+	while (t->count[j] && t->key[j] != h)
+		j = (j + 1) & (t->cap - 1);
+	if (!t->count[j])
+		t->key[j] = h, t->n++;
+	return t->count[j]++;
+}
+
+static void copy_ids(bk_ids *dst, const int32_t *src, size_t n)
+{
+	bk_vec_reserve(dst, n);
+	if (n)
+		memcpy(dst->v, src, 4 * n);
+	dst->n = n;
+}
+
+static void truncate_sample(bk_ids *t, bk_ids *s, bk_ids *r, size_t max)
+{
+	/* as the reference: each sequence is cut to max tokens from the end; the response
+	 * ids are shared, so both keep the shorter response (the teacher's) */
+	if (!max)
+		return;
+	if (t->n > max)
+		t->n = max;
+	if (s->n > max)
+		s->n = max;
+	size_t room = max - t->n;
+	if (r->n > room)
+		r->n = room;
+}
+
+int main(int argc, char **argv)
+{
+	tok_opts o = {.format = "auto", .out = "-"};
+	bk_opt opts[] = {
+		{"model", 0, BK_OPT_STR, &o.model, 0, 0},
+		{"tokenizer", 0, BK_OPT_STR, &o.tokenizer, 0, 0},
+		{"template", 0, BK_OPT_STR, &o.template_name, 0, 0},
+		{"system", 0, BK_OPT_STR, &o.system, 0, 0},
+		{"system-file", 0, BK_OPT_STR, &o.system_file, 0, 0},
+		{"corpus", 0, BK_OPT_STR, &o.corpus, 0, 0},
+		{"corpus-format", 0, BK_OPT_STR, &o.corpus_format, 0, 0},
+		{"system-template", 0, BK_OPT_STR, &o.system_template, 0, 0},
+		{"format", 0, BK_OPT_STR, &o.format, 0, 0},
+		{"prompt", 0, BK_OPT_LIST, &o.prompts, 0, 0},
+		{"max-seq-length", 0, BK_OPT_INT, &o.max_seq, 0, 1L << 30},
+		{"no-cache", 0, BK_OPT_FLAG, &o.no_cache, 0, 0},
+		{"output", 'o', BK_OPT_STR, &o.out, 0, 0},
+		{"verbose", 'v', BK_OPT_FLAG, &bk_verbose, 0, 0},
+		{0},
+	};
+	bk_diag_init(argv[0]);
+	bk_stdout_init();
+	int npos = bk_flags_parse(argc, argv, opts, usage);
+	if (!o.model == !o.tokenizer)
+		die_usage("give one of --model DIR or --tokenizer FILE");
+	if (!npos && !o.prompts.n)
+		die_usage("no data: give DATA files (\"-\" for stdin) or --prompt TEXT");
+
+	/* inputs first: a bad data file fails before any output exists */
+	bk_input_format fmt = bk_input_format_parse(o.format);
+	bk_dataset ds = {0};
+	for (int i = 0; i < npos; i++)
+		bk_dataset_load(&ds, argv[i], fmt);
+	for (int i = 0; i < o.prompts.n; i++)
+		bk_dataset_add(&ds, o.prompts.v[i], NULL, NULL);
+	char *system = bk_system_prompt(o.system, o.system_file, o.corpus, o.corpus_format,
+					o.system_template);
+
+	char *tok_path = o.tokenizer ? xstrdup(o.tokenizer) : bk_path_join(o.model, "tokenizer.model");
+	bk_spm *spm = bk_spm_load(tok_path);
+	int tmpl;
+	if (o.template_name) {
+		tmpl = bk_template_from_name(o.template_name);
+		if (tmpl < 0)
+			die_usage("unknown template '%s' (known: %s)", o.template_name,
+				  bk_template_names());
+	} else if (o.model) {
+		tmpl = bk_template_detect(o.model);
+	} else {
+		tmpl = BK_TMPL_RAW;
+	}
+	bk_template_check(tmpl, spm);
+	const char *tmpl_name = bk_template_name(tmpl);
+	uint64_t tok_hash = bk_spm_file_hash(spm);
+	bk_tokcache *cache = o.no_cache ? NULL : bk_tokcache_open(tok_hash);
+
+	char tok_hex[17], sys_hex[17];
+	bk_hash_hex(tok_hash, tok_hex);
+	bk_hash_hex(bk_hash(system ? system : "", system ? strlen(system) : 0, 0), sys_hex);
+	size_t sys_tokens = system ? count_system_tokens(spm, cache, tok_hash, system) : 0;
+
+	bk_writer *w = bk_writer_open(o.out);
+	bk_kv kv[] = {
+		BK_KV_S("tokenizer", tok_hex),
+		BK_KV_S("template", tmpl_name),
+		BK_KV_S("system", sys_hex),
+		BK_KV_S("system_prompt", system ? system : ""),
+		BK_KV_I("system_tokens", (int64_t)sys_tokens),
+		BK_KV_I("max_seq_length", o.max_seq),
+		BK_KV_I("paired", ds.paired),
+	};
+	bk_writer_header(w, NULL, kv, (int)(sizeof kv / sizeof kv[0]));
+
+	bk_ids t = {0}, s = {0}, r = {0};
+	size_t hits = 0, dropped = 0;
+	/* occurrences of each user text so far: duplicates get distinct, stable ids */
+	occ_table seen = {0};
+	for (size_t i = 0; i < ds.n; i++) {
+		const bk_sample *sm = &ds.v[i];
+		const char *sys = sm->system ? sm->system : system;
+		const char *resp = ds.paired ? sm->response : NULL;
+		if (ds.paired && (!resp || !*resp)) {
+			dropped++; /* the reference drops samples with an empty response */
+			continue;
+		}
+		t.n = s.n = r.n = 0;
+		bk_tokcache_entry e;
+		uint64_t key = bk_tokcache_key(tok_hash, tmpl_name, sys, sm->prompt, resp);
+		if (cache && bk_tokcache_get(cache, key, &e)) {
+			hits++;
+			copy_ids(&t, e.t, e.nt);
+			copy_ids(&s, e.s, e.ns);
+			copy_ids(&r, e.r, e.nr);
+		} else {
+			bk_template_prompt(tmpl, spm, sys, sm->prompt, &t);
+			bk_template_prompt(tmpl, spm, NULL, sm->prompt, &s);
+			if (resp)
+				bk_template_response(tmpl, spm, resp, &r);
+			if (cache) {
+				e = (bk_tokcache_entry){t.v, s.v, r.v, t.n, s.n, r.n, resp != NULL};
+				bk_tokcache_put(cache, key, &e);
+			}
+		}
+		truncate_sample(&t, &s, &r, (size_t)o.max_seq);
+		if (resp && r.n == 0) {
+			dropped++;
+			continue;
+		}
+		uint64_t uh = bk_hash(sm->prompt, strlen(sm->prompt), 0);
+		uint64_t occ = occ_next(&seen, uh);
+		char id[17];
+		bk_hash_hex(occ ? bk_hash(sm->prompt, strlen(sm->prompt), occ) : uh, id);
+
+		msgpack_packer *pk = bk_rec_begin(w);
+		bk_rec_key(w, "id");
+		bk_pack_str(pk, id);
+		bk_rec_key(w, "user");
+		bk_pack_str(pk, sm->prompt);
+		if (sm->system) {
+			bk_rec_key(w, "system");
+			bk_pack_str(pk, sm->system);
+		}
+		if (resp) {
+			bk_rec_key(w, "response");
+			bk_pack_str(pk, resp);
+		}
+		bk_rec_key(w, "t_prompt");
+		bk_pack_ids(pk, t.v, t.n);
+		bk_rec_key(w, "s_prompt");
+		bk_pack_ids(pk, s.v, s.n);
+		if (resp) {
+			bk_rec_key(w, "resp");
+			bk_pack_ids(pk, r.v, r.n);
+		}
+		bk_rec_end(w);
+	}
+	size_t written = (size_t)bk_writer_count(w);
+	bk_writer_close(w);
+	if (dropped)
+		warn("dropped %zu samples with an empty response%s", dropped,
+		     o.max_seq ? " (or no room for one under --max-seq-length)" : "");
+	if (!written)
+		warn("no records written");
+	size_t added = cache ? bk_tokcache_close(cache) : 0;
+	note("%zu records, cache hits %zu, new cache entries %zu, sentencepiece calls %lu", written,
+	     hits, added, bk_spm_encode_calls);
+	free(seen.key);
+	free(seen.count);
+	free(t.v);
+	free(s.v);
+	free(r.v);
+	free(system);
+	free(tok_path);
+	bk_spm_free(spm);
+	bk_dataset_free(&ds);
+	bk_stdout_close();
+	return 0;
+}

@@ -1,0 +1,216 @@
+/* tokcache.c - see tokcache.h.
+ * File layout (little-endian): "BKTOKC01", u64 tokenizer hash, u64 entry count, then
+ * per entry: u64 key, u32 nt, u32 ns, u32 nr, u32 has_resp, i32 ids[nt + ns + nr].
+ * In memory: the entries back to back in one buffer (the loaded file body plus new
+ * entries) and an open-addressing table key -> offset. */
+#include "tokcache.h"
+#include "common/diag.h"
+#include "common/files.h"
+#include "common/hash.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#define MAGIC "BKTOKC01"
+#define HDR 24
+#define ENT 24
+
+struct bk_tokcache {
+	char *path;
+	uint64_t tok_hash;
+	char *buf; /* entries */
+	size_t len, cap;
+	size_t *slot; /* offset + 1; 0 = empty */
+	size_t nslot, count, added;
+};
+
+static uint64_t rd64(const char *p)
+{
+	uint64_t v;
+	memcpy(&v, p, 8);
+	return v;
+}
+static uint32_t rd32(const char *p)
+{
+	uint32_t v;
+	memcpy(&v, p, 4);
+	return v;
+}
+
+static void table_insert(bk_tokcache *c, uint64_t key, size_t off);
+
+static void table_grow(bk_tokcache *c)
+{
+	size_t old = c->nslot;
+	size_t *os = c->slot;
+	c->nslot = old ? old * 2 : 1024;
+	c->slot = xcalloc(c->nslot, sizeof *c->slot);
+	c->count = 0;
+	for (size_t i = 0; i < old; i++)
+		if (os[i])
+			table_insert(c, rd64(c->buf + os[i] - 1), os[i] - 1);
+	free(os);
+}
+
+static void table_insert(bk_tokcache *c, uint64_t key, size_t off)
+{
+	if ((c->count + 1) * 2 > c->nslot)
+		table_grow(c);
+	size_t i = (size_t)(key & (c->nslot - 1));
+	while (c->slot[i]) {
+		if (rd64(c->buf + c->slot[i] - 1) == key) {
+			c->slot[i] = off + 1;
+			return;
+		}
+		i = (i + 1) & (c->nslot - 1);
+	}
+	c->slot[i] = off + 1;
+	c->count++;
+}
+
+/* validates a loaded body; returns 0 if damaged */
+static int index_body(bk_tokcache *c, uint64_t n)
+{
+	size_t off = 0;
+	for (uint64_t k = 0; k < n; k++) {
+		if (c->len - off < ENT)
+			return 0;
+		uint64_t tot = (uint64_t)rd32(c->buf + off + 8) + rd32(c->buf + off + 12) +
+			       rd32(c->buf + off + 16);
+		if (tot > (c->len - off - ENT) / 4)
+			return 0;
+		table_insert(c, rd64(c->buf + off), off);
+		off += ENT + 4 * (size_t)tot;
+	}
+	return off == c->len;
+}
+
+bk_tokcache *bk_tokcache_open(uint64_t tokenizer_hash)
+{
+	bk_tokcache *c = xcalloc(1, sizeof *c);
+	c->tok_hash = tokenizer_hash;
+	const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+	char *dir = xdg && *xdg ? xasprintf("%s/bakery", xdg)
+				: xasprintf("%s/.cache/bakery", home && *home ? home : "/tmp");
+	bk_mkdir_p(dir);
+	char hex[17];
+	bk_hash_hex(tokenizer_hash, hex);
+	c->path = xasprintf("%s/tokenize-%s.cache", dir, hex);
+	free(dir);
+	table_grow(c);
+	size_t flen;
+	char *file = bk_try_read_file(c->path, &flen);
+	if (!file)
+		return c; /* no cache yet */
+	if (flen < HDR || memcmp(file, MAGIC, 8) || rd64(file + 8) != tokenizer_hash) {
+		warn("%s: not a cache for this tokenizer; ignoring it", c->path);
+		free(file);
+		return c;
+	}
+	uint64_t n = rd64(file + 16);
+	c->len = c->cap = flen - HDR;
+	c->buf = xmalloc(c->cap + 1);
+	memcpy(c->buf, file + HDR, c->len);
+	free(file);
+	if (!index_body(c, n)) {
+		warn("%s: damaged cache file; ignoring it", c->path);
+		free(c->slot);
+		c->slot = NULL;
+		c->nslot = c->count = 0;
+		c->len = 0;
+		table_grow(c);
+	}
+	return c;
+}
+
+uint64_t bk_tokcache_key(uint64_t tokenizer_hash, const char *tmpl, const char *system,
+			 const char *user, const char *response)
+{
+	XXH3_state_t *st = XXH3_createState();
+	if (!st)
+		die("out of memory");
+	XXH3_64bits_reset_withSeed(st, tokenizer_hash);
+	const char *parts[4] = {tmpl, system, user, response};
+	for (int i = 0; i < 4; i++) {
+		/* a presence byte and the length make the encoding unambiguous */
+		uint8_t present = parts[i] != NULL;
+		uint64_t len = parts[i] ? strlen(parts[i]) : 0;
+		XXH3_64bits_update(st, &present, 1);
+		XXH3_64bits_update(st, &len, 8);
+		if (parts[i])
+			XXH3_64bits_update(st, parts[i], len);
+	}
+	uint64_t h = XXH3_64bits_digest(st);
+	XXH3_freeState(st);
+	return h;
+}
+
+int bk_tokcache_get(const bk_tokcache *c, uint64_t key, bk_tokcache_entry *e)
+{
+	size_t i = (size_t)(key & (c->nslot - 1));
+	while (c->slot[i]) {
+		const char *p = c->buf + c->slot[i] - 1;
+		if (rd64(p) == key) {
+			e->nt = rd32(p + 8);
+			e->ns = rd32(p + 12);
+			e->nr = rd32(p + 16);
+			e->has_resp = (int)rd32(p + 20);
+			e->t = (const int32_t *)(p + ENT);
+			e->s = e->t + e->nt;
+			e->r = e->s + e->ns;
+			return 1;
+		}
+		i = (i + 1) & (c->nslot - 1);
+	}
+	return 0;
+}
+
+void bk_tokcache_put(bk_tokcache *c, uint64_t key, const bk_tokcache_entry *e)
+{
+	size_t need = ENT + 4 * (e->nt + e->ns + e->nr);
+	if (c->len + need > c->cap) {
+		c->cap = (c->len + need) * 2;
+		c->buf = xrealloc(c->buf, c->cap);
+	}
+	char *p = c->buf + c->len;
+	uint32_t h[4] = {(uint32_t)e->nt, (uint32_t)e->ns, (uint32_t)e->nr, (uint32_t)e->has_resp};
+	memcpy(p, &key, 8);
+	memcpy(p + 8, h, 16);
+	if (e->nt)
+		memcpy(p + ENT, e->t, 4 * e->nt);
+	if (e->ns)
+		memcpy(p + ENT + 4 * e->nt, e->s, 4 * e->ns);
+	if (e->nr)
+		memcpy(p + ENT + 4 * (e->nt + e->ns), e->r, 4 * e->nr);
+	/* ids are int32 aligned: ENT and every entry size are multiples of 4 */
+	table_insert(c, key, c->len);
+	c->len += need;
+	c->added++;
+}
+
+const char *bk_tokcache_path(const bk_tokcache *c) { return c->path; }
+
+size_t bk_tokcache_close(bk_tokcache *c)
+{
+	size_t added = c->added;
+	if (added) {
+		/* count entries actually in the body (a re-put key appears twice; harmless) */
+		uint64_t n = 0;
+		for (size_t off = 0; off < c->len; n++)
+			off += ENT + 4 * ((size_t)rd32(c->buf + off + 8) + rd32(c->buf + off + 12) +
+					  rd32(c->buf + off + 16));
+		bk_out *o = bk_out_open(c->path);
+		FILE *f = bk_out_file(o);
+		fwrite(MAGIC, 1, 8, f);
+		fwrite(&c->tok_hash, 8, 1, f);
+		fwrite(&n, 8, 1, f);
+		fwrite(c->buf, 1, c->len, f);
+		bk_out_commit(o);
+	}
+	free(c->buf);
+	free(c->slot);
+	free(c->path);
+	free(c);
+	return added;
+}
