@@ -13,7 +13,7 @@ NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>
 CUDA    ?= $(if $(NVCC),1,0)
 
 DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libxxhash-dev libsentencepiece-dev \
-                libjansson-dev libopenblas-dev libyaml-dev gnuplot-nox clang
+                libjansson-dev libopenblas-dev libyaml-dev gnuplot-nox clang jq man-db groff-base
 
 WARN     := -Wall -Wextra -Werror
 OPT      ?= -O2

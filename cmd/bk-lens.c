@@ -10,7 +10,8 @@
 
 static const char usage[] =
 	"usage: bk-lens [--max-tokens N] [--max-batch N] [--window N] [--seed N]\n"
-	"               [--reserve N] [--no-shuffle] [-q] [-o FILE] [STREAM]\n"
+	"               [--reserve N] [--no-shuffle] [--model DIR | --tokenizer FILE]\n"
+	"               [-q] [-o FILE] [STREAM]\n"
 	"Adds 'lens' {t, s, resp} and a planned batch number 'batch' to every record.\n"
 	"Records are shuffled within windows and packed whole into batches of at most\n"
 	"--max-tokens teacher tokens (prompt + response + --reserve).\n"
@@ -20,6 +21,8 @@ static const char usage[] =
 	"  --seed N        shuffle seed (default 0)\n"
 	"  --reserve N     tokens to reserve per record, e.g. --max-new-tokens for bk-gen (default 0)\n"
 	"  --no-shuffle    keep arrival order inside batches and windows\n"
+	"  --model DIR     refuse a stream tokenized with another tokenizer than DIR's\n"
+	"  --tokenizer FILE  the same, with a tokenizer.model\n"
 	"  -q, --quiet     do not print the plan summary on stderr\n"
 	"  -o, --output FILE  write to FILE (atomically) instead of stdout\n";
 
@@ -117,7 +120,7 @@ static void flush(window *w, bk_writer *out, const lens_opts *o, bk_rng *rng, to
 int main(int argc, char **argv)
 {
 	lens_opts o = {.max_tokens = 4096, .max_batch = 64, .window = 1024};
-	const char *out_path = "-";
+	const char *out_path = "-", *model = NULL, *tokenizer = NULL;
 	bk_opt opts[] = {
 		{"max-tokens", 0, BK_OPT_INT, &o.max_tokens, 0, 1L << 40},
 		{"max-batch", 0, BK_OPT_INT, &o.max_batch, 0, 1L << 40},
@@ -126,6 +129,8 @@ int main(int argc, char **argv)
 		{"reserve", 0, BK_OPT_INT, &o.reserve, 0, 1L << 30},
 		{"no-shuffle", 0, BK_OPT_FLAG, &o.no_shuffle, 0, 0},
 		{"quiet", 'q', BK_OPT_FLAG, &o.quiet, 0, 0},
+		{"model", 0, BK_OPT_STR, &model, 0, 0},
+		{"tokenizer", 0, BK_OPT_STR, &tokenizer, 0, 0},
 		{"output", 'o', BK_OPT_STR, &out_path, 0, 0},
 		{0},
 	};
@@ -134,7 +139,14 @@ int main(int argc, char **argv)
 	int n = bk_flags_parse(argc, argv, opts, usage);
 	if (n > 1)
 		die_usage("too many arguments");
+	if (model && tokenizer)
+		die_usage("give --model or --tokenizer, not both");
 	bk_reader *in = bk_reader_open(n ? argv[0] : "-");
+	if (model || tokenizer) {
+		char *p = tokenizer ? xstrdup(tokenizer) : bk_path_join(model, "tokenizer.model");
+		bk_reader_expect_file(in, "tokenizer", p, "tokenizer");
+		free(p);
+	}
 	bk_writer *out = bk_writer_open(out_path);
 	bk_kv kv[] = {BK_KV_I("max_tokens", o.max_tokens), BK_KV_I("max_batch", o.max_batch),
 		      BK_KV_I("window", o.window), BK_KV_I("seed", o.seed),

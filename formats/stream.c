@@ -236,6 +236,14 @@ void bk_reader_expect(const bk_reader *r, const char *key, const char *want, con
 	    want);
 }
 
+void bk_reader_expect_file(const bk_reader *r, const char *key, const char *path,
+			   const char *what)
+{
+	char hex[17];
+	bk_hash_hex(bk_hash_file(path), hex);
+	bk_reader_expect(r, key, hex, what);
+}
+
 const char *bk_reader_name(const bk_reader *r) { return r->name; }
 uint64_t bk_reader_count(const bk_reader *r) { return r->count; }
 

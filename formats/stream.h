@@ -37,6 +37,9 @@ char *bk_reader_prov_str(const bk_reader *r, const char *key);
 /* Refuse the stream if the newest provenance value of key differs from want:
  *   "stdin: stream was made with another tokenizer (stream: 1f2e..., given: 99ab...)" */
 void bk_reader_expect(const bk_reader *r, const char *key, const char *want, const char *what);
+/* The same with want = the XXH3-64 (hex) of a file's bytes, e.g. a tokenizer.model. */
+void bk_reader_expect_file(const bk_reader *r, const char *key, const char *path,
+			   const char *what);
 const char *bk_reader_name(const bk_reader *r);
 uint64_t bk_reader_count(const bk_reader *r); /* records returned so far */
 void bk_reader_close(bk_reader *r);

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# bk-tokenize: pipes on prompts and pairs, ids equal sentencepiece's own encoding,
+# the cache, and every kind of bad input.
+. "$(dirname "$0")/lib.sh"
+M="$MODELS/stories260K"
+L="$MODELS/llama2-tokenizer/tokenizer.model"
+export XDG_CACHE_HOME="$TEST_TMP/cache"
+
+test_expect_success 'prompts file through tokenize | lens | dump' '
+	bk-tokenize --model "$M" --system "Sparky the dragon lives in a castle." "$DATA/pipe/stories.txt" |
+	bk-lens --max-tokens 64 -q | bk-dump >out.jsonl &&
+	test $(wc -l <out.jsonl) -eq 6 &&
+	jq -e -s "all(.[]; .resp == null and (.t_prompt|length) > (.s_prompt|length) and .lens.t == (.t_prompt|length) and .batch >= 0)" out.jsonl
+'
+
+test_expect_success 'raw template: BOS + one encoding of system + " " + user' '
+	bk-tokenize --model "$M" --system "A dragon." --prompt "Once upon a time" | bk-dump >raw.jsonl &&
+	bk-tokenize --model "$M" --prompt "A dragon. Once upon a time" | bk-dump >joined.jsonl &&
+	test "$(jq -c .t_prompt raw.jsonl)" = "$(jq -c .s_prompt joined.jsonl)" &&
+	# the ids of "Once upon a time" given in models/README.md (the published sample)
+	test "$(jq -c .s_prompt raw.jsonl)" = "[1,403,407,261,378]"
+'
+
+test_expect_success 'paired JSON: zephyr ids, empty response dropped, response ids carried' '
+	bk-tokenize --tokenizer "$L" --template zephyr --system "You are a dragon." "$DATA/pipe/pairs.json" 2>err |
+	bk-dump >pairs.jsonl &&
+	test $(wc -l <pairs.jsonl) -eq 4 &&
+	grep -q "dropped 1 samples with an empty response" err &&
+	jq -e -s "all(.[]; (.resp|length) > 0 and .resp[-2] == 2)" pairs.jsonl &&
+	jq -e -s ".[3].user == \"Non-ASCII: café, 日本語, 🐉\"" pairs.jsonl
+'
+
+test_expect_success 'model directory: template detected from tokenizer_config.json' '
+	mkdir tl && cp "$L" tl/ && cp "$DATA/hf-configs/TinyLlama-1.1B-Chat-v1.0/tokenizer_config.json" tl/ &&
+	bk-tokenize --model tl --system S --prompt hi | bk-dump --header | head -1 | jq -e ".provenance[0].template == \"zephyr\""
+'
+
+test_expect_success 'warm cache: same output, no sentencepiece calls' '
+	bk-tokenize -v --tokenizer "$L" --template llama2 --system "Be brief." "$DATA/pipe/pairs.json" >cold.bk 2>cold.err &&
+	bk-tokenize -v --tokenizer "$L" --template llama2 --system "Be brief." "$DATA/pipe/pairs.json" >warm.bk 2>warm.err &&
+	cmp cold.bk warm.bk &&
+	grep -q "sentencepiece calls 0" warm.err && ! grep -q "sentencepiece calls 0" cold.err &&
+	bk-tokenize -v --no-cache --tokenizer "$L" --template llama2 --system "Be brief." "$DATA/pipe/pairs.json" >nc.bk 2>nc.err &&
+	cmp cold.bk nc.bk && ! grep -q "sentencepiece calls 0" nc.err
+'
+
+test_expect_success 'a damaged cache file is ignored with a warning' '
+	for f in "$XDG_CACHE_HOME"/bakery/tokenize-*.cache; do printf garbage >"$f"; done &&
+	bk-tokenize --tokenizer "$L" --template llama2 --system "Be brief." "$DATA/pipe/pairs.json" >again.bk 2>err &&
+	cmp cold.bk again.bk && grep -q "ignoring it" err
+'
+
+test_expect_success '--max-seq-length cuts sequences and responses' '
+	bk-tokenize --tokenizer "$L" --template zephyr --system "You are a dragon." --max-seq-length 24 "$DATA/pipe/pairs.json" 2>/dev/null |
+	bk-dump | jq -e -s "all(.[]; (.t_prompt|length) + (.resp|length) <= 24)"
+'
+
+test_expect_success 'duplicate prompts get distinct stable ids' '
+	bk-tokenize --model "$M" --prompt same --prompt same --prompt other | bk-dump | jq -r .id >ids1 &&
+	bk-tokenize --model "$M" --prompt same --prompt same --prompt other | bk-dump | jq -r .id >ids2 &&
+	test_cmp ids1 ids2 && test $(sort -u ids1 | wc -l) -eq 3
+'
+
+# ---- bad input: one line, non-zero, no partial output file ----
+printf '[{"prompt": "a", }]' >bad.json
+printf '[{"question_x": "a"}]' >nokey.json
+printf 'good line\n\xff\xfe bad\n' >badutf8.txt
+: >empty.json
+
+for f in bad.json nokey.json badutf8.txt empty.json; do
+	test_expect_success "bad input $f: one-line error naming the file, no output file" "
+		test_must_fail bk-tokenize --model \"$M\" -o out-$f.bk $f 2>err &&
+		test \$(wc -l <err) -eq 1 && grep -q \"$f\" err && ! test -e out-$f.bk &&
+		! ls out-$f.bk.tmp.* 2>/dev/null
+	"
+done
+
+test_expect_success 'missing key error names the record and keys tried' '
+	test_must_fail bk-tokenize --model "$M" nokey.json 2>err && grep -q "record 1" err && grep -q "prompt" err
+'
+test_expect_success 'invalid utf-8 error names the line' '
+	test_must_fail bk-tokenize --model "$M" badutf8.txt 2>err && grep -q "line 2" err
+'
+test_expect_success 'unknown template and missing tokenizer are refused' '
+	test_must_fail bk-tokenize --tokenizer "$L" --template nope --prompt x 2>err && grep -q "unknown template" err &&
+	test_must_fail bk-tokenize --model /nonexistent --prompt x 2>err && grep -q "/nonexistent" err &&
+	test_must_fail bk-tokenize --tokenizer "$L" --template chatml --prompt x 2>err && grep -q "im_start" err
+'
+test_done
