@@ -4,6 +4,7 @@
 #   make asan test       the same under AddressSanitizer + UBSan (build in build/asan)
 #   make CUDA=0          host twin only;  make NVCC=/path/to/nvcc  another toolkit
 .SUFFIXES:
+.SECONDARY:
 SHELL := /bin/bash
 
 PREFIX  ?= /usr/local
@@ -89,7 +90,12 @@ test: all
 demo: all
 	@$(MAKE) --no-print-directory -f pipelines/demo.mk BIN=$(CURDIR)/$(BUILD)/bin
 
-bench: all
+BENCHBINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BUILD)/libbakery.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $< $(BUILD)/libbakery.a $(LDLIBS) -o $@
+
+bench: all $(BENCHBINS)
 	@BUILD=$(BUILD) bench/run.sh
 
 install: all

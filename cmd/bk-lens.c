@@ -67,7 +67,7 @@ static void flush(window *w, bk_writer *out, const lens_opts *o, bk_rng *rng, to
 	for (size_t i = 0; i < n; i++)
 		cost[i] = w->cost.v[order[i]];
 	bk_plan_limits lim = {o->max_tokens, o->max_batch};
-	size_t nb = bk_plan_ffd(cost, n, lim, batch);
+	size_t nb = bk_plan_pack(cost, n, lim, batch);
 	/* arrival-order plan for comparison (uses its own scratch) */
 	size_t *scratch = xmalloc(n * sizeof *scratch);
 	tot->batches_arrival += bk_plan_next_fit(cost, n, lim, scratch);

@@ -24,7 +24,7 @@ static int fits(long used, long count, long cost, bk_plan_limits lim)
 	return lim.max_tokens <= 0 || used + cost <= lim.max_tokens;
 }
 
-size_t bk_plan_ffd(const long *cost, size_t n, bk_plan_limits lim, size_t *batch)
+static size_t plan_ffd(const long *cost, size_t n, bk_plan_limits lim, size_t *batch)
 {
 	item *it = xmalloc(n * sizeof *it);
 	for (size_t i = 0; i < n; i++)
@@ -66,4 +66,66 @@ size_t bk_plan_next_fit(const long *cost, size_t n, bk_plan_limits lim, size_t *
 		batch[i] = nb - 1;
 	}
 	return nb;
+}
+
+/* Worst-fit decreasing over the lower bound of batches: each item (largest first) goes
+ * to the open batch with the most room left, so tokens and record counts both spread
+ * evenly; a new batch opens only when nothing fits.  Beats first fit when --max-batch
+ * binds (first fit piles the small records into count-limited batches). */
+static size_t plan_wfd(const long *cost, size_t n, bk_plan_limits lim, size_t *batch)
+{
+	if (lim.max_tokens <= 0)
+		return plan_ffd(cost, n, lim, batch);
+	item *it = xmalloc(n * sizeof *it);
+	long total = 0;
+	for (size_t i = 0; i < n; i++) {
+		it[i] = (item){cost[i], i};
+		total += cost[i];
+	}
+	qsort(it, n, sizeof *it, by_cost_desc);
+	size_t lb = (size_t)((total + lim.max_tokens - 1) / lim.max_tokens);
+	if (lim.max_batch > 0 && (n + (size_t)lim.max_batch - 1) / (size_t)lim.max_batch > lb)
+		lb = (n + (size_t)lim.max_batch - 1) / (size_t)lim.max_batch;
+	if (lb < 1)
+		lb = 1;
+	long *used = xcalloc(n + lb, sizeof *used), *count = xcalloc(n + lb, sizeof *count);
+	size_t nb = lb;
+	for (size_t k = 0; k < n; k++) {
+		size_t best = nb;
+		for (size_t b = 0; b < nb; b++)
+			if (fits(used[b], count[b], it[k].cost, lim) &&
+			    (best == nb || used[b] < used[best]))
+				best = b;
+		if (best == nb)
+			nb++;
+		used[best] += it[k].cost;
+		count[best]++;
+		batch[it[k].idx] = best;
+	}
+	/* renumber without empty batches (possible when one item exceeds the budget) */
+	size_t *map = xmalloc(nb * sizeof *map), m = 0;
+	for (size_t b = 0; b < nb; b++)
+		map[b] = count[b] ? m++ : (size_t)-1;
+	for (size_t i = 0; i < n; i++)
+		batch[i] = map[batch[i]];
+	free(map);
+	free(it);
+	free(used);
+	free(count);
+	return m;
+}
+
+size_t bk_plan_pack(const long *cost, size_t n, bk_plan_limits lim, size_t *batch)
+{
+	if (!n)
+		return 0;
+	size_t *alt = xmalloc(n * sizeof *alt);
+	size_t a = plan_ffd(cost, n, lim, batch), b = plan_wfd(cost, n, lim, alt);
+	if (b < a) {
+		for (size_t i = 0; i < n; i++)
+			batch[i] = alt[i];
+		a = b;
+	}
+	free(alt);
+	return a;
 }

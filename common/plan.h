@@ -1,5 +1,5 @@
 /* plan.h - batch planning: pack whole sequences into batches under a token budget.
- * First-fit decreasing over a window of records; no sequence is ever split, so the
+ * Decreasing-size bin packing over a window of records; no sequence is ever split, so the
  * batches are packed variable-length sequences with no padding at all.  "Efficiency"
  * is real tokens / (batches x max_tokens): how full the token budget of each step is. */
 #ifndef BK_PLAN_H
@@ -13,10 +13,10 @@ typedef struct {
 	long max_batch;  /* records per batch; 0 = unlimited */
 } bk_plan_limits;
 
-/* Assigns batch[i] in [0, nbatch) for each of n items with cost[i]; batches are
- * numbered in the order they should run.  An item costing more than max_tokens gets
- * a batch of its own.  Returns the number of batches. */
-size_t bk_plan_ffd(const long *cost, size_t n, bk_plan_limits lim, size_t *batch);
+/* Assigns batch[i] in [0, nbatch) for each of n items with cost[i]: the better (fewer
+ * batches) of first-fit decreasing and worst-fit decreasing.  An item costing more
+ * than max_tokens gets a batch of its own.  Returns the number of batches. */
+size_t bk_plan_pack(const long *cost, size_t n, bk_plan_limits lim, size_t *batch);
 /* The same items packed in arrival order (next fit): the naive plan, for comparison. */
 size_t bk_plan_next_fit(const long *cost, size_t n, bk_plan_limits lim, size_t *batch);
 
