@@ -1,0 +1,397 @@
+/* host_ops.c - bk_ops_host: the fp32 host twin of every op in ops.h (OpenBLAS sgemm for
+ * matmuls, OpenMP over rows/heads).  It is the judge of the CUDA ops, so it favours
+ * plain loops over speed tricks; not a general BLAS wrapper. */
+#include "gpu/ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/diag.h"
+#include "common/rng.h"
+
+/* ---- memory ---- */
+
+static void *host_alloc(size_t bytes)
+{
+	void *p = xmalloc(bytes ? bytes : 1);
+	memset(p, 0xff, bytes); /* all-ones bytes are a NaN float: unwritten reads show */
+	return p;
+}
+static void host_free(void *p) { free(p); }
+static void host_upload(void *dst, const void *src, size_t bytes)
+{
+	if (bytes)
+		memcpy(dst, src, bytes);
+}
+static void host_zero(void *p, size_t bytes)
+{
+	if (bytes)
+		memset(p, 0, bytes);
+}
+
+static bk_weight *host_weight_upload(const float *host, int rows, int cols)
+{
+	BUG_ON(rows <= 0 || cols <= 0);
+	bk_weight *w = xmalloc(sizeof(*w));
+	size_t n = (size_t)rows * cols;
+	w->rows = rows;
+	w->cols = cols;
+	w->data = xmalloc(n * sizeof(float));
+	memcpy(w->data, host, n * sizeof(float));
+	return w;
+}
+
+static void host_weight_free(bk_weight *w)
+{
+	if (!w)
+		return;
+	free(w->data);
+	free(w);
+}
+
+static const float *wdata(const bk_weight *w) { return (const float *)w->data; }
+
+/* ---- embedding ---- */
+
+static void host_embedding_forward(float *x /* [T,H] */, const int32_t *ids /* [T] */,
+				   const bk_weight *embed /* [V,H] */, int T)
+{
+	int V = embed->rows, H = embed->cols;
+	for (int t = 0; t < T; t++) {
+		if (ids[t] < 0 || ids[t] >= V)
+			BUG("embedding: token %d: id %d out of range [0,%d)", t, ids[t], V);
+		memcpy(x + (size_t)t * H, wdata(embed) + (size_t)ids[t] * H, H * sizeof(float));
+	}
+}
+
+/* ---- RMSNorm ---- */
+
+static void host_rmsnorm_forward(float *out /* [T,H] */, float *rstd /* [T] */,
+				 const float *x /* [T,H] */, const bk_weight *w /* [1,H] */,
+				 int T, int H, float eps)
+{
+	BUG_ON(w->rows * w->cols != H);
+	const float *wv = wdata(w);
+#pragma omp parallel for if (T > 16)
+	for (int t = 0; t < T; t++) {
+		const float *xt = x + (size_t)t * H;
+		float *ot = out + (size_t)t * H;
+		float ss = 0;
+		for (int i = 0; i < H; i++)
+			ss += xt[i] * xt[i];
+		float r = 1.0f / sqrtf(ss / H + eps);
+		rstd[t] = r;
+		for (int i = 0; i < H; i++)
+			ot[i] = wv[i] * (xt[i] * r);
+	}
+}
+
+/* With xh = x*rstd and g = dout*w:  dx = rstd * (g - xh * mean(g*xh)). */
+static void host_rmsnorm_backward(float *dx /* [T,H] += */, const float *dout /* [T,H] */,
+				  const float *x /* [T,H] */, const bk_weight *w /* [1,H] */,
+				  const float *rstd /* [T] */, int T, int H)
+{
+	BUG_ON(w->rows * w->cols != H);
+	const float *wv = wdata(w);
+#pragma omp parallel for if (T > 16)
+	for (int t = 0; t < T; t++) {
+		const float *xt = x + (size_t)t * H, *dt = dout + (size_t)t * H;
+		float *dxt = dx + (size_t)t * H;
+		float r = rstd[t], dot = 0;
+		for (int i = 0; i < H; i++)
+			dot += dt[i] * wv[i] * xt[i] * r;
+		dot /= H;
+		for (int i = 0; i < H; i++)
+			dxt[i] += r * (dt[i] * wv[i] - xt[i] * r * dot);
+	}
+}
+
+/* ---- frozen linear ---- */
+
+static void host_linear_forward(float *y /* [T,out] */, const float *x /* [T,in] */,
+				const bk_weight *W /* [out,in] */, int T)
+{
+	int out = W->rows, in = W->cols;
+	if (T <= 0)
+		return;
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, out, in, 1.0f, x, in,
+		    wdata(W), in, 0.0f, y, out);
+}
+
+static void host_linear_backward(float *dx /* [T,in] += */, const float *dy /* [T,out] */,
+				 const bk_weight *W /* [out,in] */, int T)
+{
+	int out = W->rows, in = W->cols;
+	if (T <= 0)
+		return;
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, in, out, 1.0f, dy, out,
+		    wdata(W), in, 1.0f, dx, in);
+}
+
+/* ---- LoRA ---- */
+
+/* xd = drop(x) (or x itself when p == 0) */
+static const float *lora_dropped(float *xd /* [T,in] */, const float *x /* [T,in] */, int T,
+				 int in, float p, uint64_t key)
+{
+	if (p <= 0)
+		return x;
+	float inv = 1.0f / (1.0f - p);
+	size_t n = (size_t)T * in;
+#pragma omp parallel for if (n > 65536)
+	for (size_t i = 0; i < n; i++)
+		xd[i] = bk_crng_uniform(key, i) >= p ? x[i] * inv : 0.0f;
+	return xd;
+}
+
+static void host_lora_forward(float *y /* [T,out] += */, float *xa /* [T,R] */,
+			      const float *x /* [T,in] */, const float *A /* [R,in] */,
+			      const float *B /* [out,R] */, int T, int in, int out, int R,
+			      float scale, float p, uint64_t key, float *scratch /* [T,in+R] */)
+{
+	BUG_ON(p < 0 || p >= 1);
+	if (T <= 0)
+		return;
+	const float *xd = lora_dropped(scratch, x, T, in, p, key);
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, R, in, 1.0f, xd, in, A, in,
+		    0.0f, xa, R);
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, out, R, scale, xa, R, B, R,
+		    1.0f, y, out);
+}
+
+/* dB += scale dy^T xa;  dxa = scale dy B;  dA += dxa^T drop(x);  dx += drop'(dxa A) */
+static void host_lora_backward(float *dx /* [T,in] += */, float *dA /* [R,in] += */,
+			       float *dB /* [out,R] += */, const float *dy /* [T,out] */,
+			       const float *x /* [T,in] */, const float *xa /* [T,R] */,
+			       const float *A /* [R,in] */, const float *B /* [out,R] */, int T,
+			       int in, int out, int R, float scale, float p, uint64_t key,
+			       float *scratch /* [T,in+R] */)
+{
+	BUG_ON(p < 0 || p >= 1);
+	if (T <= 0)
+		return;
+	float *dxa = scratch + (size_t)T * in; /* [T,R] */
+	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, R, T, scale, dy, out, xa, R,
+		    1.0f, dB, R);
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, R, out, scale, dy, out, B, R,
+		    0.0f, dxa, R);
+	const float *xd = lora_dropped(scratch, x, T, in, p, key);
+	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, R, in, T, 1.0f, dxa, R, xd, in,
+		    1.0f, dA, in);
+	if (p <= 0) {
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, in, R, 1.0f, dxa, R, A,
+			    in, 1.0f, dx, in);
+		return;
+	}
+	float *dxd = scratch; /* [T,in], drop(x) is no longer needed */
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, in, R, 1.0f, dxa, R, A, in,
+		    0.0f, dxd, in);
+	float inv = 1.0f / (1.0f - p);
+	size_t n = (size_t)T * in;
+#pragma omp parallel for if (n > 65536)
+	for (size_t i = 0; i < n; i++)
+		if (bk_crng_uniform(key, i) >= p)
+			dx[i] += dxd[i] * inv;
+}
+
+/* ---- RoPE ---- */
+
+static void rope_rotate(float *x /* [T,n,D] */, const int32_t *pos /* [T] */,
+			const float *inv_freq /* [D/2] */, int T, int n, int D, float sign)
+{
+	BUG_ON(D % 2);
+	int half = D / 2;
+#pragma omp parallel for if (T > 16)
+	for (int t = 0; t < T; t++) {
+		for (int i = 0; i < half; i++) {
+			float ang = (float)pos[t] * inv_freq[i];
+			float c = cosf(ang), s = sign * sinf(ang);
+			for (int h = 0; h < n; h++) {
+				float *xh = x + ((size_t)t * n + h) * D;
+				float a = xh[i], b = xh[i + half];
+				xh[i] = a * c - b * s;
+				xh[i + half] = b * c + a * s;
+			}
+		}
+	}
+}
+
+static void host_rope_forward(float *x, const int32_t *pos, const float *inv_freq, int T,
+			      int n, int D)
+{
+	rope_rotate(x, pos, inv_freq, T, n, D, 1.0f);
+}
+
+static void host_rope_backward(float *dx, const int32_t *pos, const float *inv_freq, int T,
+			       int n, int D)
+{
+	rope_rotate(dx, pos, inv_freq, T, n, D, -1.0f);
+}
+
+/* ---- attention ---- */
+
+static float dotf(const float *a, const float *b, int n)
+{
+	float s = 0;
+	for (int i = 0; i < n; i++)
+		s += a[i] * b[i];
+	return s;
+}
+
+static void check_seqlens(const int32_t *cu, int S, int T)
+{
+	if (cu[0] != 0 || cu[S] != T)
+		BUG("attention: cu_seqlens[0] = %d, cu_seqlens[%d] = %d, T = %d", cu[0], S, cu[S], T);
+	for (int s = 0; s < S; s++)
+		if (cu[s + 1] < cu[s])
+			BUG("attention: cu_seqlens decreases at %d", s);
+}
+
+/* One query row: scores against prefix keys then own-sequence keys cu[s]..t, two-pass
+ * softmax.  sc holds P + (t - start + 1) scores. */
+static void host_attention_forward(float *out /* [T,NH,D] */, float *lse /* [NH,T] */,
+				   const float *q /* [T,NH,D] */, const float *k /* [T,NKV,D] */,
+				   const float *v /* [T,NKV,D] */, const int32_t *cu /* [S+1] */,
+				   int S, int T, int NH, int NKV, int D,
+				   const float *pk /* [P,NKV,D] */, const float *pv /* [P,NKV,D] */,
+				   int P)
+{
+	BUG_ON(NH % NKV);
+	BUG_ON(P > 0 && (!pk || !pv));
+	check_seqlens(cu, S, T);
+	int group = NH / NKV;
+	float scale = 1.0f / sqrtf((float)D);
+#pragma omp parallel
+	{
+		float *sc = xmalloc(((size_t)P + T + 1) * sizeof(float));
+#pragma omp for collapse(2) schedule(dynamic, 4)
+		for (int s = 0; s < S; s++) {
+			for (int h = 0; h < NH; h++) {
+				int kh = h / group;
+				for (int t = cu[s]; t < cu[s + 1]; t++) {
+					const float *qt = q + ((size_t)t * NH + h) * D;
+					int nk = P + (t - cu[s] + 1);
+					float mx = -INFINITY;
+					for (int j = 0; j < nk; j++) {
+						const float *kj = j < P ? pk + ((size_t)j * NKV + kh) * D
+									: k + ((size_t)(cu[s] + j - P) * NKV + kh) * D;
+						sc[j] = dotf(qt, kj, D) * scale;
+						mx = sc[j] > mx ? sc[j] : mx;
+					}
+					float sum = 0;
+					for (int j = 0; j < nk; j++) {
+						sc[j] = expf(sc[j] - mx);
+						sum += sc[j];
+					}
+					float *ot = out + ((size_t)t * NH + h) * D;
+					memset(ot, 0, D * sizeof(float));
+					for (int j = 0; j < nk; j++) {
+						const float *vj = j < P ? pv + ((size_t)j * NKV + kh) * D
+									: v + ((size_t)(cu[s] + j - P) * NKV + kh) * D;
+						float w = sc[j] / sum;
+						for (int d = 0; d < D; d++)
+							ot[d] += w * vj[d];
+					}
+					lse[(size_t)h * T + t] = mx + logf(sum);
+				}
+			}
+		}
+		free(sc);
+	}
+}
+
+/* p_ij = exp(s_ij - lse_i);  dv_j += p_ij do_i;  ds_ij = p_ij (do_i.v_j - do_i.o_i);
+ * dq_i += scale ds_ij k_j;  dk_j += scale ds_ij q_i.  One thread owns one (sequence,
+ * kv head) pair, so its dk/dv rows are written by no other thread. */
+static void host_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+				    const float *q, const float *k, const float *v,
+				    const float *out, const float *lse, const int32_t *cu, int S,
+				    int T, int NH, int NKV, int D)
+{
+	BUG_ON(NH % NKV);
+	check_seqlens(cu, S, T);
+	int group = NH / NKV;
+	float scale = 1.0f / sqrtf((float)D);
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+	for (int s = 0; s < S; s++) {
+		for (int kh = 0; kh < NKV; kh++) {
+			for (int h = kh * group; h < (kh + 1) * group; h++) {
+				for (int t = cu[s]; t < cu[s + 1]; t++) {
+					size_t qi = ((size_t)t * NH + h) * D;
+					const float *qt = q + qi, *dot = dout + qi;
+					float *dqt = dq + qi;
+					float l = lse[(size_t)h * T + t];
+					float Di = dotf(dot, out + qi, D);
+					for (int j = cu[s]; j <= t; j++) {
+						size_t ki = ((size_t)j * NKV + kh) * D;
+						float p = expf(dotf(qt, k + ki, D) * scale - l);
+						float ds = p * (dotf(dot, v + ki, D) - Di) * scale;
+						for (int d = 0; d < D; d++) {
+							dv[ki + d] += p * dot[d];
+							dqt[d] += ds * k[ki + d];
+							dk[ki + d] += ds * qt[d];
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+/* ---- SwiGLU ---- */
+
+static void host_swiglu_forward(float *h, const float *gate, const float *up, size_t n)
+{
+#pragma omp parallel for if (n > 65536)
+	for (size_t i = 0; i < n; i++) {
+		float g = gate[i];
+		h[i] = g / (1.0f + expf(-g)) * up[i];
+	}
+}
+
+/* silu'(g) = sig(g) (1 + g (1 - sig(g))) */
+static void host_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate,
+				 const float *up, size_t n)
+{
+#pragma omp parallel for if (n > 65536)
+	for (size_t i = 0; i < n; i++) {
+		float g = gate[i], sg = 1.0f / (1.0f + expf(-g));
+		dgate[i] += dh[i] * up[i] * sg * (1.0f + g * (1.0f - sg));
+		dup[i] += dh[i] * g * sg;
+	}
+}
+
+static void host_residual_forward(float *out, const float *a, const float *b, size_t n)
+{
+#pragma omp parallel for if (n > 65536)
+	for (size_t i = 0; i < n; i++)
+		out[i] = a[i] + b[i];
+}
+
+const bk_ops bk_ops_host = {
+	.name = "host",
+	.alloc = host_alloc,
+	.free = host_free,
+	.upload = host_upload,
+	.download = host_upload,
+	.copy = host_upload,
+	.zero = host_zero,
+	.weight_upload = host_weight_upload,
+	.weight_free = host_weight_free,
+	.embedding_forward = host_embedding_forward,
+	.rmsnorm_forward = host_rmsnorm_forward,
+	.rmsnorm_backward = host_rmsnorm_backward,
+	.linear_forward = host_linear_forward,
+	.linear_backward = host_linear_backward,
+	.lora_forward = host_lora_forward,
+	.lora_backward = host_lora_backward,
+	.rope_forward = host_rope_forward,
+	.rope_backward = host_rope_backward,
+	.attention_forward = host_attention_forward,
+	.attention_backward = host_attention_backward,
+	.swiglu_forward = host_swiglu_forward,
+	.swiglu_backward = host_swiglu_backward,
+	.residual_forward = host_residual_forward,
+};

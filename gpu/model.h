@@ -1,0 +1,141 @@
+/* model.h - a Llama-architecture transformer over packed batches, forward and backward
+ * (LoRA gradients only), built from the ops table in gpu/ops.h, so it runs on any
+ * implementation.  Not a loader (formats/ turns checkpoints into bk_llama_weights) and
+ * not the loss (gpu/loss.c takes the final hidden states).  Dimension letters: ops.h. */
+#ifndef BK_MODEL_H
+#define BK_MODEL_H
+
+#include <stdint.h>
+
+#include "gpu/ops.h"
+
+typedef struct bk_llama_config {
+	int H;          /* hidden_size */
+	int I;          /* intermediate_size */
+	int L;          /* num_hidden_layers */
+	int NH;         /* num_attention_heads */
+	int NKV;        /* num_key_value_heads (NH % NKV == 0) */
+	int D;          /* head_dim (even) */
+	int V;          /* vocab_size */
+	float rms_eps;  /* rms_norm_eps */
+	const float *inv_freq; /* [D/2] RoPE inverse frequencies (host, copied by create) */
+	int tied;       /* tie_word_embeddings: lm_head is embed */
+} bk_llama_config;
+
+/* fp32 host pointers in HF layout (W [out,in]); only read by bk_model_create. */
+typedef struct bk_llama_layer_weights {
+	const float *wq;     /* [NH*D, H] */
+	const float *wk;     /* [NKV*D, H] */
+	const float *wv;     /* [NKV*D, H] */
+	const float *wo;     /* [H, NH*D] */
+	const float *w_gate; /* [I, H] */
+	const float *w_up;   /* [I, H] */
+	const float *w_down; /* [H, I] */
+	const float *attn_norm; /* [H] input_layernorm */
+	const float *mlp_norm;  /* [H] post_attention_layernorm */
+} bk_llama_layer_weights;
+
+typedef struct bk_llama_weights {
+	const float *embed;      /* [V, H] */
+	const float *final_norm; /* [H] */
+	const float *lm_head;    /* [V, H]; ignored (embed used) when config.tied */
+	const bk_llama_layer_weights *layers; /* [L] */
+} bk_llama_weights;
+
+/* LoRA target modules, in PEFT order; a mask has bit (1 << module). */
+enum bk_lora_module {
+	BK_LORA_Q, BK_LORA_K, BK_LORA_V, BK_LORA_O, BK_LORA_GATE, BK_LORA_UP, BK_LORA_DOWN,
+	BK_LORA_NMOD
+};
+#define BK_LORA_ALL ((1u << BK_LORA_NMOD) - 1)
+extern const char *const bk_lora_module_names[BK_LORA_NMOD]; /* "q_proj", ... "down_proj" */
+
+/* The model on a device: frozen weights behind bk_weight handles. */
+typedef struct bk_layer {
+	bk_weight *w[BK_LORA_NMOD]; /* indexed by enum bk_lora_module: [out,in] each */
+	bk_weight *attn_norm, *mlp_norm; /* [1,H] */
+} bk_layer;
+
+typedef struct bk_model {
+	const bk_ops *ops;
+	bk_llama_config cfg; /* cfg.inv_freq points at inv_freq_host */
+	float *inv_freq_host; /* [D/2] */
+	float *inv_freq;      /* [D/2] device */
+	bk_weight *embed;     /* [V,H] */
+	bk_weight *final_norm; /* [1,H] */
+	bk_weight *lm_head;   /* [V,H]; == embed when tied */
+	bk_layer *layers;     /* [L] */
+} bk_model;
+
+/* LoRA adapter (or its gradients: same struct, same shapes).  All trainable numbers
+ * are one flat fp32 device buffer, so an optimizer or a gradient norm sees one vector;
+ * A/B point into it, layer-major, modules in enum order, A before B, targeted modules
+ * only (untargeted ones are NULL). */
+typedef struct bk_lora {
+	int L, r;
+	float alpha, scale; /* scale = alpha / r */
+	float dropout;      /* p, applied only when the batch says train */
+	unsigned targets;   /* mask of enum bk_lora_module bits */
+	float *flat;        /* [n_flat] device */
+	size_t n_flat;
+	float *(*A)[BK_LORA_NMOD]; /* A[l][m]: [R,in] or NULL */
+	float *(*B)[BK_LORA_NMOD]; /* B[l][m]: [out,R] or NULL */
+} bk_lora;
+
+/* A packed batch: host arrays, uploaded by bk_model_forward. */
+typedef struct bk_batch {
+	int T, S;
+	const int32_t *ids;        /* [T] */
+	const int32_t *pos;        /* [T] positions (P + offset in sequence with a prefix) */
+	const int32_t *cu_seqlens; /* [S+1] */
+	int train;                 /* apply LoRA dropout */
+	uint64_t dropout_key;      /* per micro-step; forward and backward must agree */
+} bk_batch;
+
+/* A shared prefix (e.g. the system prompt): post-RoPE K and V of every layer for
+ * positions 0..P-1, attended to by every sequence of a batch (forward only). */
+typedef struct bk_prefix {
+	int P, L;
+	float **k; /* [L] -> [P,NKV,D] device */
+	float **v; /* [L] -> [P,NKV,D] device */
+} bk_prefix;
+
+/* Activations saved by the forward for the backward, plus backward workspace; sized
+ * for at most max_T tokens and LoRA rank max_r, allocated once. */
+typedef struct bk_acts bk_acts;
+
+bk_model *bk_model_create(const bk_ops *ops, const bk_llama_config *cfg,
+			  const bk_llama_weights *w);
+void bk_model_free(bk_model *m);
+/* in/out features of a module's linear */
+void bk_model_module_dims(const bk_llama_config *cfg, int module, int *in, int *out);
+
+bk_acts *bk_acts_create(const bk_model *m, int max_T, int max_r);
+void bk_acts_free(const bk_model *m, bk_acts *a);
+
+/* zeroed A and B; dropout p in [0,1) */
+bk_lora *bk_lora_create(const bk_model *m, int r, float alpha, float dropout,
+			unsigned targets);
+bk_lora *bk_lora_create_like(const bk_model *m, const bk_lora *like); /* e.g. grads */
+void bk_lora_free(const bk_model *m, bk_lora *l);
+/* PEFT init: A ~ kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)), B = 0 */
+void bk_lora_init_peft(const bk_model *m, bk_lora *l, uint64_t seed);
+
+/* out_hidden [T,H] (device) = final RMSNorm of the last layer's output.  lora NULL =
+ * adapter off.  prefix NULL = none; with a prefix no backward may follow. */
+void bk_model_forward(const bk_model *m, const bk_lora *lora, const bk_batch *batch,
+		      const bk_prefix *prefix, bk_acts *acts, float *out_hidden);
+/* Adds dLoss/dA and dLoss/dB of every targeted module into grads (same targets/r as
+ * lora) given d_hidden [T,H] (device) = dLoss/d out_hidden; acts from the forward of
+ * the same batch and lora. */
+void bk_model_backward(const bk_model *m, const bk_lora *lora, const bk_batch *batch,
+		       bk_acts *acts, const float *d_hidden, bk_lora *grads);
+/* logits [T,V] = hidden [T,H] lm_head^T (device buffers; the full vocabulary). */
+void bk_model_logits(const bk_model *m, const float *hidden, float *logits, int T);
+
+/* Runs the base model (adapter off) on ids [P] at positions 0..P-1 and keeps each
+ * layer's K and V.  acts must hold P tokens. */
+bk_prefix *bk_model_prefix_build(const bk_model *m, bk_acts *acts, const int32_t *ids, int P);
+void bk_prefix_free(const bk_model *m, bk_prefix *p);
+
+#endif

@@ -1,0 +1,131 @@
+/* ops.h - the one op interface of the compute layer: a table of function pointers
+ * (memory + transformer ops, each forward with its backward) that the model calls.
+ * bk_ops_host (host_ops.c, fp32 + OpenBLAS + OpenMP) is the reference every other
+ * implementation (CUDA, bf16 weights) is tested against.  Not a tensor library:
+ * no shapes are stored in buffers, no autograd; the caller passes every dimension.
+ *
+ * Dimension letters (used in every shape comment of gpu/):
+ *   T   tokens of a packed batch (all sequences back to back, no padding)
+ *   S   sequences in the batch; cu_seqlens [S+1] holds token offsets, cu[0] = 0, cu[S] = T
+ *   P   tokens of a shared read-only prefix (the teacher's system prompt)
+ *   H   hidden size                 I   MLP intermediate size
+ *   NH  query heads                 NKV key/value heads (NH % NKV == 0, GQA)
+ *   D   head dimension (even)       V   vocabulary size
+ *   R   LoRA rank                   in/out  input/output features of a linear
+ *
+ * Conventions (Hugging Face Llama):
+ *   - a frozen weight W is [out,in] and a linear is y = x W^T;
+ *   - buffers are row-major fp32 "device" memory obtained from ops->alloc (on the
+ *     host twin, ordinary memory); int arrays (ids, pos, cu_seqlens) are int32;
+ *   - frozen base weights live behind an opaque bk_weight created by weight_upload,
+ *     so an implementation may store them in another type (bf16 on the GPU);
+ *     trainable LoRA matrices and all activations are fp32 buffers;
+ *   - every backward ADDS (+=) into the gradients it produces (dx, dA, dB, ...);
+ *     callers zero them first.  Base weights get no gradient;
+ *   - ops are ordered on one stream: a download sees every op issued before it.
+ */
+#ifndef BK_OPS_H
+#define BK_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A frozen weight matrix [rows, cols] (rows = out features, cols = in features;
+ * a vector such as an RMSNorm weight is [1, H]).  data is the implementation's
+ * own storage (fp32 on the host, e.g. bf16 on a GPU): only ops read it. */
+typedef struct bk_weight {
+	int rows, cols;
+	void *data;
+} bk_weight;
+
+typedef struct bk_ops {
+	const char *name; /* "host", "cuda" */
+
+	/* ---- memory (bytes; "device" = the implementation's memory) ---- */
+	void *(*alloc)(size_t bytes); /* contents undefined (the host fills with NaN) */
+	void (*free)(void *p);        /* NULL is fine */
+	void (*upload)(void *dst_device, const void *src_host, size_t bytes);
+	void (*download)(void *dst_host, const void *src_device, size_t bytes);
+	void (*copy)(void *dst_device, const void *src_device, size_t bytes);
+	void (*zero)(void *p_device, size_t bytes);
+	bk_weight *(*weight_upload)(const float *host /* [rows,cols] */, int rows, int cols);
+	void (*weight_free)(bk_weight *w); /* NULL is fine */
+
+	/* ---- embedding: x[t,:] = embed[ids[t],:]; ids must be in [0,V) (BUG otherwise) ---- */
+	void (*embedding_forward)(float *x /* [T,H] */, const int32_t *ids /* [T] */,
+				  const bk_weight *embed /* [V,H] */, int T);
+
+	/* ---- RMSNorm: out = w * x * rstd, rstd = 1/sqrt(mean(x^2) + eps), fp32 ---- */
+	void (*rmsnorm_forward)(float *out /* [T,H] */, float *rstd /* [T] saved */,
+				const float *x /* [T,H] */, const bk_weight *w /* [1,H] */,
+				int T, int H, float eps);
+	void (*rmsnorm_backward)(float *dx /* [T,H] += */, const float *dout /* [T,H] */,
+				 const float *x /* [T,H] */, const bk_weight *w /* [1,H] */,
+				 const float *rstd /* [T] */, int T, int H);
+
+	/* ---- frozen linear: y = x W^T (overwrites y); backward dx += dy W ---- */
+	void (*linear_forward)(float *y /* [T,out] */, const float *x /* [T,in] */,
+			       const bk_weight *W /* [out,in] */, int T);
+	void (*linear_backward)(float *dx /* [T,in] += */, const float *dy /* [T,out] */,
+				const bk_weight *W /* [out,in] */, int T);
+
+	/* ---- LoRA on a linear: y += scale * (drop(x) A^T) B^T ----
+	 * drop(x)[t,i] = x[t,i] * keep(t,i) / (1-p), keep(t,i) = bk_crng_uniform(key,
+	 * t*in + i) >= p; p = 0 means drop(x) = x (no mask).  The mask is recomputed in the
+	 * backward from the same key, never stored.  xa = drop(x) A^T is saved.
+	 * scratch: [T, in + R] floats of workspace, clobbered. */
+	void (*lora_forward)(float *y /* [T,out] += */, float *xa /* [T,R] saved */,
+			     const float *x /* [T,in] */, const float *A /* [R,in] */,
+			     const float *B /* [out,R] */, int T, int in, int out, int R,
+			     float scale, float p, uint64_t key, float *scratch);
+	void (*lora_backward)(float *dx /* [T,in] += */, float *dA /* [R,in] += */,
+			      float *dB /* [out,R] += */, const float *dy /* [T,out] */,
+			      const float *x /* [T,in] */, const float *xa /* [T,R] */,
+			      const float *A /* [R,in] */, const float *B /* [out,R] */,
+			      int T, int in, int out, int R, float scale, float p, uint64_t key,
+			      float *scratch);
+
+	/* ---- RoPE, HF rotate_half, in place on x [T,n,D] (n = NH for q, NKV for k) ----
+	 * for i < D/2, angle = pos[t] * inv_freq[i] (fp32), c = cos, s = sin:
+	 *   x[i] <- x[i] c - x[i+D/2] s,   x[i+D/2] <- x[i+D/2] c + x[i] s.
+	 * backward rotates by -angle, in place on the gradient. */
+	void (*rope_forward)(float *x /* [T,n,D] */, const int32_t *pos /* [T] */,
+			     const float *inv_freq /* [D/2] */, int T, int n, int D);
+	void (*rope_backward)(float *dx /* [T,n,D] in place */, const int32_t *pos /* [T] */,
+			      const float *inv_freq /* [D/2] */, int T, int n, int D);
+
+	/* ---- causal GQA attention over packed sequences ----
+	 * Query t of sequence s (cu[s] <= t < cu[s+1]), head h, attends to every prefix
+	 * key 0..P-1 (if P > 0) and to the keys cu[s]..t of its own sequence, kv head
+	 * h / (NH/NKV), with scores q.k / sqrt(D).  lse[h,t] = log sum exp of its scores.
+	 * The prefix (positions 0..P-1, already roped) is read-only and forward only:
+	 * pass P = 0 (and NULL) for a forward whose backward will run. */
+	void (*attention_forward)(float *out /* [T,NH,D] */, float *lse /* [NH,T] saved */,
+				  const float *q /* [T,NH,D] */, const float *k /* [T,NKV,D] */,
+				  const float *v /* [T,NKV,D] */,
+				  const int32_t *cu_seqlens /* [S+1] */, int S, int T, int NH,
+				  int NKV, int D, const float *prefix_k /* [P,NKV,D] or NULL */,
+				  const float *prefix_v /* [P,NKV,D] or NULL */, int P);
+	/* recomputes the probabilities from q, k and lse (no [T,T] matrix kept) */
+	void (*attention_backward)(float *dq /* [T,NH,D] += */, float *dk /* [T,NKV,D] += */,
+				   float *dv /* [T,NKV,D] += */, const float *dout /* [T,NH,D] */,
+				   const float *q, const float *k, const float *v,
+				   const float *out /* [T,NH,D] */, const float *lse /* [NH,T] */,
+				   const int32_t *cu_seqlens /* [S+1] */, int S, int T, int NH,
+				   int NKV, int D);
+
+	/* ---- SwiGLU: h = silu(gate) * up, silu(g) = g / (1 + exp(-g)) ---- */
+	void (*swiglu_forward)(float *h /* [T,I] */, const float *gate /* [T,I] */,
+			       const float *up /* [T,I] */, size_t n /* T*I */);
+	void (*swiglu_backward)(float *dgate /* [T,I] += */, float *dup /* [T,I] += */,
+				const float *dh /* [T,I] */, const float *gate, const float *up,
+				size_t n);
+
+	/* ---- residual: out = a + b (out may alias a or b); the backward is the identity:
+	 * the gradient of out flows unchanged to both a and b, so no op is needed. ---- */
+	void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+} bk_ops;
+
+extern const bk_ops bk_ops_host;
+
+#endif
