@@ -1,0 +1,151 @@
+/* load.c - see load.h. */
+#include "load.h"
+#include "common/diag.h"
+#include "common/files.h"
+#include "common/hash.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+void bk_model_fingerprint(const char *dir, char out[17])
+{
+	XXH3_state_t *st = XXH3_createState();
+	if (!st)
+		die("out of memory");
+	XXH3_64bits_reset(st);
+	char *cfg = bk_path_join(dir, "config.json");
+	size_t n;
+	char *text = bk_read_file(cfg, &n);
+	XXH3_64bits_update(st, text, n);
+	free(text);
+	free(cfg);
+	/* checkpoint headers (names, dtypes, shapes, offsets) and sizes, not the
+	 * gigabytes of weights: it tells models apart cheaply */
+	bk_st *s = bk_st_open(dir);
+	for (size_t i = 0; i < bk_st_count(s); i++) {
+		const bk_st_tensor *t = bk_st_at(s, i);
+		XXH3_64bits_update(st, t->name, strlen(t->name));
+		XXH3_64bits_update(st, t->shape, sizeof t->shape);
+		XXH3_64bits_update(st, &t->dtype, sizeof t->dtype);
+		/* and a sample of the values, so two checkpoints of one shape differ */
+		size_t k = t->nbytes < 64 ? t->nbytes : 64;
+		XXH3_64bits_update(st, t->data, k);
+	}
+	bk_st_close(s);
+	bk_hash_hex(XXH3_64bits_digest(st), out);
+	XXH3_freeState(st);
+}
+
+static float *read_tensor(const bk_st *st, const char *name, int64_t rows, int64_t cols)
+{
+	float *p = xmalloc((size_t)(rows * cols) * sizeof(float));
+	int64_t shape[2] = {rows, cols};
+	if (rows == 1)
+		bk_st_read_f32(st, name, 1, shape + 1, p);
+	else
+		bk_st_read_f32(st, name, 2, shape, p);
+	return p;
+}
+
+bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir)
+{
+	bk_loaded_model lm = {0};
+	lm.cfg = bk_config_load(dir);
+	bk_st *st = bk_st_open(dir);
+	bk_config_check_st(lm.cfg, st);
+	const bk_config *c = lm.cfg;
+	int H = c->hidden_size, I = c->intermediate_size, L = c->n_layers, NH = c->n_heads,
+	    NKV = c->n_kv_heads, D = c->head_dim, V = c->vocab_size;
+	float *inv_freq = xmalloc((size_t)(D / 2) * sizeof(float));
+	bk_rope_inv_freq(c, inv_freq);
+	bk_llama_config mc = {H, I, L, NH, NKV, D, V, c->rms_norm_eps, inv_freq,
+			      c->tie_word_embeddings};
+	bk_llama_layer_weights *lw = xcalloc((size_t)L, sizeof *lw);
+	char name[128];
+	for (int l = 0; l < L; l++) {
+#define T(field, fmt, r, cc)                                                           \
+	snprintf(name, sizeof name, "model.layers.%d." fmt, l);                        \
+	lw[l].field = read_tensor(st, name, r, cc)
+		T(wq, "self_attn.q_proj.weight", NH * D, H);
+		T(wk, "self_attn.k_proj.weight", NKV * D, H);
+		T(wv, "self_attn.v_proj.weight", NKV * D, H);
+		T(wo, "self_attn.o_proj.weight", H, NH * D);
+		T(w_gate, "mlp.gate_proj.weight", I, H);
+		T(w_up, "mlp.up_proj.weight", I, H);
+		T(w_down, "mlp.down_proj.weight", H, I);
+		T(attn_norm, "input_layernorm.weight", 1, H);
+		T(mlp_norm, "post_attention_layernorm.weight", 1, H);
+#undef T
+	}
+	bk_llama_weights w = {0};
+	w.embed = read_tensor(st, "model.embed_tokens.weight", V, H);
+	w.final_norm = read_tensor(st, "model.norm.weight", 1, H);
+	w.lm_head = c->tie_word_embeddings ? w.embed : read_tensor(st, "lm_head.weight", V, H);
+	w.layers = lw;
+	lm.model = bk_model_create(ops, &mc, &w);
+	for (int l = 0; l < L; l++) {
+		free((void *)lw[l].wq), free((void *)lw[l].wk), free((void *)lw[l].wv);
+		free((void *)lw[l].wo), free((void *)lw[l].w_gate), free((void *)lw[l].w_up);
+		free((void *)lw[l].w_down), free((void *)lw[l].attn_norm);
+		free((void *)lw[l].mlp_norm);
+	}
+	if (!c->tie_word_embeddings)
+		free((void *)w.lm_head);
+	free((void *)w.embed);
+	free((void *)w.final_norm);
+	free(lw);
+	free(inv_freq);
+	bk_st_close(st);
+	bk_model_fingerprint(dir, lm.fingerprint);
+	return lm;
+}
+
+void bk_model_unload(bk_loaded_model *lm)
+{
+	bk_model_free(lm->model);
+	bk_config_free(lm->cfg);
+	lm->model = NULL;
+	lm->cfg = NULL;
+}
+
+static void check_same_shape(const bk_lora *l, const bk_adapter *a)
+{
+	if (l->L != a->n_layers || l->r != a->r || l->targets != a->targets)
+		die("adapter shape differs from the model's LoRA (layers %d/%d, r %d/%d, targets "
+		    "%#x/%#x)",
+		    a->n_layers, l->L, a->r, l->r, a->targets, l->targets);
+}
+
+void bk_lora_from_adapter(const bk_model *m, bk_lora *dst, const bk_adapter *src)
+{
+	check_same_shape(dst, src);
+	for (int l = 0; l < dst->L; l++)
+		for (int mod = 0; mod < BK_LORA_NMOD; mod++) {
+			if (!(dst->targets & (1u << mod)))
+				continue;
+			int in, out;
+			bk_model_module_dims(&m->cfg, mod, &in, &out);
+			m->ops->upload(dst->A[l][mod], bk_adapter_a(src, l, mod),
+				       (size_t)dst->r * (size_t)in * sizeof(float));
+			m->ops->upload(dst->B[l][mod], bk_adapter_b(src, l, mod),
+				       (size_t)out * (size_t)dst->r * sizeof(float));
+		}
+}
+
+void bk_lora_to_adapter(const bk_model *m, const bk_lora *src, bk_adapter *dst)
+{
+	check_same_shape(src, dst);
+	for (int l = 0; l < src->L; l++)
+		for (int mod = 0; mod < BK_LORA_NMOD; mod++) {
+			if (!(src->targets & (1u << mod)))
+				continue;
+			int in, out;
+			bk_model_module_dims(&m->cfg, mod, &in, &out);
+			m->ops->download(bk_adapter_a(dst, l, mod), src->A[l][mod],
+					 (size_t)src->r * (size_t)in * sizeof(float));
+			m->ops->download(bk_adapter_b(dst, l, mod), src->B[l][mod],
+					 (size_t)out * (size_t)src->r * sizeof(float));
+		}
+}

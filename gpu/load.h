@@ -1,0 +1,29 @@
+/* load.h - glue between files and the compute layer: an HF model directory into a
+ * bk_model on a device, and PEFT adapters (formats/peft.h, host fp32) to and from a
+ * bk_lora (device).  Not a parser: formats/ reads the files. */
+#ifndef BK_LOAD_H
+#define BK_LOAD_H
+
+#include "formats/hfconfig.h"
+#include "formats/peft.h"
+#include "gpu/model.h"
+
+typedef struct {
+	bk_config *cfg;
+	bk_model *model;
+	char fingerprint[17]; /* hex XXH3 of config.json + checkpoint headers and sizes */
+} bk_loaded_model;
+
+/* Loads DIR/config.json and its safetensors (one file or sharded), checks every
+ * tensor against the config, converts to fp32 and creates the model on ops. */
+bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir);
+void bk_model_unload(bk_loaded_model *lm);
+/* The fingerprint alone (for stream headers), without loading the weights. */
+void bk_model_fingerprint(const char *dir, char out[17]);
+
+/* Copies an adapter's A/B into a bk_lora with the same r and targets (dies if not). */
+void bk_lora_from_adapter(const bk_model *m, bk_lora *dst, const bk_adapter *src);
+/* Copies a bk_lora into an adapter made by bk_adapter_new with the same shape. */
+void bk_lora_to_adapter(const bk_model *m, const bk_lora *src, bk_adapter *dst);
+
+#endif
