@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# bk-step on stories260K: bk-tokenize (paired data) | bk-lens | bk-step; metrics stream,
+# PEFT adapter, kill -9 + --resume = uninterrupted run (cmp), SIGTERM saves a
+# checkpoint, exact mode = a full teacher field, refused streams and plans.
+. "$(dirname "$0")/lib.sh"
+M="$MODELS/stories260K"
+export XDG_CACHE_HOME="$TEST_TMP/cache"
+export OMP_NUM_THREADS=1 # fast and steady on a busy 2-core machine
+set -o pipefail
+
+bk-tokenize --model "$M" --system "Sparky is a friendly dragon who lives in a cave." \
+	"$DATA/pipe/bake.json" 2>/dev/null | bk-lens -q --max-tokens 128 >b.bk
+F="--model $M --device cpu --lora-r 8 --lora-alpha 16 --lr 2e-3"
+
+test_expect_success 'bk-step trains; the metrics stream reads with bk-dump' '
+	bk-step $F --out o --epochs 2 --logging-steps 2 b.bk >m.bk 2>err &&
+	bk-dump --header m.bk >m.jsonl &&
+	head -1 m.jsonl | jq -e ".provenance | map(.tool) == [\"bk-tokenize\", \"bk-lens\", \"bk-step\"]" &&
+	nb=$(bk-dump b.bk | jq -s "map(.batch) | unique | length") &&
+	steps=$((2 * nb)) &&
+	sed 1d m.jsonl | jq -s -e --argjson n $steps "
+		(.[:-1] | length == (\$n / 2) and all(.[]; .step % 2 == 0 and .loss >= 0 and
+			.lr >= 0 and .grad_norm > 0 and .tokens > 0 and .tokens_per_s > 0 and
+			.elapsed > 0 and (.epoch | type) == \"number\")) and
+		(.[-1] == {checkpoints: [\"o/checkpoint-\(\$n / 2)\", \"o/checkpoint-\(\$n)\"], final: \"o/final\"})" &&
+	grep -q "tokens/s" err
+'
+
+test_expect_success 'final/ holds a PEFT adapter with the right config and tensors' '
+	jq -e --arg m "$M" ".r == 8 and .lora_alpha == 16 and .peft_type == \"LORA\" and
+		.base_model_name_or_path == \$m and
+		(.target_modules | sort) == ([\"q_proj\",\"k_proj\",\"v_proj\",\"o_proj\",\"gate_proj\",\"up_proj\",\"down_proj\"] | sort)" \
+		o/final/adapter_config.json &&
+	st=o/final/adapter_model.safetensors &&
+	n=$(od -An -tu8 -N8 $st | tr -d " ") &&
+	dd if=$st bs=1 skip=8 count=$n 2>/dev/null | jq -e "
+		(keys | length) == 71 and
+		.[\"base_model.model.model.layers.4.mlp.down_proj.lora_A.weight\"].shape == [8, 172] and
+		.[\"base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight\"].shape == [32, 8]" &&
+	for f in adapter_model.safetensors adapter_config.json trainer_state.json trainer_state.safetensors; do
+		test -s o/final/$f || return 1
+	done &&
+	jq -e ".format == \"bakery-trainer-state\" and .step > 0" o/final/trainer_state.json &&
+	bk-step $F --out o2 --epochs 1 --base-model-name my/base b.bk >/dev/null 2>&1 &&
+	jq -e ".base_model_name_or_path == \"my/base\"" o2/final/adapter_config.json
+'
+
+test_expect_success 'same flags, same adapter; another seed, another adapter' '
+	bk-step $F --out r1 --epochs 2 --batch-size 3 --grad-accum 2 b.bk >/dev/null 2>&1 &&
+	bk-step $F --out r2 --epochs 2 --batch-size 3 --grad-accum 2 b.bk >/dev/null 2>&1 &&
+	bk-step $F --out r3 --epochs 2 --batch-size 3 --grad-accum 2 --seed 1 b.bk >/dev/null 2>&1 &&
+	cmp r1/final/adapter_model.safetensors r2/final/adapter_model.safetensors &&
+	! cmp -s r1/final/adapter_model.safetensors r3/final/adapter_model.safetensors
+'
+
+# a longer run to interrupt: 16 epochs of 4 steps, a checkpoint every 4 steps
+L="$F --lora-r 64 --lora-alpha 128 --epochs 16 --save-steps 4 --schedule cosine --warmup-ratio 0.1 --grad-accum 2 --batch-size 1"
+wait_for() { # wait_for DIR: until DIR exists (at most 20 s)
+	local i=0; while ! test -d "$1"; do sleep 0.01; i=$((i + 1)); [ $i -lt 2000 ] || return 1; done
+}
+latest() { ls -d "$1"/checkpoint-* | grep -v "\.tmp\." | sort -t- -k2 -n | tail -1; }
+
+test_expect_success 'kill -9 mid-run, then --resume: the final adapter equals an uninterrupted run' '
+	bk-step $L --out full b.bk >full.bk 2>/dev/null &&
+	{ bk-step $L --out k b.bk >/dev/null 2>&1 & pid=$!; } &&
+	wait_for k/checkpoint-8 && kill -9 $pid; wait $pid; test $? -eq 137 &&
+	! test -d k/final && c=$(latest k) &&
+	for d in k/checkpoint-*; do case $d in *.tmp.*) continue ;; esac
+		test -s $d/trainer_state.json && test -s $d/adapter_model.safetensors || return 1; done &&
+	bk-step $L --out k --resume $c b.bk >res.bk 2>err && grep -q "resuming from $c" err &&
+	cmp full/final/adapter_model.safetensors k/final/adapter_model.safetensors &&
+	bk-dump full.bk | jq -c "select(.step != null) | [.step, .loss, .lr, .grad_norm]" >a &&
+	bk-dump res.bk | jq -c "select(.step != null) | [.step, .loss, .lr, .grad_norm]" >b &&
+	tail -n $(wc -l <b) a >a.tail && test_cmp a.tail b
+'
+
+test_expect_success 'SIGTERM: a checkpoint is saved, exit 0, and it resumes to the same adapter' '
+	{ bk-step $L --out t b.bk >t.bk 2>err & pid=$!; } &&
+	wait_for t/checkpoint-4 && kill -TERM $pid && wait $pid &&
+	grep -q "interrupted by signal 15" err && ! test -d t/final &&
+	c=$(sed -n "s/.*; saved \([^ ]*\) .*/\1/p" err) && test -s $c/trainer_state.json &&
+	bk-dump t.bk | tail -1 | jq -e --arg c "$c" ".final == null and (.checkpoints | index(\$c)) != null" &&
+	bk-step $L --out t --resume $c b.bk >/dev/null 2>&1 &&
+	cmp full/final/adapter_model.safetensors t/final/adapter_model.safetensors
+'
+
+test_expect_success 'exact mode and a full teacher field (bk-teach --top-k 0) give the same loss' '
+	bk-step $F --out e1 --max-steps 3 --schedule constant b.bk 2>/dev/null | bk-dump |
+		jq -c "select(.loss != null) | .loss" >l1 &&
+	bk-teach --model "$M" --device cpu --top-k 0 b.bk 2>/dev/null >t0.bk &&
+	bk-step $F --out e2 --max-steps 3 --schedule constant t0.bk 2>/dev/null | bk-dump |
+		jq -c "select(.loss != null) | .loss" >l2 &&
+	test $(wc -l <l1) -eq 3 && paste l1 l2 | awk "{ d = \$1 - \$2; if (d < 0) d = -d; if (d > 1e-5) exit 1 }"
+'
+
+test_expect_success 'a stream at another teacher temperature is refused' '
+	bk-teach --model "$M" --device cpu --top-k 8 --temperature 2 b.bk 2>/dev/null >t2.bk &&
+	test_must_fail bk-step $F --out x t2.bk 2>err >/dev/null && grep -q "temperature 2" err &&
+	test $(wc -l <err) -eq 1 && ! test -d x/final &&
+	bk-step $F --out x --temperature 2 --max-steps 1 t2.bk >/dev/null 2>&1 && test -d x/final
+'
+
+test_expect_success 'a stream made with another model is refused' '
+	bk-dump --header b.bk | jq -c "if .bk == \"header\" then .provenance += [{tool: \"bk-teach\", model: \"0123456789abcdef\"}] else . end" |
+		bk-dump --from-json >other.bk &&
+	test_must_fail bk-step $F --out y other.bk 2>err >/dev/null && grep -q "another model" err &&
+	test $(wc -l <err) -eq 1
+'
+
+test_expect_success 'a decaying schedule over a pipe needs --max-steps' '
+	cat b.bk | test_must_fail bk-step $F --out z 2>err >/dev/null && grep -q "max-steps" err &&
+	cat b.bk | bk-step $F --out z --max-steps 2 2>/dev/null | bk-dump | jq -s -e ".[-1].final == \"z/final\"" &&
+	nb=$(bk-dump b.bk | jq -s "map(.batch) | unique | length") &&
+	cat b.bk | bk-step $F --out z2 --schedule constant 2>/dev/null | bk-dump | jq -s -e --argjson n $nb "length == \$n + 1" &&
+	cat b.bk | test_must_fail bk-step $F --out z --epochs 2 2>/dev/null
+'
+
+test_expect_success 'records without a batch plan need --batch-size; bad flags exit 2' '
+	bk-tokenize --model "$M" "$DATA/pipe/bake.json" 2>/dev/null >nob.bk &&
+	test_must_fail bk-step $F --out w nob.bk 2>err && grep -q "batch" err &&
+	bk-step $F --out w --batch-size 4 nob.bk 2>/dev/null | bk-dump | jq -s -e ".[-1].checkpoints == [\"w/checkpoint-2\"]" &&
+	bk-step $F --out w --schedule nope b.bk 2>err; test $? -eq 2 && grep -q schedule err &&
+	bk-step $F --out w --warmup-ratio 0.1 --warmup-steps 2 b.bk 2>/dev/null; test $? -eq 2
+'
+
+test_done
