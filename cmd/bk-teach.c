@@ -1,0 +1,226 @@
+/* bk-teach - appends the teacher's distribution (base model, adapter off, system prompt
+ * present) at every response position of every record.  The model pass is gpu/teach.c;
+ * this file groups records into batches and writes them back in arrival order. */
+#include "common/diag.h"
+#include "common/files.h"
+#include "common/flags.h"
+#include "formats/stream.h"
+#include "formats/teacher.h"
+#include "gpu/device.h"
+#include "gpu/load.h"
+#include "gpu/teach.h"
+
+#include <string.h>
+#include <time.h>
+
+static const char usage[] =
+	"usage: bk-teach --model DIR [--device D] [--top-k K] [--temperature T]\n"
+	"                [--max-tokens N | --batch-size N] [--vocab-chunk N] [-o FILE] [-v]\n"
+	"                [STREAM]\n"
+	"Appends 'teacher' to every record: the base model's log-probs (adapter off) on\n"
+	"t_prompt + resp at each response position.  Records must carry 'resp' (run bk-gen\n"
+	"first on prompts-only data); a record without one is refused.\n"
+	"  --model DIR        HF model directory (the teacher)\n"
+	"  --device D         cpu, cuda or auto (default auto)\n"
+	"  --top-k K          keep the K most likely ids per position and the remaining mass\n"
+	"                     (default 64; 0 = the full distribution)\n"
+	"  --temperature T    KL temperature: log-probs of softmax(logits / T) (default 1.0)\n"
+	"  --max-tokens N     tokens per model forward; records without a bk-lens 'batch' are\n"
+	"                     packed in arrival order under it (default 4096)\n"
+	"  --batch-size N     batches of N records in arrival order, ignoring 'batch'\n"
+	"  --vocab-chunk N    LM-head columns per pass (default 8192)\n"
+	"  -o, --output FILE  write to FILE (atomically) instead of stdout\n"
+	"  -v, --verbose      report the prefix, forwards, tokens and speed\n";
+
+/* the records of one batch: raw bytes (re-read for the output) and their ids */
+typedef struct {
+	BK_VEC(char) raw;
+	BK_VEC(size_t) off;   /* [count+1] into raw */
+	BK_VEC(int32_t) ids;  /* prompt then resp of every record, back to back */
+	BK_VEC(size_t) ioff;  /* [count] into ids */
+	BK_VEC(int) a, n;     /* [count] */
+	int has_key;          /* the batch is a bk-lens batch */
+	int64_t key;
+	long tokens;
+} group;
+
+static void group_clear(group *g)
+{
+	g->raw.n = g->off.n = g->ids.n = g->ioff.n = g->a.n = g->n.n = 0;
+	g->tokens = 0;
+}
+
+/* Runs and writes the batch.  The first batch also sets the shared prefix: the
+ * longest common prefix of its t_prompts and that of the record after it (next, NULL
+ * at the end), so a first batch of one record does not make its user text the prefix. */
+static void flush(group *g, bk_teach *tc, bk_writer *out, int *first, const bk_teach_seq *next)
+{
+	size_t cnt = g->a.n;
+	if (!cnt)
+		return;
+	bk_teach_seq *seqs = xmalloc((cnt + 1) * sizeof(*seqs));
+	bk_teacher *tv = xcalloc(cnt, sizeof(*tv));
+	for (size_t i = 0; i < cnt; i++) {
+		const int32_t *p = g->ids.v + g->ioff.v[i];
+		seqs[i] = (bk_teach_seq){p, g->a.v[i], p + g->a.v[i], g->n.v[i]};
+	}
+	if (*first) {
+		if (next)
+			seqs[cnt] = *next;
+		int P = bk_teach_prefix_from(tc, seqs, (int)cnt + (next != NULL));
+		note("shared prefix: %d tokens (longest common prefix of the first batch's "
+		     "t_prompt)", P);
+		*first = 0;
+	}
+	bk_teach_run(tc, seqs, (int)cnt, tv);
+
+	static const char *const skip[] = {"teacher", NULL};
+	msgpack_unpacked up;
+	msgpack_unpacked_init(&up);
+	for (size_t i = 0; i < cnt; i++) {
+		size_t off = 0, len = g->off.v[i + 1] - g->off.v[i];
+		if (msgpack_unpack_next(&up, g->raw.v + g->off.v[i], len, &off) !=
+		    MSGPACK_UNPACK_SUCCESS)
+			BUG("stored record does not parse");
+		msgpack_packer *pk = bk_rec_begin(out);
+		bk_rec_copy(out, &up.data, skip);
+		bk_rec_key(out, "teacher");
+		bk_teacher_pack(pk, &tv[i]);
+		bk_rec_end(out);
+		bk_teacher_free(&tv[i]);
+	}
+	msgpack_unpacked_destroy(&up);
+	free(tv);
+	free(seqs);
+	group_clear(g);
+}
+
+int main(int argc, char **argv)
+{
+	const char *model = NULL, *device = "auto", *out_path = "-";
+	long top_k = 64, max_tokens = 4096, batch_size = 0, vocab_chunk = 8192;
+	double temperature = 1.0;
+	bk_opt opts[] = {
+		{"model", 0, BK_OPT_STR, &model, 0, 0},
+		{"device", 0, BK_OPT_STR, &device, 0, 0},
+		{"top-k", 0, BK_OPT_INT, &top_k, 0, 1L << 30},
+		{"temperature", 0, BK_OPT_DOUBLE, &temperature, 0, 0},
+		{"max-tokens", 0, BK_OPT_INT, &max_tokens, 1, 1L << 30},
+		{"batch-size", 0, BK_OPT_INT, &batch_size, 1, 1L << 30},
+		{"vocab-chunk", 0, BK_OPT_INT, &vocab_chunk, 1, 1L << 30},
+		{"output", 'o', BK_OPT_STR, &out_path, 0, 0},
+		{"verbose", 'v', BK_OPT_FLAG, &bk_verbose, 0, 0},
+		{0},
+	};
+	bk_diag_init(argv[0]);
+	bk_stdout_init();
+	int npos = bk_flags_parse(argc, argv, opts, usage);
+	if (npos > 1)
+		die_usage("too many arguments");
+	if (!model)
+		die_usage("--model DIR is required");
+	if (bk_flag_given("max-tokens") && bk_flag_given("batch-size"))
+		die_usage("give --max-tokens or --batch-size, not both");
+	if (!(temperature > 0) || temperature > 1e6)
+		die_usage("--temperature %g is not a positive number", temperature);
+
+	bk_reader *in = bk_reader_open(npos ? argv[0] : "-");
+	char *tok = bk_path_join(model, "tokenizer.model");
+	bk_reader_expect_file(in, "tokenizer", tok, "tokenizer");
+	free(tok);
+	const bk_ops *ops = bk_device_select(device);
+	bk_loaded_model lm = bk_model_load(ops, model);
+	bk_reader_expect(in, "model", lm.fingerprint, "model");
+	int V = lm.cfg->vocab_size, max_seq = bk_config_max_seq(lm.cfg);
+	if (top_k > V)
+		die_usage("--top-k %ld is larger than the vocabulary (%d)", top_k, V);
+	float *owned_head;
+	const float *head = bk_teach_lm_head(lm.model, model, &owned_head);
+	bk_teach *tc = bk_teach_create(lm.model, head, (int)max_tokens, (int)top_k,
+				       (float)temperature, (int)vocab_chunk);
+
+	bk_writer *out = bk_writer_open(out_path);
+	bk_kv kv[] = {BK_KV_S("model", lm.fingerprint), BK_KV_D("temperature", temperature),
+		      BK_KV_I("top_k", top_k)};
+	bk_writer_header(out, in, kv, 3);
+
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	group g = {0};
+	int first = 1;
+	int32_t *tp = NULL, *rp = NULL;
+	size_t tcap = 0, rcap = 0;
+	const msgpack_object *rec;
+	while ((rec = bk_reader_next(in))) {
+		if (!bk_obj_get(rec, "resp"))
+			bk_reader_die(in, "key 'resp' is missing: bk-teach needs responses (run "
+					  "bk-gen on prompts-only data first)");
+		size_t na = bk_rec_ids(in, rec, "t_prompt", &tp, &tcap);
+		size_t nr = bk_rec_ids(in, rec, "resp", &rp, &rcap);
+		if (!na)
+			bk_reader_die(in, "key 't_prompt' is empty");
+		if ((long)(na + nr) > max_seq)
+			bk_reader_die(in, "t_prompt + resp is %zu tokens, longer than the model's %d",
+				      na + nr, max_seq);
+		for (size_t i = 0; i < na + nr; i++) {
+			int32_t id = i < na ? tp[i] : rp[i - na];
+			if (id < 0 || id >= V)
+				bk_reader_die(in, "key '%s' holds id %d, outside the vocabulary [0, %d)",
+					      i < na ? "t_prompt" : "resp", id, V);
+		}
+
+		/* a batch ends before this record? */
+		int64_t key = 0;
+		int has_key = !batch_size && bk_rec_int_opt(in, rec, "batch", &key);
+		long cost = (long)(na + nr) - 1;
+		int cut = 0;
+		if (g.a.n && batch_size)
+			cut = (long)g.a.n >= batch_size;
+		else if (g.a.n)
+			cut = has_key != g.has_key || (has_key && key != g.key) ||
+			      (!has_key && g.tokens + cost > max_tokens);
+		if (cut) {
+			bk_teach_seq next = {tp, (int)na, rp, (int)nr};
+			flush(&g, tc, out, &first, &next);
+		}
+		g.has_key = has_key;
+		g.key = key;
+		g.tokens += cost;
+		bk_vec_push(&g.ioff, g.ids.n);
+		bk_vec_push(&g.a, (int)na);
+		bk_vec_push(&g.n, (int)nr);
+		bk_vec_reserve(&g.ids, g.ids.n + na + nr);
+		memcpy(g.ids.v + g.ids.n, tp, na * sizeof(int32_t));
+		memcpy(g.ids.v + g.ids.n + na, rp, nr * sizeof(int32_t));
+		g.ids.n += na + nr;
+		size_t rawlen;
+		const char *raw = bk_reader_raw(in, &rawlen);
+		if (!g.off.n)
+			bk_vec_push(&g.off, (size_t)0);
+		bk_vec_reserve(&g.raw, g.raw.n + rawlen);
+		memcpy(g.raw.v + g.raw.n, raw, rawlen);
+		g.raw.n += rawlen;
+		bk_vec_push(&g.off, g.raw.n);
+	}
+	flush(&g, tc, out, &first, NULL);
+	uint64_t nrec = bk_writer_count(out);
+	bk_writer_close(out);
+	bk_reader_close(in);
+
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+	const bk_teach_stats *st = bk_teach_stats_get(tc);
+	note("%llu records, %llu forwards, %llu tokens (prefix %d reused by %llu sequences, "
+	     "%llu in full), %llu rows, %.1f tokens/s",
+	     (unsigned long long)nrec, (unsigned long long)st->forwards,
+	     (unsigned long long)st->tokens, bk_teach_prefix_len(tc),
+	     (unsigned long long)st->with_prefix, (unsigned long long)st->full,
+	     (unsigned long long)st->rows, secs > 0 ? (double)st->tokens / secs : 0.0);
+	bk_teach_free(tc);
+	free(owned_head);
+	bk_model_unload(&lm);
+	free(tp), free(rp);
+	free(g.raw.v), free(g.off.v), free(g.ids.v), free(g.ioff.v), free(g.a.v), free(g.n.v);
+	bk_stdout_close();
+	return 0;
+}

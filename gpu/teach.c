@@ -1,0 +1,270 @@
+/* teach.c - see teach.h.  Packs sequences into forwards, runs the base model,
+ * gathers the response rows' hidden states on the host and hands them to the
+ * chunked LM-head functions of gpu/loss.h.  No stream code here. */
+#include "gpu/teach.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/diag.h"
+#include "formats/safetensors.h"
+#include "gpu/loss.h"
+
+struct bk_teach {
+	const bk_model *m;
+	const float *lm_head; /* [V,H] host */
+	int max_tokens, k, vocab_chunk;
+	float temperature;
+	bk_acts *acts;   /* for acts_T tokens */
+	int acts_T;
+	float *hidden;   /* [acts_T,H] device */
+	bk_prefix *prefix;
+	int32_t *prefix_ids; /* [P] */
+	int P, prefix_set;
+	/* host scratch of one forward, grown as needed */
+	BK_VEC(int32_t) ids, pos, cu;
+	BK_VEC(float) rows;  /* [N,H] gathered hidden rows */
+	BK_VEC(int32_t) topk_ids; /* [N,K] */
+	BK_VEC(float) logp;  /* [N,K] or [N,V] */
+	BK_VEC(float) rest;  /* [N] */
+	BK_VEC(int) order;   /* sequence indices of the current class */
+	bk_teach_stats stats;
+};
+
+bk_teach *bk_teach_create(const bk_model *m, const float *lm_head, int max_tokens, int k,
+			  float temperature, int vocab_chunk)
+{
+	if (max_tokens < 1)
+		die("teach: token budget %d is not positive", max_tokens);
+	if (k < 0 || k > m->cfg.V)
+		die("teach: top-k %d is not in [0, %d] (0 = full distribution)", k, m->cfg.V);
+	if (!(temperature > 0))
+		die("teach: temperature %g is not positive", (double)temperature);
+	if (vocab_chunk < 1)
+		die("teach: vocabulary chunk %d is not positive", vocab_chunk);
+	bk_teach *t = xcalloc(1, sizeof(*t));
+	t->m = m;
+	t->lm_head = lm_head;
+	t->max_tokens = max_tokens;
+	t->k = k;
+	t->temperature = temperature;
+	t->vocab_chunk = vocab_chunk;
+	return t;
+}
+
+void bk_teach_free(bk_teach *t)
+{
+	if (!t)
+		return;
+	bk_prefix_free(t->m, t->prefix);
+	if (t->acts)
+		bk_acts_free(t->m, t->acts);
+	t->m->ops->free(t->hidden);
+	free(t->prefix_ids);
+	free(t->ids.v), free(t->pos.v), free(t->cu.v), free(t->rows.v);
+	free(t->topk_ids.v), free(t->logp.v), free(t->rest.v), free(t->order.v);
+	free(t);
+}
+
+/* activations for at least T tokens (invariant 4), grown by doubling up to the budget
+ * (a small stream never pays for a large budget); a prefix lives outside the acts */
+static void ensure_acts(bk_teach *t, int T)
+{
+	if (t->acts && t->acts_T >= T)
+		return;
+	if (T < t->max_tokens) {
+		int grown = t->acts_T * 2 > T ? t->acts_T * 2 : T;
+		T = grown < t->max_tokens ? grown : t->max_tokens;
+	}
+	if (t->acts)
+		bk_acts_free(t->m, t->acts);
+	t->m->ops->free(t->hidden);
+	t->acts_T = T;
+	t->acts = bk_acts_create(t->m, T, 0);
+	t->hidden = t->m->ops->alloc((size_t)T * t->m->cfg.H * sizeof(float));
+}
+
+int bk_teach_prefix_from(bk_teach *t, const bk_teach_seq *seqs, int S)
+{
+	if (t->prefix_set)
+		BUG("teach: the prefix is set once");
+	t->prefix_set = 1;
+	int P = -1;
+	const int32_t *first = NULL;
+	for (int s = 0; s < S; s++) {
+		if (seqs[s].n < 1)
+			continue;
+		if (!first) {
+			first = seqs[s].prompt;
+			P = seqs[s].a - 1;
+			continue;
+		}
+		int cap = seqs[s].a - 1 < P ? seqs[s].a - 1 : P, i = 0;
+		while (i < cap && seqs[s].prompt[i] == first[i])
+			i++;
+		P = i;
+	}
+	if (P <= 0)
+		return t->P = 0;
+	ensure_acts(t, P);
+	t->prefix_ids = xmalloc((size_t)P * sizeof(int32_t));
+	memcpy(t->prefix_ids, first, (size_t)P * sizeof(int32_t));
+	t->prefix = bk_model_prefix_build(t->m, t->acts, t->prefix_ids, P);
+	return t->P = P;
+}
+
+int bk_teach_prefix_len(const bk_teach *t) { return t->P; }
+const bk_teach_stats *bk_teach_stats_get(const bk_teach *t) { return &t->stats; }
+
+static int uses_prefix(const bk_teach *t, const bk_teach_seq *q)
+{
+	return t->P > 0 && q->a > t->P &&
+	       !memcmp(q->prompt, t->prefix_ids, (size_t)t->P * sizeof(int32_t));
+}
+
+/* tokens a sequence puts into a forward: prompt + resp[0..n-2], less the prefix */
+static int own_len(const bk_teach *t, const bk_teach_seq *q, int pre)
+{
+	return q->a + q->n - 1 - (pre ? t->P : 0);
+}
+
+static void out_alloc(bk_teach *t, bk_teacher *o, int n)
+{
+	int V = t->m->cfg.V;
+	size_t per = t->k ? (size_t)t->k : (size_t)V;
+	o->k = t->k;
+	o->temperature = t->temperature;
+	o->n = n;
+	o->v = V;
+	size_t nl = (size_t)n * per * sizeof(float);
+	if (nl > o->cap_logp || !o->logp) {
+		o->logp = xrealloc(o->logp, nl ? nl : 1);
+		o->cap_logp = nl;
+	}
+	if (!t->k)
+		return;
+	size_t ni = (size_t)n * per * sizeof(int32_t), nr = (size_t)n * sizeof(float);
+	if (ni > o->cap_ids || !o->ids) {
+		o->ids = xrealloc(o->ids, ni ? ni : 1);
+		o->cap_ids = ni;
+	}
+	if (nr > o->cap_rest || !o->rest) {
+		o->rest = xrealloc(o->rest, nr ? nr : 1);
+		o->cap_rest = nr;
+	}
+}
+
+/* One forward over seqs[idx[0..cnt)] (all of one class: pre = against the prefix). */
+static void run_forward(bk_teach *t, const bk_teach_seq *seqs, const int *idx, int cnt, int pre,
+			bk_teacher *out)
+{
+	const bk_model *m = t->m;
+	int H = m->cfg.H, V = m->cfg.V, base = pre ? t->P : 0;
+	int T = 0, N = 0;
+	for (int i = 0; i < cnt; i++) {
+		T += own_len(t, &seqs[idx[i]], pre);
+		N += seqs[idx[i]].n;
+	}
+	ensure_acts(t, T);
+	t->ids.n = t->pos.n = t->cu.n = 0;
+	bk_vec_reserve(&t->ids, (size_t)T);
+	bk_vec_reserve(&t->pos, (size_t)T);
+	bk_vec_reserve(&t->cu, (size_t)cnt + 1);
+	t->cu.v[0] = 0;
+	for (int i = 0; i < cnt; i++) {
+		const bk_teach_seq *q = &seqs[idx[i]];
+		int len = own_len(t, q, pre);
+		for (int j = 0; j < len; j++) {
+			int p = base + j; /* position in the full sequence prompt + resp */
+			t->ids.v[t->ids.n++] = p < q->a ? q->prompt[p] : q->resp[p - q->a];
+			t->pos.v[t->pos.n++] = p;
+		}
+		t->cu.v[i + 1] = t->cu.v[i] + len;
+	}
+	bk_batch b = {.T = T, .S = cnt, .ids = t->ids.v, .pos = t->pos.v, .cu_seqlens = t->cu.v};
+	bk_model_forward(m, NULL, &b, pre ? t->prefix : NULL, t->acts, t->hidden);
+	t->stats.forwards++;
+	t->stats.tokens += (uint64_t)T;
+	t->stats.rows += (uint64_t)N;
+	if (pre)
+		t->stats.with_prefix += (uint64_t)cnt;
+	else
+		t->stats.full += (uint64_t)cnt;
+
+	/* gather the last n rows of each sequence: [N,H] on the host */
+	bk_vec_reserve(&t->rows, (size_t)N * H);
+	size_t r = 0;
+	for (int i = 0; i < cnt; i++) {
+		int n = seqs[idx[i]].n, end = t->cu.v[i + 1];
+		m->ops->download(t->rows.v + r * H, t->hidden + (size_t)(end - n) * H,
+				 (size_t)n * H * sizeof(float));
+		r += (size_t)n;
+	}
+	size_t per = t->k ? (size_t)t->k : (size_t)V;
+	bk_vec_reserve(&t->logp, (size_t)N * per);
+	if (t->k) {
+		bk_vec_reserve(&t->topk_ids, (size_t)N * per);
+		bk_vec_reserve(&t->rest, (size_t)N);
+		bk_teacher_topk(t->rows.v, t->lm_head, NULL, N, H, V, t->vocab_chunk,
+				t->temperature, t->k, t->topk_ids.v, t->logp.v, t->rest.v);
+	} else {
+		bk_teacher_logprobs(t->rows.v, t->lm_head, N, H, V, t->vocab_chunk,
+				    t->temperature, t->logp.v);
+	}
+	r = 0;
+	for (int i = 0; i < cnt; i++) {
+		bk_teacher *o = &out[idx[i]];
+		int n = seqs[idx[i]].n;
+		out_alloc(t, o, n);
+		memcpy(o->logp, t->logp.v + r * per, (size_t)n * per * sizeof(float));
+		if (t->k) {
+			memcpy(o->ids, t->topk_ids.v + r * per, (size_t)n * per * sizeof(int32_t));
+			memcpy(o->rest, t->rest.v + r, (size_t)n * sizeof(float));
+		}
+		r += (size_t)n;
+	}
+}
+
+void bk_teach_run(bk_teach *t, const bk_teach_seq *seqs, int S, bk_teacher *out)
+{
+	for (int s = 0; s < S; s++) {
+		if (seqs[s].a < 1 || seqs[s].n < 0)
+			BUG("teach: sequence %d has prompt length %d, response length %d", s,
+			    seqs[s].a, seqs[s].n);
+		if (!seqs[s].n)
+			out_alloc(t, &out[s], 0);
+	}
+	/* two classes (invariant 2), each packed in order under the budget */
+	for (int pre = 1; pre >= 0; pre--) {
+		t->order.n = 0;
+		int T = 0;
+		for (int s = 0; s < S; s++) {
+			if (!seqs[s].n || uses_prefix(t, &seqs[s]) != pre)
+				continue;
+			int len = own_len(t, &seqs[s], pre);
+			if (t->order.n && T + len > t->max_tokens) {
+				run_forward(t, seqs, t->order.v, (int)t->order.n, pre, out);
+				t->order.n = 0;
+				T = 0;
+			}
+			bk_vec_push(&t->order, s);
+			T += len;
+		}
+		if (t->order.n)
+			run_forward(t, seqs, t->order.v, (int)t->order.n, pre, out);
+	}
+}
+
+const float *bk_teach_lm_head(const bk_model *m, const char *dir, float **owned)
+{
+	*owned = NULL;
+	if (m->ops == &bk_ops_host)
+		return m->lm_head->data; /* the host twin keeps weights in fp32 [rows,cols] */
+	bk_st *st = bk_st_open(dir);
+	const char *name = m->cfg.tied ? "model.embed_tokens.weight" : "lm_head.weight";
+	int64_t shape[2] = {m->cfg.V, m->cfg.H};
+	*owned = xmalloc((size_t)m->cfg.V * m->cfg.H * sizeof(float));
+	bk_st_read_f32(st, name, 2, shape, *owned);
+	bk_st_close(st);
+	return *owned;
+}
