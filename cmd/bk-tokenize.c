@@ -270,6 +270,7 @@ int main(int argc, char **argv)
 	free(r.v);
 	free(system);
 	free(tok_path);
+	free(o.prompts.v);
 	bk_spm_free(spm);
 	bk_dataset_free(&ds);
 	bk_stdout_close();

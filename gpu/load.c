@@ -149,3 +149,15 @@ void bk_lora_to_adapter(const bk_model *m, const bk_lora *src, bk_adapter *dst)
 					 (size_t)out * (size_t)src->r * sizeof(float));
 		}
 }
+
+void bk_model_stop_ids(const bk_config *cfg, int tmpl, const bk_spm *spm, bk_ids *out)
+{
+	bk_template_stop_ids(tmpl, spm, out);
+	for (int i = 0; i < cfg->n_eos; i++) {
+		int dup = 0;
+		for (size_t k = 0; k < out->n; k++)
+			dup |= out->v[k] == cfg->eos_token_ids[i];
+		if (!dup)
+			bk_vec_push(out, cfg->eos_token_ids[i]);
+	}
+}

@@ -6,6 +6,7 @@
 
 #include "formats/hfconfig.h"
 #include "formats/peft.h"
+#include "formats/template.h"
 #include "gpu/model.h"
 
 typedef struct {
@@ -25,5 +26,9 @@ void bk_model_fingerprint(const char *dir, char out[17]);
 void bk_lora_from_adapter(const bk_model *m, bk_lora *dst, const bk_adapter *src);
 /* Copies a bk_lora into an adapter made by bk_adapter_new with the same shape. */
 void bk_lora_to_adapter(const bk_model *m, const bk_lora *src, bk_adapter *dst);
+
+/* The ids that end a generated turn: the template's stop ids (EOS, end of turn) plus
+ * the model config's eos_token_id(s), without duplicates.  Appends to out. */
+void bk_model_stop_ids(const bk_config *cfg, int tmpl, const bk_spm *spm, bk_ids *out);
 
 #endif

@@ -1,0 +1,376 @@
+/* bk-gen - samples responses ("trajectories") from the teacher (adapter off, system
+ * prompt present) for every prompt-only record, batched with a KV cache (gpu/gen.h);
+ * records that already have a response pass through.  Wiring only: reading, ordering
+ * and writing records; the engine and the sampler live in gpu/. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/diag.h"
+#include "common/files.h"
+#include "common/flags.h"
+#include "common/hash.h"
+#include "common/rng.h"
+#include "formats/spm.h"
+#include "formats/stream.h"
+#include "formats/template.h"
+#include "gpu/device.h"
+#include "gpu/gen.h"
+#include "gpu/load.h"
+
+static const char usage[] =
+	"usage: bk-gen --model DIR [--device D] [--num-trajectories N] [--temperature T]\n"
+	"              [--top-p P] [--max-new-tokens N] [--epochs N] [--seed N]\n"
+	"              [--max-batch N] [--window N] [-v] [-o FILE] [STREAM]\n"
+	"Samples --num-trajectories responses per epoch from the teacher (adapter off, the\n"
+	"record's t_prompt) for every record without 'resp', and writes one record per\n"
+	"sample with resp, response, traj and epoch added; empty samples are dropped.\n"
+	"Records with 'resp' pass through once, untouched.  Output order is input order.\n"
+	"  --model DIR             HF model directory (config.json, safetensors, tokenizer.model)\n"
+	"  --device D              cpu, cuda or auto (default auto)\n"
+	"  --num-trajectories N    samples per prompt and epoch (default 4)\n"
+	"  --temperature T         sampling temperature, 0 = greedy (default 0.8)\n"
+	"  --top-p P               nucleus mass in (0,1] (default 0.9)\n"
+	"  --max-new-tokens N      new tokens per sample at most (default 128)\n"
+	"  --epochs N              fresh trajectories for each of N epochs (default 1)\n"
+	"  --seed N                sampling seed (default 0)\n"
+	"  --max-batch N           sequences decoded together (default 64)\n"
+	"  --window N              records held to restore input order (default 256)\n"
+	"  -v, --verbose           report the shared prefix, steps and tokens/s\n"
+	"  -o, --output FILE       write to FILE (atomically) instead of stdout\n";
+
+typedef struct {
+	long ntraj, max_new, epochs, seed, max_batch, window;
+	double temperature, top_p;
+} gen_opts;
+
+/* A record read but not yet written: its raw bytes and, when it is generated for,
+ * one result per sample (sample i = epoch * ntraj + traj). */
+typedef struct {
+	char *raw;
+	size_t len;
+	int generate;
+	int n_t, n_s; /* prompt lengths (for 'lens') */
+	int32_t *t_prompt;
+	bk_gen_result *res; /* [epochs * ntraj]; ids NULL until done */
+	int n_done;
+} pending_rec;
+
+typedef struct {
+	pending_rec *v; /* ring of cap */
+	size_t cap, head, n;
+	uint64_t head_no; /* record number of v[head] */
+} ring;
+
+static pending_rec *ring_at(ring *r, uint64_t no)
+{
+	BUG_ON(no < r->head_no || no >= r->head_no + r->n);
+	return &r->v[(r->head + (no - r->head_no)) % r->cap];
+}
+
+typedef struct {
+	uint64_t in, passed, samples, written, dropped, tokens;
+} totals;
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* text without leading/trailing whitespace (Python's str.strip on ASCII space) */
+static char *strip(char *s)
+{
+	char *b = s, *e = s + strlen(s);
+	while (*b && strchr(" \t\n\r\f\v", *b))
+		b++;
+	while (e > b && strchr(" \t\n\r\f\v", e[-1]))
+		e--;
+	*e = 0;
+	return b;
+}
+
+static void emit(bk_writer *w, pending_rec *p, const gen_opts *o, const bk_spm *spm,
+		 totals *tot)
+{
+	if (!p->generate) {
+		bk_writer_raw(w, p->raw, p->len);
+		tot->passed++;
+		return;
+	}
+	static const char *const skip[] = { "resp", "response", "traj", "epoch", "lens", NULL };
+	msgpack_unpacked up;
+	msgpack_unpacked_init(&up);
+	size_t off = 0;
+	if (msgpack_unpack_next(&up, p->raw, p->len, &off) != MSGPACK_UNPACK_SUCCESS)
+		BUG("stored record does not parse");
+	int has_lens = bk_obj_get(&up.data, "lens") != NULL;
+	for (long i = 0; i < o->epochs * o->ntraj; i++) {
+		bk_gen_result *r = &p->res[i];
+		int n_text = r->n - (r->stopped ? 1 : 0);
+		char *text = bk_spm_decode(spm, r->ids, (size_t)n_text);
+		char *t = strip(text);
+		if (n_text <= 0 || !*t) {
+			tot->dropped++;
+		} else {
+			msgpack_packer *pk = bk_rec_begin(w);
+			bk_rec_copy(w, &up.data, skip);
+			bk_rec_key(w, "resp");
+			bk_pack_ids(pk, r->ids, (size_t)r->n);
+			bk_rec_key(w, "response");
+			bk_pack_str(pk, t);
+			bk_rec_key(w, "traj");
+			msgpack_pack_long(pk, i % o->ntraj);
+			bk_rec_key(w, "epoch");
+			msgpack_pack_long(pk, i / o->ntraj);
+			if (has_lens) { /* bk-lens's lengths, now with the response */
+				bk_rec_key(w, "lens");
+				msgpack_pack_map(pk, 3);
+				bk_pack_str(pk, "t");
+				msgpack_pack_long(pk, p->n_t + r->n);
+				bk_pack_str(pk, "s");
+				msgpack_pack_long(pk, p->n_s + r->n);
+				bk_pack_str(pk, "resp");
+				msgpack_pack_long(pk, r->n);
+			}
+			bk_rec_end(w);
+			tot->written++;
+		}
+		free(text);
+		free(r->ids);
+	}
+	msgpack_unpacked_destroy(&up);
+}
+
+static void submit(bk_gen *g, pending_rec *p, uint64_t no, const char *id, const gen_opts *o)
+{
+	long n = o->epochs * o->ntraj;
+	uint64_t *keys = xmalloc((size_t)n * sizeof(*keys)), *tags = xmalloc((size_t)n * sizeof(*tags));
+	uint64_t idh = bk_hash(id, strlen(id), 0);
+	for (long i = 0; i < n; i++) {
+		keys[i] = bk_crng_key((uint64_t)o->seed, idh, (uint64_t)(i % o->ntraj),
+				      (uint64_t)(i / o->ntraj));
+		tags[i] = no * (uint64_t)n + (uint64_t)i;
+	}
+	bk_gen_submit(g, p->t_prompt, p->n_t, (int)n, keys, tags);
+	free(keys);
+	free(tags);
+}
+
+static void progress(const totals *t, double t0, int final)
+{
+	double dt = now() - t0;
+	fprintf(stderr, "\r%s: %llu records, %llu samples, %llu tokens, %.0f tokens/s%s", bk_prog,
+		(unsigned long long)t->in, (unsigned long long)t->samples,
+		(unsigned long long)t->tokens, dt > 0 ? (double)t->tokens / dt : 0.0,
+		final ? "\n" : "");
+}
+
+int main(int argc, char **argv)
+{
+	gen_opts o = { .ntraj = 4, .max_new = 128, .epochs = 1, .max_batch = 64, .window = 256,
+		       .temperature = 0.8, .top_p = 0.9 };
+	const char *out_path = "-", *model = NULL, *device = "auto";
+	bk_opt opts[] = {
+		{"model", 0, BK_OPT_STR, &model, 0, 0},
+		{"device", 0, BK_OPT_STR, &device, 0, 0},
+		{"num-trajectories", 0, BK_OPT_INT, &o.ntraj, 1, 1L << 16},
+		{"temperature", 0, BK_OPT_DOUBLE, &o.temperature, 0, 0},
+		{"top-p", 0, BK_OPT_DOUBLE, &o.top_p, 0, 0},
+		{"max-new-tokens", 0, BK_OPT_INT, &o.max_new, 1, 1L << 20},
+		{"epochs", 0, BK_OPT_INT, &o.epochs, 1, 1L << 16},
+		{"seed", 0, BK_OPT_INT, &o.seed, 0, 0},
+		{"max-batch", 0, BK_OPT_INT, &o.max_batch, 1, 1L << 16},
+		{"window", 0, BK_OPT_INT, &o.window, 1, 1L << 24},
+		{"verbose", 'v', BK_OPT_FLAG, &bk_verbose, 0, 0},
+		{"output", 'o', BK_OPT_STR, &out_path, 0, 0},
+		{0},
+	};
+	bk_diag_init(argv[0]);
+	bk_stdout_init();
+	int n = bk_flags_parse(argc, argv, opts, usage);
+	if (n > 1)
+		die_usage("too many arguments");
+	if (!model)
+		die_usage("--model DIR is required");
+	if (!(o.temperature >= 0 && o.temperature <= 100))
+		die_usage("--temperature %g is not in [0,100]", o.temperature);
+	if (!(o.top_p > 0 && o.top_p <= 1))
+		die_usage("--top-p %g is not in (0,1]", o.top_p);
+	if (o.ntraj * o.epochs > (1L << 20))
+		die_usage("--num-trajectories x --epochs is over 1048576");
+	const bk_ops *ops = bk_device_select(device);
+	const bk_gen_ops *gops = bk_gen_ops_for(ops);
+
+	bk_reader *in = bk_reader_open(n ? argv[0] : "-");
+	char *tok_path = bk_path_join(model, "tokenizer.model");
+	bk_reader_expect_file(in, "tokenizer", tok_path, "tokenizer");
+	bk_spm *spm = bk_spm_load(tok_path);
+	free(tok_path);
+	char *tmpl_name = bk_reader_prov_str(in, "template");
+	int tmpl = tmpl_name ? bk_template_from_name(tmpl_name) : bk_template_detect(model);
+	if (tmpl < 0)
+		die("%s: stream made with template '%s', which this bk-gen does not know",
+		    bk_reader_name(in), tmpl_name);
+	free(tmpl_name);
+
+	char fp[17];
+	bk_model_fingerprint(model, fp);
+	bk_loaded_model lm = bk_model_load(ops, model);
+	const bk_model *m = lm.model;
+	bk_ids stop = { 0 };
+	bk_model_stop_ids(lm.cfg, tmpl, spm, &stop);
+	bk_gen_config gc = { .max_batch = (int)o.max_batch, .max_new = (int)o.max_new,
+			     .max_seq = bk_config_max_seq(lm.cfg),
+			     .sample = { (float)o.temperature, (float)o.top_p },
+			     .stop = stop.v, .n_stop = (int)stop.n };
+	bk_gen *g = bk_gen_create(m, gops, NULL, &gc);
+
+	bk_writer *w = bk_writer_open(out_path);
+	bk_kv kv[] = { BK_KV_S("model", fp), BK_KV_I("seed", o.seed),
+		       BK_KV_D("sampling_temperature", o.temperature), BK_KV_D("top_p", o.top_p),
+		       BK_KV_I("max_new_tokens", o.max_new), BK_KV_I("num_trajectories", o.ntraj),
+		       BK_KV_I("epochs", o.epochs) };
+	bk_writer_header(w, in, kv, 7);
+
+	long per = o.epochs * o.ntraj;
+	ring rg = { .cap = (size_t)o.window };
+	rg.v = xcalloc(rg.cap, sizeof(*rg.v));
+	totals tot = { 0 };
+	int tty = isatty(2), eof = 0, started = 0;
+	double t0 = now(), last_progress = 0;
+	int32_t *ids = NULL;
+	size_t cap = 0;
+	BK_VEC(char *) first_ids = { 0 }; /* record ids of the first window, until started */
+
+	while (!eof || rg.n) {
+		/* read while the window has room */
+		while (!eof && rg.n < rg.cap) {
+			const msgpack_object *rec = bk_reader_next(in);
+			if (!rec) {
+				eof = 1;
+				break;
+			}
+			uint64_t no = rg.head_no + rg.n;
+			pending_rec *p = &rg.v[(rg.head + rg.n) % rg.cap];
+			memset(p, 0, sizeof(*p));
+			rg.n++;
+			tot.in++;
+			size_t len;
+			const char *raw = bk_reader_raw(in, &len);
+			p->raw = xmalloc(len);
+			memcpy(p->raw, raw, len);
+			p->len = len;
+			size_t nr;
+			if (bk_rec_ids_opt(in, rec, "resp", &ids, &cap, &nr))
+				continue; /* paired: passes through */
+			p->generate = 1;
+			p->n_t = (int)bk_rec_ids(in, rec, "t_prompt", &ids, &cap);
+			size_t ns = 0;
+			bk_rec_ids_opt(in, rec, "s_prompt", &ids, &cap, &ns);
+			p->n_s = (int)ns;
+			bk_rec_ids(in, rec, "t_prompt", &ids, &cap);
+			if (p->n_t < 1)
+				bk_reader_die(in, "field 't_prompt' is empty");
+			for (int t = 0; t < p->n_t; t++)
+				if (ids[t] < 0 || ids[t] >= m->cfg.V)
+					bk_reader_die(in, "field 't_prompt': id %d is not in [0,%d)",
+						      ids[t], m->cfg.V);
+			if (gc.max_seq > 0 && p->n_t >= gc.max_seq)
+				bk_reader_die(in, "field 't_prompt' of %d tokens leaves no room for new "
+						  "tokens under the model's %d positions", p->n_t, gc.max_seq);
+			p->t_prompt = xmalloc((size_t)p->n_t * sizeof(int32_t));
+			memcpy(p->t_prompt, ids, (size_t)p->n_t * sizeof(int32_t));
+			p->res = xcalloc((size_t)per, sizeof(*p->res));
+			char *id = bk_rec_str_opt(in, rec, "id");
+			if (!id)
+				bk_reader_die(in, "field 'id' is missing (the sampling key needs it)");
+			if (started) {
+				submit(g, p, no, id, &o);
+				free(id);
+			} else {
+				bk_vec_push(&first_ids, id);
+			}
+		}
+		if (!started) {
+			/* the shared prefix: common prefix of the first window's teacher prompts */
+			BK_VEC(const int32_t *) pp = { 0 };
+			BK_VEC(int) pl = { 0 };
+			for (size_t i = 0; i < rg.n; i++)
+				if (rg.v[i].generate) {
+					bk_vec_push(&pp, rg.v[i].t_prompt);
+					bk_vec_push(&pl, rg.v[i].n_t);
+				}
+			int P = bk_gen_common_prefix(pp.v, pl.v, (int)pp.n);
+			if (P > 0)
+				bk_gen_set_prefix(g, pp.v[0], P);
+			for (size_t i = 0, k = 0; i < rg.n; i++)
+				if (rg.v[i].generate) {
+					submit(g, &rg.v[i], i, first_ids.v[k], &o);
+					free(first_ids.v[k++]);
+				}
+			free(pp.v);
+			free(pl.v);
+			free(first_ids.v);
+			started = 1;
+		}
+		/* write every finished record at the head, in input order */
+		while (rg.n && (!rg.v[rg.head].generate || rg.v[rg.head].n_done == per)) {
+			pending_rec *p = &rg.v[rg.head];
+			emit(w, p, &o, spm, &tot);
+			free(p->raw);
+			free(p->t_prompt);
+			free(p->res);
+			rg.head = (rg.head + 1) % rg.cap;
+			rg.head_no++;
+			rg.n--;
+		}
+		if (eof && !rg.n)
+			break;
+		if (rg.n < rg.cap && !eof)
+			continue;
+		/* one step of the engine; collect what finished */
+		if (!bk_gen_step(g))
+			BUG("records wait for samples but the engine has none");
+		bk_gen_result r;
+		while (bk_gen_take(g, &r)) {
+			pending_rec *p = ring_at(&rg, r.tag / (uint64_t)per);
+			p->res[r.tag % (uint64_t)per] = r;
+			p->n_done++;
+			tot.samples++;
+			tot.tokens += (uint64_t)r.n;
+		}
+		if (tty && now() - last_progress > 0.5) {
+			progress(&tot, t0, 0);
+			last_progress = now();
+		}
+	}
+	if (tty)
+		progress(&tot, t0, 1);
+	const bk_gen_stats *st = bk_gen_get_stats(g);
+	double dt = now() - t0;
+	note("shared prefix: %d tokens, built %llu times; %llu prompts used it, %llu prefilled in full",
+	     st->prefix_len, (unsigned long long)st->prefix_builds,
+	     (unsigned long long)st->prefix_hits, (unsigned long long)st->prefix_misses);
+	note("%llu records in, %llu passed through, %llu samples written, %llu empty dropped",
+	     (unsigned long long)tot.in, (unsigned long long)tot.passed,
+	     (unsigned long long)tot.written, (unsigned long long)tot.dropped);
+	note("%llu steps, up to %d sequences per step, %llu prompt tokens, %llu new tokens in "
+	     "%.2f s (%.1f new tokens/s)",
+	     (unsigned long long)st->steps, st->max_active, (unsigned long long)st->prompt_tokens,
+	     (unsigned long long)st->new_tokens, dt, dt > 0 ? (double)st->new_tokens / dt : 0.0);
+
+	bk_reader_close(in);
+	bk_writer_close(w);
+	bk_gen_free(g);
+	bk_model_unload(&lm);
+	bk_spm_free(spm);
+	free(stop.v);
+	free(ids);
+	free(rg.v);
+	bk_stdout_close();
+	return 0;
+}

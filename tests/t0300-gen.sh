@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# bk-gen on the shipped stories260K: trajectories per record and epoch, output that does
+# not depend on --max-batch or --window, fresh samples per epoch, pass-through of paired
+# records, refusal of another tokenizer's stream, usage errors.
+. "$(dirname "$0")/lib.sh"
+M="$MODELS/stories260K"
+L="$MODELS/llama2-tokenizer/tokenizer.model"
+export XDG_CACHE_HOME="$TEST_TMP/cache"
+set -o pipefail
+G="bk-gen --device cpu --model $M --max-new-tokens 16"
+
+bk-tokenize --model "$M" --system "Sparky the dragon lives in a big castle." "$DATA/pipe/stories.txt" >s.bk 2>/dev/null
+
+test_expect_success 'tokenize | gen: trajectories with resp, response, traj, epoch and provenance' '
+	bk-tokenize --model "$M" --system "Sparky the dragon lives in a big castle." "$DATA/pipe/stories.txt" 2>/dev/null |
+	$G --num-trajectories 2 --seed 3 2>err | bk-dump >g.jsonl &&
+	test $(wc -l <g.jsonl) -le 12 && test $(wc -l <g.jsonl) -ge 10 &&
+	jq -e -s "all(.[]; (.resp|length) >= 1 and (.resp|length) <= 16 and (.response|length) > 0 and
+		(.traj == 0 or .traj == 1) and .epoch == 0 and (.response | test(\"^\\\\s|\\\\s$\") | not))" g.jsonl &&
+	bk-dump --header s.bk | head -1 | jq -r .provenance[0].tool | grep -q bk-tokenize &&
+	$G --num-trajectories 2 --seed 3 s.bk 2>/dev/null | bk-dump --header | head -1 >h.json &&
+	jq -e ".provenance[1] | .tool == \"bk-gen\" and .seed == 3 and .num_trajectories == 2 and
+		.max_new_tokens == 16 and .epochs == 1 and .top_p == 0.9 and .sampling_temperature == 0.8 and
+		(.model | length) == 16" h.json
+'
+
+test_expect_success 'a stop id ends a response and is kept as its last id; text has no special tokens' '
+	jq -e -s "all(.[]; (.resp | index(2)) as \$i | \$i == null or \$i == (.resp|length) - 1)" g.jsonl &&
+	! grep -q "</s>" g.jsonl
+'
+
+test_expect_success 'records come out in input order, epoch-major then trajectory order' '
+	$G --num-trajectories 3 --epochs 2 s.bk 2>/dev/null | bk-dump >e.jsonl &&
+	bk-dump s.bk | jq -r .id | uniq >in.ids &&
+	jq -r .id e.jsonl | uniq >out.ids && test_cmp in.ids out.ids &&
+	jq -s -e "group_by(.id) | all(.[]; map(.epoch * 3 + .traj) as \$k | \$k == (\$k | sort))" e.jsonl
+'
+
+test_expect_success 'same output with --max-batch 1, 8 and 64 and another --window' '
+	$G --num-trajectories 2 --max-batch 1 s.bk >b1.bk 2>/dev/null &&
+	$G --num-trajectories 2 --max-batch 8 s.bk >b8.bk 2>/dev/null &&
+	$G --num-trajectories 2 --max-batch 64 --window 2 s.bk >b64.bk 2>/dev/null &&
+	cmp b1.bk b8.bk && cmp b1.bk b64.bk
+'
+
+test_expect_success 'the same trajectory whatever else is in the stream (record order, other records)' '
+	bk-dump --header s.bk | sed -n "1p;3p" | bk-dump --from-json >one.bk &&
+	$G --num-trajectories 2 one.bk 2>/dev/null | bk-dump | jq -c "{id, traj, resp}" >one.jsonl &&
+	bk-dump b8.bk | jq -c "{id, traj, resp}" >all.jsonl &&
+	id=$(jq -r .id one.jsonl | head -1) &&
+	grep -F "\"$id\"" all.jsonl >want.jsonl && test -s want.jsonl && test_cmp want.jsonl one.jsonl
+'
+
+test_expect_success '--epochs 2: fresh trajectories per epoch; epoch 0 equals a one-epoch run' '
+	$G --num-trajectories 2 --epochs 2 s.bk 2>/dev/null | bk-dump >ep.jsonl &&
+	jq -s -e "map(.epoch) | unique == [0, 1]" ep.jsonl &&
+	jq -s -e "group_by([.id, .traj]) | map(select(length == 2 and .[0].resp != .[1].resp)) | length >= 6" ep.jsonl &&
+	jq -c "select(.epoch == 0)" ep.jsonl >ep0.jsonl && bk-dump b8.bk >b8.jsonl && test_cmp b8.jsonl ep0.jsonl
+'
+
+test_expect_success 'another --seed gives other trajectories; --temperature 0 gives one per record' '
+	$G --num-trajectories 2 --seed 1 s.bk 2>/dev/null | bk-dump >s1.jsonl && ! cmp -s s1.jsonl b8.jsonl &&
+	$G --num-trajectories 3 --temperature 0 s.bk 2>/dev/null | bk-dump >greedy.jsonl &&
+	jq -s -e "group_by(.id) | all(.[]; map(.resp) | unique | length == 1)" greedy.jsonl
+'
+
+test_expect_success 'paired records pass through untouched, once, in place' '
+	bk-dump --header s.bk | jq -c "if .user == \"Tom had a red ball.\" then . + {resp: [1, 2]} else . end" |
+	bk-dump --from-json >mixed.bk &&
+	$G --num-trajectories 2 mixed.bk 2>/dev/null | bk-dump >mixed.jsonl &&
+	jq -s -e "map(select(.resp == [1, 2])) | length == 1 and (.[0] | has(\"traj\") | not)" mixed.jsonl &&
+	jq -r .user mixed.jsonl | uniq >users && sed -n 3p users | grep -qx "Tom had a red ball." &&
+	bk-tokenize --model "$M" "$DATA/pipe/pairs.json" 2>/dev/null >pairs.bk &&
+	$G pairs.bk 2>/dev/null | bk-dump >p.out && bk-dump pairs.bk >p.in && test_cmp p.in p.out
+'
+
+test_expect_success '-v: the shared prefix is built once for all records' '
+	$G -v --num-trajectories 2 s.bk 2>err >/dev/null &&
+	grep -q "built 1 times; 6 prompts used it, 0 prefilled in full" err
+'
+
+test_expect_success 'bk-lens lengths are updated with the response' '
+	bk-lens -q --max-tokens 256 s.bk | $G --num-trajectories 1 2>/dev/null | bk-dump >l.jsonl &&
+	jq -e -s "all(.[]; .lens.t == (.t_prompt|length) + (.resp|length) and .lens.resp == (.resp|length) and .batch >= 0)" l.jsonl
+'
+
+test_expect_success 'a stream from another tokenizer is refused, no output file' '
+	bk-tokenize --tokenizer "$L" "$DATA/pipe/stories.txt" >other.bk 2>/dev/null &&
+	test_must_fail $G -o out.bk other.bk 2>err && grep -q "another tokenizer" err &&
+	test $(wc -l <err) -eq 1 && ! test -e out.bk
+'
+
+usage_error() { "$@" 2>err >/dev/null; test $? -eq 2; }
+test_expect_success 'usage errors exit 2' '
+	usage_error bk-gen --device cpu s.bk && grep -q -- "--model" err &&
+	usage_error $G --top-p 0 s.bk && grep -q top-p err &&
+	usage_error $G --top-p 1.5 s.bk &&
+	usage_error $G --temperature -1 s.bk && grep -q temperature err &&
+	usage_error $G --max-batch 0 s.bk && grep -q max-batch err &&
+	usage_error $G --num-trajectories x s.bk && grep -q num-trajectories err &&
+	usage_error $G --epochs 0 s.bk &&
+	usage_error $G --window 0 s.bk &&
+	usage_error $G --device tpu s.bk &&
+	usage_error $G --bogus s.bk &&
+	usage_error $G s.bk s.bk
+'
+
+test_done
