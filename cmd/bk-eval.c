@@ -103,7 +103,7 @@ static const char *const config_names[3] = {"baseline", "discrete", "baked"};
 /* one line on stderr: "baked   [hit ] Once upon a time -> ..., newlines as spaces */
 static void show_line(const char *config, int ok, const char *q, const char *a)
 {
-	fprintf(stderr, "%-8s [%s] %s ->", config, ok ? "hit " : "miss", q);
+	fprintf(stderr, "%-8s [%s] %s -> ", config, ok ? "hit " : "miss", q);
 	for (const char *p = a; *p; p++)
 		fputc(*p == '\n' ? ' ' : *p, stderr);
 	fputc('\n', stderr);
