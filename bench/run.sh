@@ -38,6 +38,49 @@ arr=$(sed -n 's/.*arrival order: \([0-9]*\) batches, \([0-9.]*%\).*/\2 (\1 batch
 nb=$(sed -n 's/.* in \([0-9]*\) batches;.*/\1/p' "$T/lens.err")
 row "bk-lens packing, --max-tokens 4096, window 1024" "$eff ($nb batches)" "arrival order: $arr"
 
+# ---- model stages on the host twin ----
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+ntok() { "$B/bk-dump" "$1" | jq -s "map($2) | add // 0"; }
+rate() { echo "$1 / ($3 - $2)" | bc -l | xargs printf '%.0f'; }
+SM=models/stories260K
+awk 'NR <= 32' "$T/prompts.txt" | awk '{ n = split($0, w, " "); s = ""; for (i = 1; i <= n && i <= 6; i++) s = s (i > 1 ? " " : "") w[i]; print s }' >"$T/short.txt"
+"$B/bk-tokenize" --model $SM --system "Sparky the dragon lives in a big castle." "$T/short.txt" -o "$T/s.bk"
+t0=$(now); "$B/bk-gen" --model $SM --device cpu --num-trajectories 4 --max-new-tokens 64 --max-batch 1 "$T/s.bk" -o "$T/g1.bk" 2>/dev/null; t1=$(now)
+"$B/bk-gen" --model $SM --device cpu --num-trajectories 4 --max-new-tokens 64 --max-batch 64 "$T/s.bk" -o "$T/g64.bk" 2>/dev/null; t2=$(now)
+cmp -s "$T/g1.bk" "$T/g64.bk" || { echo "bench: bk-gen output depends on --max-batch" >&2; exit 1; }
+gt=$(ntok "$T/g1.bk" '(.resp|length)')
+g1=$(rate "$gt" "$t0" "$t1"); g64=$(rate "$gt" "$t1" "$t2")
+row "bk-gen stories260K, 32 prompts x 4 trajectories x 64 tokens, one at a time (--max-batch 1)" "$g1 tokens/s" "the reference tool's way"
+row "bk-gen same, batched (--max-batch 64), identical output" "$g64 tokens/s" "$(printf '%.2fx one at a time' "$(echo "$g64 / $g1" | bc -l)")"
+t0=$(now); "$B/bk-teach" --model $SM --device cpu --top-k 64 "$T/g64.bk" -o "$T/t.bk" 2>/dev/null; t1=$(now)
+tt=$(ntok "$T/t.bk" '(.t_prompt|length) + (.resp|length)')
+row "bk-teach stories260K, top-k 64" "$(rate "$tt" "$t0" "$t1") tokens/s" "teacher tokens"
+t0=$(now); "$B/bk-step" --model $SM --device cpu --out "$T/a" --batch-size 16 --lora-r 8 --lr 1e-3 "$T/t.bk" >/dev/null 2>&1; t1=$(now)
+st=$(ntok "$T/t.bk" '(.s_prompt|length) + (.resp|length)')
+row "bk-step stories260K, r=8, batch 16 (top-k teacher)" "$(rate "$st" "$t0" "$t1") tokens/s" "student tokens"
+
+# a ~15M-parameter random Llama (stories15M shape: dim 288, 6 layers, vocab 32000)
+"$PWD/$BUILD/bench/make_model" "$T/m15" 288 6 6 6 768 32000 $TOK
+awk 'NR <= 16' "$T/short.txt" >"$T/s16.txt"
+"$B/bk-tokenize" --model "$T/m15" --system "$SYS" "$T/s16.txt" -o "$T/m.bk"
+t0=$(now); "$B/bk-gen" --model "$T/m15" --device cpu --num-trajectories 2 --max-new-tokens 32 "$T/m.bk" -o "$T/mg.bk" 2>/dev/null; t1=$(now)
+row "bk-gen 15M random Llama, 16 prompts x 2 x 32 tokens" "$(rate "$(ntok "$T/mg.bk" '(.resp|length)')" "$t0" "$t1") tokens/s" "batched"
+t0=$(now); "$B/bk-teach" --model "$T/m15" --device cpu --top-k 64 "$T/mg.bk" -o "$T/mt.bk" 2>/dev/null; t1=$(now)
+row "bk-teach 15M random Llama, top-k 64" "$(rate "$(ntok "$T/mt.bk" '(.t_prompt|length) + (.resp|length)')" "$t0" "$t1") tokens/s" "teacher tokens"
+t0=$(now); "$B/bk-step" --model "$T/m15" --device cpu --out "$T/ma" --batch-size 8 --lora-r 16 --lr 1e-4 "$T/mt.bk" >/dev/null 2>&1; t1=$(now)
+row "bk-step 15M random Llama, r=16, batch 8 (top-k teacher)" "$(rate "$(ntok "$T/mt.bk" '(.s_prompt|length) + (.resp|length)')" "$t0" "$t1") tokens/s" "student tokens"
+
+# host twin training step vs torch + PEFT, same shape and step, same machine
+ht=$("$PWD/$BUILD/bench/bench_train" 288 6 6 6 768 32000 16 4 256 3)
+hr=$(sed 's/.*r=16: \([0-9]*\) tokens.*/\1/' <<<"$ht")
+if python3 -c "import torch, transformers, peft" 2>/dev/null; then
+	pt=$(python3 bench/torch_train.py 288 6 6 6 768 32000 16 4 256 3 2>/dev/null | tail -1)
+	pr=$(sed 's/.*PEFT: \([0-9]*\) tokens.*/\1/' <<<"$pt")
+	row "train step, 15M Llama shape, 4 x 256 tokens, LoRA r=16 all 7: host twin" "$hr tokens/s" "$(printf '%.2fx torch+PEFT (%s tokens/s, %s)' "$(echo "$hr / $pr" | bc -l)" "$pr" "$(sed 's/ + PEFT.*//' <<<"$pt")")"
+else
+	row "train step, 15M Llama shape, 4 x 256 tokens, LoRA r=16 all 7: host twin" "$hr tokens/s" "torch not installed: no side-by-side ratio"
+fi
+
 {
 	echo "CPU bench on $(nproc) cores, $(date -u +%Y-%m-%d):"
 	echo
