@@ -11,9 +11,15 @@ cd "$TEST_TMP" || exit 1
 MODELS="$ROOT/models"
 DATA="$ROOT/tests/data"
 _n=0 _fail=0
+# A missing tool must fail the test file, not make pipelines quietly produce nothing.
+for _t in "$ROOT"/cmd/bk-*.c; do
+	_t=$(basename "$_t" .c)
+	[ -x "$BK_BIN/$_t" ] || { echo "not ok - $_t is not built in $BK_BIN"; exit 1; }
+done
+# each step runs with pipefail: a failing stage fails the step even mid-pipe
 test_expect_success() {
 	_n=$((_n + 1))
-	if (eval "$2") >"$TEST_TMP/.out" 2>&1; then
+	if (set -o pipefail; eval "$2") >"$TEST_TMP/.out" 2>&1; then
 		echo "ok $_n - $1"
 	else
 		_fail=$((_fail + 1))
