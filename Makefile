@@ -87,6 +87,17 @@ $(BUILD)/obj/tests/unit/harness.o: tests/harness.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# GPU check programs (tests/gpu/*.c and *.cu, run by tests/gpu/run.sh on a machine with
+# a GPU): built by `make` only when CUDA=1
+ifeq ($(CUDA),1)
+GPUTESTS := $(patsubst tests/gpu/%.c,%,$(wildcard tests/gpu/*.c)) $(patsubst tests/gpu/%.cu,%,$(wildcard tests/gpu/*.cu))
+GPUTESTBINS := $(GPUTESTS:%=$(BUILD)/tests/gpu/%)
+all: $(GPUTESTBINS)
+$(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/obj/tests/unit/harness.o $(BUILD)/libbakery.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $< $(BUILD)/obj/tests/unit/harness.o $(BUILD)/libbakery.a $(LDLIBS) -o $@
+endif
+
 test: all
 	@BUILD=$(BUILD) tests/run.sh
 
@@ -117,7 +128,7 @@ deps:
 	echo "deps: $$cmd"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$cmd
 
 # libFuzzer targets (clang); run each: build/fuzz/fuzz_stream -max_total_time=600 tests/fuzz/corpus/stream
-FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I. -Wall -Wextra -Werror -fopenmp
+FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fsanitize-link-c++-runtime -Wno-pass-failed -D_GNU_SOURCE -I. -Wall -Wextra -Werror -fopenmp
 fuzz: $(FUZZ:%=build/fuzz/%)
 build/fuzz/%: tests/fuzz/%.c $(LIB_C) $(LIB_CXX)
 	@mkdir -p build/fuzz/obj

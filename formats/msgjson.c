@@ -56,6 +56,12 @@ static long b64_decode(const char *s, size_t n, unsigned char *out)
 	return len;
 }
 
+static int bk_obj_is_bin_key(const msgpack_object *k)
+{
+	return k->type == MSGPACK_OBJECT_STR && k->via.str.size == 4 &&
+	       !memcmp(k->via.str.ptr, "$bin", 4);
+}
+
 json_t *bk_msg_to_json(const msgpack_object *o, const char **why)
 {
 	switch (o->type) {
@@ -72,8 +78,12 @@ json_t *bk_msg_to_json(const msgpack_object *o, const char **why)
 	case MSGPACK_OBJECT_NEGATIVE_INTEGER:
 		return json_integer((json_int_t)o->via.i64);
 	case MSGPACK_OBJECT_FLOAT32:
-	case MSGPACK_OBJECT_FLOAT64:
-		return json_real(o->via.f64);
+	case MSGPACK_OBJECT_FLOAT64: {
+		json_t *r = json_real(o->via.f64);
+		if (!r)
+			*why = "NaN or infinity has no JSON form";
+		return r;
+	}
 	case MSGPACK_OBJECT_STR: {
 		json_t *s = json_stringn(o->via.str.ptr, o->via.str.size);
 		if (!s)
@@ -99,6 +109,10 @@ json_t *bk_msg_to_json(const msgpack_object *o, const char **why)
 		return a;
 	}
 	case MSGPACK_OBJECT_MAP: {
+		if (o->via.map.size == 1 && bk_obj_is_bin_key(&o->via.map.ptr[0].key)) {
+			*why = "a map whose only key is '$bin' would read back as binary";
+			return NULL;
+		}
 		json_t *m = json_object();
 		for (uint32_t i = 0; i < o->via.map.size; i++) {
 			const msgpack_object_kv *kv = &o->via.map.ptr[i];

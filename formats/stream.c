@@ -22,6 +22,7 @@
 
 #define BK_MAGIC "bakery-stream"
 #define READ_CHUNK (1u << 16)
+#define MAX_OBJECT (1ul << 30) /* a record over 1 GiB is taken as corruption */
 
 struct bk_reader {
 	FILE *f;
@@ -58,15 +59,93 @@ static void fill(bk_reader *r)
 	}
 }
 
+static uint64_t be(const unsigned char *p, int k)
+{
+	uint64_t v = 0;
+	for (int i = 0; i < k; i++)
+		v = v << 8 | p[i];
+	return v;
+}
+
+/* Length of the msgpack object at p[0..n) from its type tags and sizes alone: > 0 its
+ * byte length, 0 when more bytes are needed, -1 when it cannot be msgpack within
+ * MAX_OBJECT.  Run before msgpack-c so that a corrupt size field (a map "of 2^31
+ * entries") is refused instead of making the library allocate for it. */
+static long object_length(const unsigned char *p, size_t n)
+{
+	size_t pos = 0;
+	uint64_t pending = 1; /* objects still to walk */
+	while (pending) {
+		if (pos >= n)
+			return 0;
+		unsigned b = p[pos];
+		uint64_t head = 1, body = 0, items = 0;
+		if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
+			;
+		else if (b <= 0x8f)
+			items = 2 * (uint64_t)(b & 0xf);
+		else if (b <= 0x9f)
+			items = b & 0xf;
+		else if (b <= 0xbf)
+			body = b & 0x1f;
+		else if (b == 0xc1)
+			return -1;
+		else {
+			static const unsigned char len_bytes[] = {
+				[0xc4 - 0xc4] = 1, 2, 4,       /* bin 8/16/32 */
+				[0xc7 - 0xc4] = 1, 2, 4,       /* ext 8/16/32 */
+				[0xca - 0xc4] = 0, 0,          /* float32/64 */
+				[0xcc - 0xc4] = 0, 0, 0, 0,    /* uint */
+				[0xd0 - 0xc4] = 0, 0, 0, 0,    /* int */
+				[0xd4 - 0xc4] = 0, 0, 0, 0, 0, /* fixext */
+				[0xd9 - 0xc4] = 1, 2, 4,       /* str 8/16/32 */
+				[0xdc - 0xc4] = 2, 4,          /* array 16/32 */
+				[0xde - 0xc4] = 2, 4,          /* map 16/32 */
+			};
+			static const unsigned char fixed[] = {
+				[0xca - 0xc4] = 4, 8, [0xcc - 0xc4] = 1, 2, 4, 8,
+				[0xd0 - 0xc4] = 1, 2, 4, 8, [0xd4 - 0xc4] = 2, 3, 5, 9, 17,
+			};
+			int k = len_bytes[b - 0xc4];
+			head += (uint64_t)k + (b >= 0xc7 && b <= 0xc9);
+			if (pos + head > n)
+				return 0;
+			uint64_t v = be(p + pos + 1, k);
+			if (b >= 0xdc && b <= 0xdd)
+				items = v;
+			else if (b >= 0xde)
+				items = 2 * v;
+			else if (k)
+				body = v;
+			else
+				body = fixed[b - 0xc4];
+		}
+		/* every pending object needs at least one byte: a count that cannot fit
+		 * is corruption, not a reason to read on */
+		if (items > MAX_OBJECT || body > MAX_OBJECT || pos + head + body > MAX_OBJECT ||
+		    pending - 1 + items > MAX_OBJECT - pos)
+			return -1;
+		pos += head + body;
+		pending += items - 1;
+	}
+	return pos <= n ? (long)pos : 0;
+}
+
 /* Parses the next msgpack object; returns 0 at a clean EOF (no bytes left). */
 static int next_object(bk_reader *r, const char *what)
 {
 	for (;;) {
 		size_t off = r->off;
+		long len = object_length((const unsigned char *)r->buf + r->off, r->len - r->off);
+		if (len < 0)
+			die("%s: stream corrupt: %s is not valid msgpack", r->name, what);
+		if (len == 0 && r->len - r->off > MAX_OBJECT)
+			die("%s: stream corrupt: %s is larger than 1 GiB", r->name, what);
 		msgpack_unpacked_destroy(&r->cur);
 		msgpack_unpacked_init(&r->cur);
 		msgpack_unpack_return ret =
-			msgpack_unpack_next(&r->cur, r->buf, r->len, &off);
+			len == 0 ? MSGPACK_UNPACK_CONTINUE
+				 : msgpack_unpack_next(&r->cur, r->buf, r->off + (size_t)len, &off);
 		if (ret == MSGPACK_UNPACK_SUCCESS) {
 			r->raw = r->buf + r->off;
 			r->rawlen = off - r->off;

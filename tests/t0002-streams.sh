@@ -75,6 +75,16 @@ test_expect_success 'usage errors exit 2' '
 	bk-lens --max-tokens x s.bk 2>err; test $? -eq 2 && grep -q "max-tokens" err &&
 	bk-dump --nope 2>err; test $? -eq 2
 '
+test_expect_success 'a size field claiming gigabytes is corruption, not an allocation (fuzz find)' '
+	test_must_fail bk-dump "$ROOT/tests/fuzz/crashes/stream-oom-prealloc" 2>err &&
+	grep -q "stream corrupt" err && test $(wc -l <err) -eq 1
+'
+test_expect_success 'bk-dump refuses what JSON cannot hold: NaN, a lone "\$bin" key' '
+	printf "{\"x\": 1}\n" | bk-dump --from-json >one.bk &&
+	bk-dump one.bk >/dev/null &&
+	printf "{\"m\": {\"\$bin\": \"AAE=\"}}\n" | bk-dump --from-json | bk-dump >bin.jsonl &&
+	grep -q "\$bin" bin.jsonl
+'
 test_expect_success '--stats prints counts and a histogram' '
 	bk-dump --stats s.bk >st && grep -q "^records: 6" st && grep -q "^t_prompt: 6 records" st
 '
