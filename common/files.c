@@ -85,6 +85,7 @@ void bk_unmap(bk_map *m)
 struct bk_out {
 	FILE *f;
 	char *path, *tmp;
+	int direct; /* not a regular file: written in place */
 };
 
 #define BK_MAX_TMP 16
@@ -139,6 +140,16 @@ bk_out *bk_out_open(const char *path)
 		o->f = stdout;
 		return o;
 	}
+	struct stat st;
+	if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+		/* a device or a FIFO (-o /dev/null, -o >(cmd)): write in place, never
+		 * rename a temporary over it */
+		o->f = fopen(path, "wb");
+		if (!o->f)
+			die("%s: %s", path, strerror(errno));
+		o->direct = 1;
+		return o;
+	}
 	o->tmp = xasprintf("%s.tmp.%ld", path, (long)getpid());
 	track_tmp(o->tmp, 1);
 	o->f = fopen(o->tmp, "wb");
@@ -152,7 +163,10 @@ const char *bk_out_path(const bk_out *o) { return o->path; }
 
 void bk_out_commit(bk_out *o)
 {
-	if (!o->tmp) {
+	if (o->direct) {
+		if (fclose(o->f) != 0 && errno != EPIPE)
+			die("write error on %s: %s", o->path, strerror(errno));
+	} else if (!o->tmp) {
 		if (fflush(o->f) != 0 && errno != EPIPE)
 			die("write error on %s: %s", o->path, strerror(errno));
 	} else {

@@ -22,7 +22,8 @@ void bk_unmap(bk_map *m);
 /* Atomic output file.  bk_out_open("-") gives stdout.  Otherwise the data go to
  * "PATH.tmp.PID" which bk_out_commit() fsyncs and renames to PATH; if the process
  * dies (die(), SIGINT, SIGTERM) before that, the temporary file is removed, so PATH
- * is either the old file or the complete new one. */
+ * is either the old file or the complete new one.  A PATH that exists and is not a
+ * regular file (/dev/null, a FIFO) is written in place. */
 typedef struct bk_out bk_out;
 bk_out *bk_out_open(const char *path);
 FILE *bk_out_file(bk_out *o);

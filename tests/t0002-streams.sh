@@ -79,11 +79,16 @@ test_expect_success 'a size field claiming gigabytes is corruption, not an alloc
 	test_must_fail bk-dump "$ROOT/tests/fuzz/crashes/stream-oom-prealloc" 2>err &&
 	grep -q "stream corrupt" err && test $(wc -l <err) -eq 1
 '
-test_expect_success 'bk-dump refuses what JSON cannot hold: NaN, a lone "\$bin" key' '
+test_expect_success 'bin payloads show as {"\$bin": base64} and read back' '
 	printf "{\"x\": 1}\n" | bk-dump --from-json >one.bk &&
 	bk-dump one.bk >/dev/null &&
 	printf "{\"m\": {\"\$bin\": \"AAE=\"}}\n" | bk-dump --from-json | bk-dump >bin.jsonl &&
 	grep -q "\$bin" bin.jsonl
+'
+test_expect_success '-o to a device or a FIFO writes in place (never renames over /dev/null)' '
+	bk-lens -q -o /dev/null s.bk && test -c /dev/null &&
+	mkfifo fifo && { bk-dump <fifo >fifo.jsonl & } && bk-lens -q -o fifo s.bk && wait &&
+	test $(wc -l <fifo.jsonl) -eq 6 && test -p fifo
 '
 test_expect_success '--stats prints counts and a histogram' '
 	bk-dump --stats s.bk >st && grep -q "^records: 6" st && grep -q "^t_prompt: 6 records" st
