@@ -2,6 +2,7 @@
 #include "common/diag.h"
 #include "common/files.h"
 #include "common/flags.h"
+#include "common/progress.h"
 #include "formats/inputs.h"
 #include "formats/qa.h"
 #include "formats/spm.h"
@@ -98,6 +99,9 @@ static char **answer(const evaluator *ev, const char *const *questions, size_t n
 	return texts;
 }
 
+static bk_progress pg; /* generation passes done, of all the passes */
+static uint64_t passes;
+
 static const char *const config_names[3] = {"baseline", "discrete", "baked"};
 
 /* one line on stderr: "baked   [hit ] Once upon a time -> ..., newlines as spaces */
@@ -137,6 +141,7 @@ static json_t *score_set(const evaluator *ev, const char *path, json_t *examples
 			free(a[i]);
 		}
 		free(a);
+		bk_progress_update(&pg, ++passes, 0);
 		char key[32];
 		snprintf(key, sizeof key, "%s_accuracy", config_names[c]);
 		json_object_set_new(res, key, json_real((double)correct / (double)set.n));
@@ -216,6 +221,7 @@ int main(int argc, char **argv)
 				"template", bk_template_name(tmpl), "system_prompt_tokens",
 				(json_int_t)sys_ids.n);
 	json_t *examples = json_array();
+	bk_progress_start(&pg, "passes", (uint64_t)((o.adapter ? 3 : 2) * (!!o.eval + !!o.held_out)));
 	if (o.eval)
 		json_object_set_new(res, "eval", score_set(&ev, o.eval, examples));
 	if (o.held_out)
@@ -267,6 +273,7 @@ int main(int argc, char **argv)
 		free(owned);
 		bk_dataset_free(&ds);
 	}
+	bk_progress_end(&pg, passes, 0);
 	json_object_set_new(res, "examples", examples);
 	char *text = json_dumps(res, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
 	size_t len = strlen(text);

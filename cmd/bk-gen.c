@@ -23,7 +23,8 @@
 static const char usage[] =
 	"usage: bk-gen --model DIR [--device D] [--num-trajectories N] [--temperature T]\n"
 	"              [--top-p P] [--max-new-tokens N] [--epochs N] [--seed N]\n"
-	"              [--max-batch N] [--window N] [-v] [-o FILE] [STREAM]\n"
+	"              [--max-batch N] [--kv-memory BYTES] [--window N] [-v] [-o FILE]\n"
+	"              [STREAM]\n"
 	"Samples --num-trajectories responses per epoch from the teacher (adapter off, the\n"
 	"record's t_prompt) for every record without 'resp', and writes one record per\n"
 	"sample with resp, response, traj and epoch added; empty samples are dropped.\n"
@@ -37,6 +38,8 @@ static const char usage[] =
 	"  --epochs N              fresh trajectories for each of N epochs (default 1)\n"
 	"  --seed N                sampling seed (default 0)\n"
 	"  --max-batch N           sequences decoded together (default 64)\n"
+	"  --kv-memory BYTES       KV cache size, e.g. 2G or 512M (default: from the GPU's\n"
+	"                          free memory; on the host, as needed)\n"
 	"  --window N              records held to restore input order (default 256)\n"
 	"  -v, --verbose           report the shared prefix, steps and tokens/s\n"
 	"  -o, --output FILE       write to FILE (atomically) instead of stdout\n";
@@ -73,6 +76,22 @@ static pending_rec *ring_at(ring *r, uint64_t no)
 typedef struct {
 	uint64_t in, passed, samples, written, dropped, tokens;
 } totals;
+
+/* "2G", "512M", "64K" or plain bytes (powers of 1024) */
+static size_t parse_bytes(const char *s)
+{
+	char *end;
+	double v = strtod(s, &end);
+	double mul = 1;
+	if (*end && !end[1] && strchr("kKmMgGtT", *end))
+		mul = *end == 'k' || *end == 'K' ? 1024.0 : *end == 'm' || *end == 'M' ? 1048576.0
+			: *end == 'g' || *end == 'G' ? 1073741824.0 : 1099511627776.0;
+	else if (*end)
+		die_usage("--kv-memory '%s' is not a size (e.g. 2G, 512M, 1000000)", s);
+	if (end == s || !(v > 0) || v * mul > 1e18)
+		die_usage("--kv-memory '%s' is not a positive size", s);
+	return (size_t)(v * mul);
+}
 
 static double now(void)
 {
@@ -173,7 +192,7 @@ int main(int argc, char **argv)
 {
 	gen_opts o = { .ntraj = 4, .max_new = 128, .epochs = 1, .max_batch = 64, .window = 256,
 		       .temperature = 0.8, .top_p = 0.9 };
-	const char *out_path = "-", *model = NULL, *device = "auto";
+	const char *out_path = "-", *model = NULL, *device = "auto", *kv_memory = NULL;
 	bk_opt opts[] = {
 		{"model", 0, BK_OPT_STR, &model, 0, 0},
 		{"device", 0, BK_OPT_STR, &device, 0, 0},
@@ -184,6 +203,7 @@ int main(int argc, char **argv)
 		{"epochs", 0, BK_OPT_INT, &o.epochs, 1, 1L << 16},
 		{"seed", 0, BK_OPT_INT, &o.seed, 0, 0},
 		{"max-batch", 0, BK_OPT_INT, &o.max_batch, 1, 1L << 16},
+		{"kv-memory", 0, BK_OPT_STR, &kv_memory, 0, 0},
 		{"window", 0, BK_OPT_INT, &o.window, 1, 1L << 24},
 		{"verbose", 'v', BK_OPT_FLAG, &bk_verbose, 0, 0},
 		{"output", 'o', BK_OPT_STR, &out_path, 0, 0},
@@ -202,6 +222,7 @@ int main(int argc, char **argv)
 		die_usage("--top-p %g is not in (0,1]", o.top_p);
 	if (o.ntraj * o.epochs > (1L << 20))
 		die_usage("--num-trajectories x --epochs is over 1048576");
+	size_t kv_bytes = kv_memory ? parse_bytes(kv_memory) : 0;
 	const bk_ops *ops = bk_device_select(device);
 	const bk_gen_ops *gops = bk_gen_ops_for(ops);
 
@@ -226,7 +247,7 @@ int main(int argc, char **argv)
 	bk_gen_config gc = { .max_batch = (int)o.max_batch, .max_new = (int)o.max_new,
 			     .max_seq = bk_config_max_seq(lm.cfg),
 			     .sample = { (float)o.temperature, (float)o.top_p },
-			     .stop = stop.v, .n_stop = (int)stop.n };
+			     .stop = stop.v, .n_stop = (int)stop.n, .kv_memory = kv_bytes };
 	bk_gen *g = bk_gen_create(m, gops, NULL, &gc);
 
 	bk_writer *w = bk_writer_open(out_path);
@@ -362,6 +383,11 @@ int main(int argc, char **argv)
 	     "%.2f s (%.1f new tokens/s)",
 	     (unsigned long long)st->steps, st->max_active, (unsigned long long)st->prompt_tokens,
 	     (unsigned long long)st->new_tokens, dt, dt > 0 ? (double)st->new_tokens / dt : 0.0);
+	note("kv cache: blocks of %d tokens, %d allocated (limit %d), at most %d in use; %d prefix "
+	     "blocks shared %llu times; %llu waits for blocks, %llu prompts prefilled again",
+	     st->kv_block, st->kv_blocks, st->kv_blocks_limit, st->kv_blocks_peak, st->prefix_blocks,
+	     (unsigned long long)st->prefix_shared, (unsigned long long)st->kv_waits,
+	     (unsigned long long)st->recomputes);
 
 	bk_reader_close(in);
 	bk_writer_close(w);

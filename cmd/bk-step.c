@@ -27,7 +27,8 @@ static const char usage[] =
 	"               [--max-grad-norm X] [--lora-r N] [--lora-alpha X] [--lora-dropout X]\n"
 	"               [--target-modules LIST] [--temperature T] [--seed N]\n"
 	"               [--save-steps N] [--logging-steps N] [--resume DIR]\n"
-	"               [--base-model-name NAME] [--vocab-chunk N] [STREAM]\n"
+	"               [--base-model-name NAME] [--vocab-chunk N] [--optim NAME]\n"
+	"               [--grad-checkpoint] [STREAM]\n"
 	"Trains a LoRA adapter (the student: adapter on, no system prompt) to match the\n"
 	"teacher distribution of each record (its 'teacher' field, or the base model with\n"
 	"the system prompt when records carry none).  Writes DIR/checkpoint-N/ and\n"
@@ -55,10 +56,15 @@ static const char usage[] =
 	"  --logging-steps N    a metrics record every N optimizer steps (default 1)\n"
 	"  --resume DIR         continue from a checkpoint directory\n"
 	"  --base-model-name NAME  base_model_name_or_path of the adapter (default: --model)\n"
-	"  --vocab-chunk N      vocabulary chunk of the loss (default 4096)\n";
+	"  --vocab-chunk N      vocabulary chunk of the loss (default 4096)\n"
+	"  --optim NAME         adamw (fp32 moments) or adamw8bit (8-bit block-wise moments)\n"
+	"                       (default adamw)\n"
+	"  --grad-checkpoint    recompute each layer's activations in the backward (less\n"
+	"                       memory, same result, about one more forward per step)\n";
 
 typedef struct {
-	const char *model, *out, *device, *schedule, *targets, *resume, *base_name;
+	const char *model, *out, *device, *schedule, *targets, *resume, *base_name, *optim;
+	int grad_checkpoint;
 	long batch_size, grad_accum, epochs, max_steps, warmup_steps, lora_r, seed;
 	long save_steps, logging_steps, vocab_chunk;
 	double lr, warmup_ratio, weight_decay, max_grad_norm, lora_alpha, lora_dropout,
@@ -541,7 +547,7 @@ int main(int argc, char **argv)
 	step_opts o = {.device = "auto", .schedule = "linear", .targets = "all-linear",
 		       .grad_accum = 1, .epochs = 1, .lora_r = 64, .logging_steps = 1,
 		       .vocab_chunk = 4096, .lr = 5e-5, .max_grad_norm = 1.0, .lora_alpha = 128,
-		       .lora_dropout = 0.05, .temperature = 1.0};
+		       .lora_dropout = 0.05, .temperature = 1.0, .optim = "adamw"};
 	bk_opt opts[] = {
 		{"model", 0, BK_OPT_STR, &o.model, 0, 0},
 		{"out", 0, BK_OPT_STR, &o.out, 0, 0},
@@ -567,6 +573,8 @@ int main(int argc, char **argv)
 		{"resume", 0, BK_OPT_STR, &o.resume, 0, 0},
 		{"base-model-name", 0, BK_OPT_STR, &o.base_name, 0, 0},
 		{"vocab-chunk", 0, BK_OPT_INT, &o.vocab_chunk, 1, 1L << 30},
+		{"optim", 0, BK_OPT_STR, &o.optim, 0, 0},
+		{"grad-checkpoint", 0, BK_OPT_FLAG, &o.grad_checkpoint, 0, 0},
 		{0},
 	};
 	bk_diag_init(argv[0]);
@@ -580,6 +588,9 @@ int main(int argc, char **argv)
 	if (bk_sched_parse(o.schedule, &sched))
 		die_usage("--schedule: unknown schedule '%s' (linear, cosine, constant, "
 			  "constant_with_warmup)", o.schedule);
+	bk_optim_kind optim;
+	if (bk_optim_parse(o.optim, &optim))
+		die_usage("--optim: unknown optimizer '%s' (adamw, adamw8bit)", o.optim);
 	if (bk_flag_given("warmup-ratio") && bk_flag_given("warmup-steps"))
 		die_usage("give --warmup-ratio or --warmup-steps, not both");
 	if (!(o.warmup_ratio >= 0 && o.warmup_ratio <= 1))
@@ -643,7 +654,8 @@ int main(int argc, char **argv)
 		.max_grad_norm = o.max_grad_norm, .sched = sched,
 		.warmup = bk_warmup_steps(o.warmup_steps, o.warmup_ratio, R.total),
 		.total = R.total, .temperature = (float)o.temperature, .seed = (uint64_t)o.seed,
-		.vocab_chunk = (int)o.vocab_chunk};
+		.vocab_chunk = (int)o.vocab_chunk, .optim = optim,
+		.grad_checkpoint = o.grad_checkpoint};
 	R.tr = bk_trainer_create(R.lm.model, &to);
 	if (is_file)
 		bk_trainer_reserve(R.tr, fx.max_T);

@@ -4,6 +4,7 @@
 #include "common/diag.h"
 #include "common/files.h"
 #include "common/flags.h"
+#include "common/progress.h"
 #include "formats/stream.h"
 #include "formats/teacher.h"
 #include "gpu/device.h"
@@ -151,7 +152,10 @@ int main(int argc, char **argv)
 	int32_t *tp = NULL, *rp = NULL;
 	size_t tcap = 0, rcap = 0;
 	const msgpack_object *rec;
+	bk_progress pg;
+	bk_progress_start(&pg, "records", 0);
 	while ((rec = bk_reader_next(in))) {
+		bk_progress_update(&pg, bk_writer_count(out), bk_teach_stats_get(tc)->tokens);
 		if (!bk_obj_get(rec, "resp"))
 			bk_reader_die(in, "key 'resp' is missing: bk-teach needs responses (run "
 					  "bk-gen on prompts-only data first)");
@@ -204,6 +208,7 @@ int main(int argc, char **argv)
 	}
 	flush(&g, tc, out, &first, NULL);
 	uint64_t nrec = bk_writer_count(out);
+	bk_progress_end(&pg, nrec, bk_teach_stats_get(tc)->tokens);
 	bk_writer_close(out);
 	bk_reader_close(in);
 

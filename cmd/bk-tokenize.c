@@ -2,6 +2,7 @@
 #include "common/diag.h"
 #include "common/files.h"
 #include "common/flags.h"
+#include "common/progress.h"
 #include "common/hash.h"
 #include "formats/inputs.h"
 #include "formats/spm.h"
@@ -194,7 +195,11 @@ int main(int argc, char **argv)
 	size_t hits = 0, dropped = 0;
 	/* occurrences of each user text so far: duplicates get distinct, stable ids */
 	occ_table seen = {0};
+	bk_progress pg;
+	uint64_t ntok = 0;
+	bk_progress_start(&pg, "samples", ds.n);
 	for (size_t i = 0; i < ds.n; i++) {
+		bk_progress_update(&pg, i, ntok);
 		const bk_sample *sm = &ds.v[i];
 		const char *sys = sm->system ? sm->system : system;
 		const char *resp = ds.paired ? sm->response : NULL;
@@ -252,7 +257,9 @@ int main(int argc, char **argv)
 			bk_pack_ids(pk, r.v, r.n);
 		}
 		bk_rec_end(w);
+		ntok += t.n + s.n + r.n;
 	}
+	bk_progress_end(&pg, ds.n, ntok);
 	size_t written = (size_t)bk_writer_count(w);
 	bk_writer_close(w);
 	if (dropped)

@@ -1,66 +1,99 @@
-/* gen.c - the generation engine of gen.h: prompt queue, slots with their own KV caches,
- * one packed forward per step (new prompts' tokens and one token of every running
- * sample together), sampling on the host.  Not the stream tool (cmd/bk-gen.c).
+/* gen.c - the generation engine of gen.h: prompt queue, slots, a paged KV cache (one pool
+ * of fixed-size blocks, a block table per sequence, the shared prefix's blocks referenced
+ * by every sequence that uses it), one packed forward per step, sampling on the host or
+ * on the device.  Not the stream tool (cmd/bk-gen.c), not the kernels (bk_gen_ops).
  *
  * Design note.  A queued prompt (an "entry") carries n samples.  Its own tokens (those
  * after the shared prefix, or all of them when it does not start with the prefix) are
- * prefilled once into the entry's cache, and the logits of its last position are kept;
- * each sample that gets a slot copies that cache into its own and draws its first token
- * from those logits.  A step:
+ * prefilled once into the entry's blocks, and the first token of each of its samples is
+ * drawn right then from the logits of its last position (a pure function of the key, so
+ * when it is drawn does not matter).  Each sample that gets a slot references the entry's
+ * full blocks and copies the block holding the entry's last rows.  A step:
  *   1. picks queued entries to prefill until the prefilled-but-not-started samples
- *      number max_batch (or the queue is empty);
+ *      number max_batch (or the queue is empty, or the pool is short of blocks);
  *   2. runs one forward over [one token of every running sample] + [those prompts];
- *   3. draws the next token of every running sample; a sample that drew a stop id or
- *      reached its max_new is finished and its slot freed;
- *   4. fills every free slot (those just freed too) with the next waiting sample.
+ *   3. draws the next token of every running sample and the first token of every sample
+ *      of the new prompts; a sample that drew a stop id or reached its max_new is
+ *      finished and its slot and blocks freed;
+ *   4. fills every free slot (those just freed too) with the next waiting sample, while
+ *      the pool has its blocks.
  *
  * Invariants:
- *  1. A running sample's cache holds rows 0..n_own+n_out-2 after a step: its prompt's
- *     own rows, then every drawn token but the last, which is the token fed next step.
- *     Token positions are own0 + row (own0 = P with the prefix, else 0).
+ *  1. A running sample's table covers positions 0..n+max_new-1 (n = its prompt's length);
+ *     after a step rows 0..n+n_out-2 hold keys: the prompt's, then every drawn token but
+ *     the last, which is the token fed next step, at position n+n_out-1.
  *  2. Entries leave the queue in order; the prefilled ones are a prefix of the queue.
  *  3. Sample i of an entry draws its token j with u = bk_crng_uniform(key_i, j): a pure
  *     function of the key, so nothing depends on slots, steps or batch size; and every
  *     op is row-wise (gen.h), so the logits do not either.
- *  4. The prefix is only set while nothing is queued or running. */
+ *  4. The prefix is only set while nothing is queued or running.
+ *  5. A block's ref count is the number of tables (prefix, entries, samples) that hold it.
+ *     A table shares only blocks wholly below its own first position, which are full and
+ *     never written again; the block holding its first position is a private copy.  So a
+ *     block is written only by the one table that owns its rows.
+ *  6. A prefilled entry and a started sample hold every block they will write (allocated
+ *     up front), so running samples always finish; admission waits for free blocks, and
+ *     when nothing runs and the head cannot start, later prefilled entries give theirs
+ *     back (to be prefilled again).  A prompt that cannot fit in the pool at all dies at
+ *     submission. */
 #include "gpu/gen.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/diag.h"
 #include "common/rng.h"
 
+enum { BS = BK_GEN_BLOCK };
+
 typedef struct {
-	float *k, *v; /* [L][cap][NKV,D] device */
-	int cap;
-} kvbuf;
+	int32_t *b; /* block ids in logical order */
+	int n;
+} btable;
 
 typedef struct entry {
 	int32_t *ids; /* [n] whole prompt, host */
 	int n, own0, use_prefix, max_new;
 	int n_samples, next; /* samples; the next one to start */
 	uint64_t *keys, *tags;
-	kvbuf kv;       /* own prompt rows [n - own0] */
-	float *logits;  /* [V] host, at the last prompt position once prefilled */
+	int32_t *first; /* [n_samples] first token of each sample, once prefilled */
+	btable tab;     /* positions 0..n-1, once prefilled */
 	int prefilled;
 	struct entry *link;
 } entry;
 
 typedef struct {
 	int active;
-	int own0, n_own, use_prefix, max_new;
+	int n, max_new; /* prompt length; new tokens at most */
 	uint64_t key, tag;
-	kvbuf kv;     /* cap n_own + max_new */
+	btable tab;   /* positions 0..n+max_new-1 */
 	int32_t *out; /* [max_new] */
 	int n_out;
 } slot;
 
 typedef struct {
-	int n_tok, pos0, row0, use_prefix;
+	int n_tok, pos0;
 	const int32_t *ids;
-	kvbuf *kv;
+	const btable *tab;
 } item;
+
+typedef struct {
+	void *k, *v;       /* [cap][L][BS][NKV][D] device, gops->kv_bytes each */
+	size_t bbytes;     /* bytes of one block (one of K or V, every layer) */
+	int cap, limit;    /* blocks allocated; the most allowed */
+	int32_t *ref;      /* [cap] */
+	int32_t *freel;    /* [cap] free block ids (a stack) */
+	int n_free, used;
+} kvpool;
+
+/* one draw of a step: row of the step's logits, key, counter (token index) */
+typedef struct {
+	int row;
+	uint64_t key, tag;
+	int counter;
+} drawreq;
 
 struct bk_gen {
 	const bk_model *m;
@@ -69,7 +102,9 @@ struct bk_gen {
 	const bk_lora *lora;
 	bk_gen_config cfg;
 	int32_t *stop;
-	bk_prefix *prefix;
+	kvpool pool;
+	btable pfx;          /* the prefix's blocks */
+	int P;               /* prefix length (0: none) */
 	int32_t *prefix_ids; /* [P] host */
 	entry *qhead, *qtail;
 	slot *slots;
@@ -79,33 +114,127 @@ struct bk_gen {
 	size_t done_head;
 	bk_sample_work *sw;
 	bk_gen_stats st;
-	/* step workspace, for capT tokens and capS sequences */
-	int capT, capS;
+	/* step workspace, for capT tokens, capS sequences, capTab table entries, capN draws */
+	int capT, capS, capTab, capN;
 	float *x, *ln, *q, *k, *v, *att, *tmp, *gate, *up, *hm, *rstd, *xa; /* device */
 	float *hl, *hn, *logits;                                           /* device [S,*] */
-	int32_t *d_ids, *d_pos, *d_seq, *d_row, *d_use;                    /* device */
-	int32_t *h_ids, *h_pos, *h_seq, *h_row, *h_use, *h_last;          /* host */
-	float **kptr, **vptr;                                              /* host [S] */
+	int32_t *d_ids, *d_pos, *d_seq, *d_slot, *d_nkey, *d_last;        /* device [T] */
+	int32_t *d_table;                                                  /* device [S,W] */
+	int32_t *h_ids, *h_pos, *h_seq, *h_slot, *h_nkey, *h_last, *h_table; /* host */
 	float *h_logits;                                                   /* host [S,V] */
+	int32_t *d_drow, *d_dctr, *d_dids, *h_drow, *h_dctr, *h_dids;     /* [N] */
+	uint64_t *d_dkey, *h_dkey;                                         /* [N] */
+	void *swork;                                                       /* device */
 };
 
 static size_t kvd(const bk_model *m) { return (size_t)m->cfg.NKV * m->cfg.D; }
+static int nblk(long npos) { return (int)((npos + BS - 1) / BS); }
 
-static void kv_alloc(const bk_gen *g, kvbuf *kv, int cap)
+static double now(void)
 {
-	size_t n = (size_t)g->m->cfg.L * (cap > 0 ? cap : 1) * kvd(g->m) * sizeof(float);
-	kv->cap = cap;
-	kv->k = g->ops->alloc(n);
-	kv->v = g->ops->alloc(n);
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void kv_free(const bk_gen *g, kvbuf *kv)
+/* ---- the block pool ---- */
+
+static int pool_avail(const bk_gen *g) { return g->pool.n_free + (g->pool.limit - g->pool.cap); }
+
+static void pool_grow(bk_gen *g, int want)
 {
-	g->ops->free(kv->k);
-	g->ops->free(kv->v);
-	kv->k = kv->v = NULL;
-	kv->cap = 0;
+	kvpool *p = &g->pool;
+	int cap = p->cap;
+	long nc = cap * 2L > want ? cap * 2L : want;
+	nc = nc < 64 ? 64 : nc;
+	nc = nc > p->limit ? p->limit : nc;
+	BUG_ON(nc <= cap);
+	void *k = g->ops->alloc((size_t)nc * p->bbytes), *v = g->ops->alloc((size_t)nc * p->bbytes);
+	if (cap) {
+		g->ops->copy(k, p->k, (size_t)cap * p->bbytes);
+		g->ops->copy(v, p->v, (size_t)cap * p->bbytes);
+	}
+	g->ops->free(p->k);
+	g->ops->free(p->v);
+	p->k = k;
+	p->v = v;
+	p->ref = xrealloc(p->ref, (size_t)nc * sizeof(int32_t));
+	p->freel = xrealloc(p->freel, (size_t)nc * sizeof(int32_t));
+	for (long b = nc - 1; b >= cap; b--) { /* lower ids pop first */
+		p->ref[b] = 0;
+		p->freel[p->n_free++] = (int32_t)b;
+	}
+	p->cap = (int)nc;
+	g->st.kv_blocks = p->cap;
 }
+
+static int32_t blk_alloc(bk_gen *g)
+{
+	kvpool *p = &g->pool;
+	if (!p->n_free)
+		pool_grow(g, p->cap + 1);
+	BUG_ON(!p->n_free);
+	int32_t b = p->freel[--p->n_free];
+	BUG_ON(p->ref[b] != 0);
+	p->ref[b] = 1;
+	if (++p->used > g->st.kv_blocks_peak)
+		g->st.kv_blocks_peak = p->used;
+	return b;
+}
+
+static void blk_ref(bk_gen *g, int32_t b)
+{
+	BUG_ON(b < 0 || b >= g->pool.cap || g->pool.ref[b] <= 0);
+	g->pool.ref[b]++;
+}
+
+static void blk_put(bk_gen *g, int32_t b)
+{
+	kvpool *p = &g->pool;
+	BUG_ON(b < 0 || b >= p->cap || p->ref[b] <= 0);
+	if (--p->ref[b] == 0) {
+		p->freel[p->n_free++] = b;
+		p->used--;
+	}
+}
+
+static void blk_copy(bk_gen *g, int32_t dst, int32_t src)
+{
+	size_t bb = g->pool.bbytes;
+	g->ops->copy((char *)g->pool.k + dst * bb, (char *)g->pool.k + src * bb, bb);
+	g->ops->copy((char *)g->pool.v + dst * bb, (char *)g->pool.v + src * bb, bb);
+}
+
+static void tab_release(bk_gen *g, btable *t)
+{
+	for (int j = 0; j < t->n; j++)
+		blk_put(g, t->b[j]);
+	free(t->b);
+	t->b = NULL;
+	t->n = 0;
+}
+
+/* t covers positions 0..npos-1: the first `share` blocks from src (referenced), then
+ * fresh ones; the first fresh one starts as a copy of src's block `share` when cow. */
+static void tab_build(bk_gen *g, btable *t, long npos, const btable *src, int share, int cow)
+{
+	t->n = nblk(npos);
+	BUG_ON(share > t->n || (src && share > src->n) || (cow && (!src || share >= src->n)));
+	t->b = xmalloc((size_t)(t->n > 0 ? t->n : 1) * sizeof(int32_t));
+	for (int j = 0; j < share; j++) {
+		t->b[j] = src->b[j];
+		blk_ref(g, t->b[j]);
+	}
+	g->st.prefix_shared += src == &g->pfx ? (uint64_t)share : 0;
+	for (int j = share; j < t->n; j++)
+		t->b[j] = blk_alloc(g);
+	if (cow && share < t->n)
+		blk_copy(g, t->b[share], src->b[share]);
+}
+
+/* blocks an entry takes to prefill, and one of its samples to start */
+static int need_entry(const entry *e) { return nblk(e->n) - e->own0 / BS; }
+static int need_sample(const entry *e) { return nblk((long)e->n + e->max_new) - e->n / BS; }
 
 /* ---- workspace ---- */
 
@@ -114,11 +243,11 @@ static void ws_free(bk_gen *g)
 	const bk_ops *ops = g->ops;
 	void *dev[] = { g->x, g->ln, g->q, g->k, g->v, g->att, g->tmp, g->gate, g->up, g->hm,
 			g->rstd, g->xa, g->hl, g->hn, g->logits, g->d_ids, g->d_pos, g->d_seq,
-			g->d_row, g->d_use };
+			g->d_slot, g->d_nkey, g->d_last };
 	for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
 		ops->free(dev[i]);
-	void *host[] = { g->h_ids, g->h_pos, g->h_seq, g->h_row, g->h_use, g->h_last, g->kptr,
-			 g->vptr, g->h_logits };
+	void *host[] = { g->h_ids, g->h_pos, g->h_seq, g->h_slot, g->h_nkey, g->h_last,
+			 g->h_logits };
 	for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
 		free(host[i]);
 }
@@ -154,17 +283,54 @@ static void ws_ensure(bk_gen *g, int T, int S)
 	g->d_ids = ops->alloc(T * i4);
 	g->d_pos = ops->alloc(T * i4);
 	g->d_seq = ops->alloc(T * i4);
-	g->d_row = ops->alloc(T * i4);
-	g->d_use = ops->alloc(S * i4);
+	g->d_slot = ops->alloc(T * i4);
+	g->d_nkey = ops->alloc(T * i4);
+	g->d_last = ops->alloc(S * i4);
 	g->h_ids = xmalloc(T * i4);
 	g->h_pos = xmalloc(T * i4);
 	g->h_seq = xmalloc(T * i4);
-	g->h_row = xmalloc(T * i4);
-	g->h_use = xmalloc(S * i4);
+	g->h_slot = xmalloc(T * i4);
+	g->h_nkey = xmalloc(T * i4);
 	g->h_last = xmalloc(S * i4);
-	g->kptr = xmalloc(S * sizeof(float *));
-	g->vptr = xmalloc(S * sizeof(float *));
 	g->h_logits = xmalloc(S * V * f);
+}
+
+static void table_ensure(bk_gen *g, int n)
+{
+	if (n <= g->capTab)
+		return;
+	g->capTab = n > 2 * g->capTab ? n : 2 * g->capTab;
+	g->ops->free(g->d_table);
+	free(g->h_table);
+	g->d_table = g->ops->alloc((size_t)g->capTab * sizeof(int32_t));
+	g->h_table = xmalloc((size_t)g->capTab * sizeof(int32_t));
+}
+
+static void draws_ensure(bk_gen *g, int N)
+{
+	if (N <= g->capN)
+		return;
+	int n = N > 2 * g->capN ? N : 2 * g->capN;
+	const bk_ops *ops = g->ops;
+	free(g->h_drow);
+	free(g->h_dctr);
+	free(g->h_dids);
+	free(g->h_dkey);
+	g->h_drow = xmalloc((size_t)n * sizeof(int32_t));
+	g->h_dctr = xmalloc((size_t)n * sizeof(int32_t));
+	g->h_dids = xmalloc((size_t)n * sizeof(int32_t));
+	g->h_dkey = xmalloc((size_t)n * sizeof(uint64_t));
+	if (g->gops->sample) {
+		void *dev[] = { g->d_drow, g->d_dctr, g->d_dids, g->d_dkey, g->swork };
+		for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+			ops->free(dev[i]);
+		g->d_drow = ops->alloc((size_t)n * sizeof(int32_t));
+		g->d_dctr = ops->alloc((size_t)n * sizeof(int32_t));
+		g->d_dids = ops->alloc((size_t)n * sizeof(int32_t));
+		g->d_dkey = ops->alloc((size_t)n * sizeof(uint64_t));
+		g->swork = ops->alloc(g->gops->sample_work_bytes(n, g->m->cfg.V));
+	}
+	g->capN = n;
 }
 
 /* ---- the forward of one step ---- */
@@ -207,45 +373,49 @@ static void rope_rows(bk_gen *g, float *x, int T, int nh)
 	}
 }
 
-/* Runs items[0..S) through the model, storing every token's K/V in its item's cache;
- * leaves the logits of each item's last token in g->h_logits [S,V]. */
-static void forward(bk_gen *g, const item *it, int S)
+/* Runs items[0..S) through the model, storing every token's K/V in its item's blocks;
+ * leaves the logits of each item's last token in g->logits [S,V] (device) and, when
+ * want_host, in g->h_logits. */
+static void forward(bk_gen *g, const item *it, int S, int want_host)
 {
 	const bk_ops *ops = g->ops;
 	const bk_model *m = g->m;
 	const bk_llama_config *c = &m->cfg;
-	int T = 0;
-	for (int s = 0; s < S; s++)
+	int T = 0, W = 1;
+	for (int s = 0; s < S; s++) {
 		T += it[s].n_tok;
+		W = it[s].tab->n > W ? it[s].tab->n : W;
+	}
 	BUG_ON(T <= 0);
 	ws_ensure(g, T, S);
-	size_t H = c->H, I = c->I, KVD = kvd(m), i4 = sizeof(int32_t);
+	table_ensure(g, S * W);
+	size_t H = c->H, I = c->I, i4 = sizeof(int32_t);
 	int t = 0;
 	for (int s = 0; s < S; s++) {
+		const btable *tb = it[s].tab;
 		for (int i = 0; i < it[s].n_tok; i++, t++) {
+			int pos = it[s].pos0 + i;
+			BUG_ON(pos / BS >= tb->n);
 			g->h_ids[t] = it[s].ids[i];
-			g->h_pos[t] = it[s].pos0 + i;
+			g->h_pos[t] = pos;
 			g->h_seq[t] = s;
-			g->h_row[t] = it[s].row0 + i;
-			BUG_ON(g->h_row[t] >= it[s].kv->cap);
+			g->h_slot[t] = tb->b[pos / BS] * BS + pos % BS;
+			g->h_nkey[t] = pos + 1;
 		}
 		g->h_last[s] = t - 1;
-		g->h_use[s] = it[s].use_prefix;
+		for (int j = 0; j < W; j++)
+			g->h_table[(size_t)s * W + j] = j < tb->n ? tb->b[j] : -1;
 	}
 	ops->upload(g->d_ids, g->h_ids, T * i4);
 	ops->upload(g->d_pos, g->h_pos, T * i4);
 	ops->upload(g->d_seq, g->h_seq, T * i4);
-	ops->upload(g->d_row, g->h_row, T * i4);
-	ops->upload(g->d_use, g->h_use, S * i4);
+	ops->upload(g->d_slot, g->h_slot, T * i4);
+	ops->upload(g->d_nkey, g->h_nkey, T * i4);
+	ops->upload(g->d_table, g->h_table, (size_t)S * W * i4);
 
 	ops->embedding_forward(g->x, g->d_ids, m->embed, T);
 	for (int l = 0; l < c->L; l++) {
 		const bk_layer *w = &m->layers[l];
-		for (int s = 0; s < S; s++) {
-			size_t off = (size_t)l * it[s].kv->cap * KVD;
-			g->kptr[s] = it[s].kv->k + off;
-			g->vptr[s] = it[s].kv->v + off;
-		}
 		/* attention block */
 		rmsnorm_rows(g, g->ln, g->x, w->attn_norm, T);
 		lin(g, l, BK_LORA_Q, g->q, g->ln, T);
@@ -253,11 +423,10 @@ static void forward(bk_gen *g, const item *it, int S)
 		lin(g, l, BK_LORA_V, g->v, g->ln, T);
 		rope_rows(g, g->q, T, c->NH);
 		rope_rows(g, g->k, T, c->NKV);
-		g->gops->kv_store(g->kptr, g->vptr, g->k, g->v, g->d_seq, g->d_row, T, c->NKV, c->D);
-		g->gops->attend(g->att, g->q, g->d_seq, g->d_row, T, c->NH, c->NKV, c->D,
-				(const float *const *)g->kptr, (const float *const *)g->vptr, g->d_use,
-				g->prefix ? g->prefix->k[l] : NULL, g->prefix ? g->prefix->v[l] : NULL,
-				g->prefix ? g->prefix->P : 0);
+		g->gops->kv_store(g->pool.k, g->pool.v, l, c->L, g->k, g->v, g->d_slot, T, c->NKV,
+				  c->D);
+		g->gops->attend(g->att, g->q, g->d_seq, g->d_nkey, T, c->NH, c->NKV, c->D, g->pool.k,
+				g->pool.v, l, c->L, g->d_table, W);
 		lin(g, l, BK_LORA_O, g->tmp, g->att, T);
 		ops->residual_forward(g->x, g->x, g->tmp, (size_t)T * H);
 		/* MLP block */
@@ -272,8 +441,47 @@ static void forward(bk_gen *g, const item *it, int S)
 		ops->copy(g->hl + (size_t)s * H, g->x + (size_t)g->h_last[s] * H, H * sizeof(float));
 	rmsnorm_rows(g, g->hn, g->hl, m->final_norm, S);
 	g->gops->linear(g->logits, g->hn, m->lm_head, S);
-	ops->download(g->h_logits, g->logits, (size_t)S * c->V * sizeof(float));
+	if (want_host)
+		ops->download(g->h_logits, g->logits, (size_t)S * c->V * sizeof(float));
 	g->st.steps++;
+}
+
+/* Draws every request of a step from the step's logits (rows of g->logits, S rows):
+ * on the device when the gen ops sample, else on the host.  Ids go to g->h_dids. */
+static void draw_all(bk_gen *g, const drawreq *d, int N)
+{
+	int V = g->m->cfg.V;
+	const bk_sample_params *sp = &g->cfg.sample;
+	if (g->cfg.on_logits)
+		for (int i = 0; i < N; i++)
+			g->cfg.on_logits(g->cfg.ctx, d[i].tag, d[i].counter,
+					 g->h_logits + (size_t)d[i].row * V, V);
+	draws_ensure(g, N);
+	if (!g->gops->sample) {
+		for (int i = 0; i < N; i++) {
+			double u = sp->temperature > 0 ? bk_crng_uniform(d[i].key, (uint64_t)d[i].counter)
+						       : 0;
+			g->h_dids[i] = bk_sample_token(g->h_logits + (size_t)d[i].row * V, V, sp, u,
+						       g->sw);
+		}
+		return;
+	}
+	for (int i = 0; i < N; i++) {
+		g->h_drow[i] = d[i].row;
+		g->h_dkey[i] = d[i].key;
+		g->h_dctr[i] = d[i].counter;
+	}
+	const bk_ops *ops = g->ops;
+	ops->upload(g->d_drow, g->h_drow, (size_t)N * sizeof(int32_t));
+	ops->upload(g->d_dkey, g->h_dkey, (size_t)N * sizeof(uint64_t));
+	ops->upload(g->d_dctr, g->h_dctr, (size_t)N * sizeof(int32_t));
+	g->gops->sample(g->d_dids, g->logits, g->d_drow, g->d_dkey, g->d_dctr, N, V,
+			sp->temperature, sp->top_p, g->swork);
+	ops->download(g->h_dids, g->d_dids, (size_t)N * sizeof(int32_t));
+	for (int i = 0; i < N; i++)
+		if (g->h_dids[i] < 0 || g->h_dids[i] >= V)
+			die("sampling: the logits of sample %llu at token %d hold a NaN",
+			    (unsigned long long)d[i].tag, d[i].counter);
 }
 
 /* ---- engine ---- */
@@ -302,16 +510,52 @@ bk_gen *bk_gen_create(const bk_model *m, const bk_gen_ops *gops, const bk_lora *
 	g->cfg.stop = g->stop;
 	g->slots = xcalloc((size_t)cfg->max_batch, sizeof(*g->slots));
 	g->sw = bk_sample_work_new(m->cfg.V);
+
+	/* the KV pool: --kv-memory, else the device's free memory less headroom (allocated
+	 * at once), else (host) grown on demand */
+	const bk_llama_config *c = &m->cfg;
+	kvpool *p = &g->pool;
+	p->bbytes = (size_t)c->L * BS * kvd(m) * (size_t)gops->kv_bytes;
+	double lim = INT32_MAX;
+	if (cfg->kv_memory > 0) {
+		lim = (double)cfg->kv_memory / (2.0 * (double)p->bbytes);
+		if (lim < 1)
+			die("generation: --kv-memory %zu bytes is less than one KV block of %d tokens "
+			    "(%zu bytes for K and V)", cfg->kv_memory, BS, 2 * p->bbytes);
+	} else if (gops->mem_free) {
+		double fr = (double)gops->mem_free();
+		double head = fr / 5 > 2.0 * (1u << 30) ? fr / 5 : 2.0 * (1u << 30);
+		lim = (fr - head) / (2.0 * (double)p->bbytes);
+		if (lim < 1)
+			die("generation: %.0f MiB of device memory free leaves no room for a KV cache "
+			    "(give --kv-memory)", fr / (1 << 20));
+	}
+	if (cfg->max_seq > 0) { /* never more than max_batch samples + as many entries need */
+		double ub = (2.0 * cfg->max_batch + 2) * (nblk(cfg->max_seq) + 1) + nblk(cfg->max_seq);
+		lim = lim < ub ? lim : ub;
+	}
+	p->limit = lim > INT32_MAX ? INT32_MAX : (int)lim;
+	g->st.kv_block = BS;
+	g->st.kv_blocks_limit = p->limit;
+	if (gops->mem_free || cfg->kv_memory > 0)
+		pool_grow(g, p->limit);
 	return g;
+}
+
+static void entry_unprefill(bk_gen *g, entry *e)
+{
+	tab_release(g, &e->tab);
+	free(e->first);
+	e->first = NULL;
+	e->prefilled = 0;
 }
 
 static void entry_free(bk_gen *g, entry *e)
 {
-	kv_free(g, &e->kv);
+	entry_unprefill(g, e);
 	free(e->ids);
 	free(e->keys);
 	free(e->tags);
-	free(e->logits);
 	free(e);
 }
 
@@ -325,15 +569,27 @@ void bk_gen_free(bk_gen *g)
 		entry_free(g, e);
 	}
 	for (int i = 0; i < g->cfg.max_batch; i++) {
-		kv_free(g, &g->slots[i].kv);
+		tab_release(g, &g->slots[i].tab);
 		free(g->slots[i].out);
 	}
 	for (size_t i = g->done_head; i < g->done.n; i++)
 		free(g->done.v[i].ids);
 	free(g->done.v);
-	bk_prefix_free(g->m, g->prefix);
+	tab_release(g, &g->pfx);
 	free(g->prefix_ids);
 	ws_free(g);
+	const bk_ops *ops = g->ops;
+	void *dev[] = { g->d_table, g->d_drow, g->d_dctr, g->d_dids, g->d_dkey, g->swork,
+			g->pool.k, g->pool.v };
+	for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+		ops->free(dev[i]);
+	free(g->h_table);
+	free(g->h_drow);
+	free(g->h_dctr);
+	free(g->h_dids);
+	free(g->h_dkey);
+	free(g->pool.ref);
+	free(g->pool.freel);
 	bk_sample_work_free(g->sw);
 	free(g->slots);
 	free(g->stop);
@@ -344,39 +600,30 @@ void bk_gen_set_prefix(bk_gen *g, const int32_t *ids, int P)
 {
 	if (g->pending)
 		BUG("generation: the prefix changes while samples are queued or running");
-	bk_prefix_free(g->m, g->prefix);
+	tab_release(g, &g->pfx);
 	free(g->prefix_ids);
-	g->prefix = NULL;
 	g->prefix_ids = NULL;
+	g->P = 0;
 	g->st.prefix_len = 0;
+	g->st.prefix_blocks = 0;
 	if (P <= 0)
 		return;
 	const bk_llama_config *c = &g->m->cfg;
 	for (int t = 0; t < P; t++)
 		if (ids[t] < 0 || ids[t] >= c->V)
 			die("generation: prefix token %d: id %d is not in [0,%d)", t, ids[t], c->V);
+	if (pool_avail(g) < nblk(P))
+		die("generation: the KV pool of %d blocks of %d tokens cannot hold a prefix of %d "
+		    "tokens (raise --kv-memory)", g->pool.limit, BS, P);
 	/* the prefix's K/V come from the same row-wise path as every prompt (gen.h) */
-	kvbuf kv;
-	kv_alloc(g, &kv, P);
-	item it = { .n_tok = P, .pos0 = 0, .row0 = 0, .use_prefix = 0, .ids = ids, .kv = &kv };
-	forward(g, &it, 1);
-	bk_prefix *p = xcalloc(1, sizeof(*p));
-	size_t KVD = kvd(g->m), bytes = (size_t)P * KVD * sizeof(float);
-	p->P = P;
-	p->L = c->L;
-	p->k = xcalloc((size_t)c->L, sizeof(*p->k));
-	p->v = xcalloc((size_t)c->L, sizeof(*p->v));
-	for (int l = 0; l < c->L; l++) {
-		p->k[l] = g->ops->alloc(bytes);
-		p->v[l] = g->ops->alloc(bytes);
-		g->ops->copy(p->k[l], kv.k + (size_t)l * P * KVD, bytes);
-		g->ops->copy(p->v[l], kv.v + (size_t)l * P * KVD, bytes);
-	}
-	kv_free(g, &kv);
-	g->prefix = p;
+	tab_build(g, &g->pfx, P, NULL, 0, 0);
+	item it = { .n_tok = P, .pos0 = 0, .ids = ids, .tab = &g->pfx };
+	forward(g, &it, 1, 0);
+	g->P = P;
 	g->prefix_ids = xmalloc((size_t)P * sizeof(int32_t));
 	memcpy(g->prefix_ids, ids, (size_t)P * sizeof(int32_t));
 	g->st.prefix_len = P;
+	g->st.prefix_blocks = g->pfx.n;
 	g->st.prefix_builds++;
 }
 
@@ -417,17 +664,22 @@ void bk_gen_submit(bk_gen *g, const int32_t *prompt, int n_prompt, int n,
 	e->ids = xmalloc((size_t)n_prompt * sizeof(int32_t));
 	memcpy(e->ids, prompt, (size_t)n_prompt * sizeof(int32_t));
 	e->n = n_prompt;
-	int P = g->prefix ? g->prefix->P : 0;
+	int P = g->P;
 	e->use_prefix = P > 0 && n_prompt > P &&
 			!memcmp(prompt, g->prefix_ids, (size_t)P * sizeof(int32_t));
 	e->own0 = e->use_prefix ? P : 0;
+	e->max_new = max_new;
+	long need = (long)need_entry(e) + need_sample(e) + g->pfx.n;
+	if (need > g->pool.limit)
+		die("generation: a prompt of %d tokens with %d new tokens needs %ld KV blocks of %d "
+		    "tokens but the pool holds %d (raise --kv-memory)", n_prompt, max_new, need, BS,
+		    g->pool.limit);
 	if (P > 0) {
 		if (e->use_prefix)
 			g->st.prefix_hits++;
 		else
 			g->st.prefix_misses++;
 	}
-	e->max_new = max_new;
 	e->n_samples = n;
 	e->keys = xmalloc((size_t)n * sizeof(uint64_t));
 	e->tags = xmalloc((size_t)n * sizeof(uint64_t));
@@ -443,66 +695,101 @@ void bk_gen_submit(bk_gen *g, const int32_t *prompt, int n_prompt, int n,
 	g->pending += (uint64_t)n;
 }
 
-/* draws token n_out of slot s from logits [V]; finishes the slot when it is done */
-static void draw(bk_gen *g, slot *s, const float *logits)
+static void finish(bk_gen *g, slot *s, int stopped)
 {
-	int V = g->m->cfg.V;
-	if (g->cfg.on_logits)
-		g->cfg.on_logits(g->cfg.ctx, s->tag, s->n_out, logits, V);
-	double u = g->cfg.sample.temperature > 0 ? bk_crng_uniform(s->key, (uint64_t)s->n_out) : 0;
-	int32_t id = bk_sample_token(logits, V, &g->cfg.sample, u, g->sw);
+	bk_gen_result r = { .tag = s->tag, .ids = s->out, .n = s->n_out, .stopped = stopped };
+	bk_vec_push(&g->done, r);
+	s->out = NULL;
+	g->pending--;
+}
+
+/* appends token id to slot s; finishes the slot when it is done */
+static void push(bk_gen *g, slot *s, int32_t id)
+{
 	s->out[s->n_out++] = id;
 	g->st.new_tokens++;
 	int stopped = bk_sample_is_stop(id, g->stop, g->cfg.n_stop);
 	if (!stopped && s->n_out < s->max_new)
 		return;
-	bk_gen_result r = { .tag = s->tag, .ids = s->out, .n = s->n_out, .stopped = stopped };
-	bk_vec_push(&g->done, r);
-	s->out = NULL;
-	s->active = 0;
-	kv_free(g, &s->kv);
-	g->n_active--;
-	g->pending--;
+	finish(g, s, stopped);
+	if (s->active) {
+		s->active = 0;
+		tab_release(g, &s->tab);
+		g->n_active--;
+	}
 }
 
-/* starts the next waiting sample of the (prefilled) head entry in slot s */
-static void start(bk_gen *g, slot *s)
+/* Starts the next waiting sample of the (prefilled) head entry in slot s, when the pool
+ * has its blocks (a sample that ends on its first token needs none).  Returns 0 when it
+ * must wait for blocks. */
+static int start(bk_gen *g, slot *s)
 {
 	entry *e = g->qhead;
-	BUG_ON(!e || !e->prefilled || e->next >= e->n_samples);
-	int i = e->next++;
-	s->active = 1;
-	s->own0 = e->own0;
-	s->n_own = e->n - e->own0;
-	s->use_prefix = e->use_prefix;
+	BUG_ON(!e || !e->prefilled || e->next >= e->n_samples || s->active);
+	int i = e->next;
+	int32_t id = e->first[i];
+	int ends = e->max_new == 1 || bk_sample_is_stop(id, g->stop, g->cfg.n_stop);
+	if (!ends && pool_avail(g) < need_sample(e)) {
+		g->st.kv_waits++;
+		return 0;
+	}
+	e->next++;
+	s->n = e->n;
 	s->max_new = e->max_new;
 	s->key = e->keys[i];
 	s->tag = e->tags[i];
 	s->n_out = 0;
 	s->out = xmalloc((size_t)s->max_new * sizeof(int32_t));
-	kv_alloc(g, &s->kv, s->n_own + s->max_new);
-	size_t KVD = kvd(g->m), bytes = (size_t)s->n_own * KVD * sizeof(float);
-	for (int l = 0; l < g->m->cfg.L; l++) {
-		g->ops->copy(s->kv.k + (size_t)l * s->kv.cap * KVD, e->kv.k + (size_t)l * e->kv.cap * KVD,
-			     bytes);
-		g->ops->copy(s->kv.v + (size_t)l * s->kv.cap * KVD, e->kv.v + (size_t)l * e->kv.cap * KVD,
-			     bytes);
+	if (!ends) {
+		tab_build(g, &s->tab, (long)e->n + e->max_new, &e->tab, e->n / BS, e->n % BS != 0);
+		s->active = 1;
+		g->n_active++;
 	}
-	g->n_active++;
-	draw(g, s, e->logits);
+	push(g, s, id);
 	if (e->next == e->n_samples) { /* every sample started: the entry is done */
 		g->qhead = e->link;
 		if (!g->qhead)
 			g->qtail = NULL;
 		entry_free(g, e);
 	}
+	return 1;
+}
+
+/* fills free slots, in slot order, with waiting samples in queue order */
+static void refill(bk_gen *g)
+{
+	for (int i = 0; i < g->cfg.max_batch; i++)
+		while (!g->slots[i].active && g->qhead && g->qhead->prefilled)
+			if (!start(g, &g->slots[i]))
+				return;
+}
+
+/* Nothing runs: make sure the head entry can go (invariant 6). */
+static void ensure_progress(bk_gen *g)
+{
+	entry *h = g->qhead;
+	if (!h || !h->prefilled)
+		return;
+	while (pool_avail(g) < need_sample(h)) {
+		entry *last = NULL;
+		for (entry *e = h->link; e && e->prefilled; e = e->link)
+			last = e;
+		if (!last)
+			BUG("generation: nothing runs, yet the head prompt finds no KV blocks");
+		entry_unprefill(g, last);
+		g->st.recomputes++;
+	}
+	refill(g);
 }
 
 int bk_gen_step(bk_gen *g)
 {
 	if (!g->pending)
 		return 0;
-	int MB = g->cfg.max_batch, V = g->m->cfg.V;
+	double t0 = now();
+	if (!g->n_active)
+		ensure_progress(g);
+	int MB = g->cfg.max_batch;
 	item *it = xmalloc(((size_t)MB + 1) * sizeof(*it));
 	int *who = xmalloc(((size_t)MB + 1) * sizeof(int));
 	entry **pre = NULL;
@@ -513,46 +800,67 @@ int bk_gen_step(bk_gen *g)
 		slot *s = &g->slots[i];
 		if (!s->active)
 			continue;
-		int row = s->n_own + s->n_out - 1;
-		it[S] = (item){ .n_tok = 1, .pos0 = s->own0 + row, .row0 = row,
-				.use_prefix = s->use_prefix, .ids = &s->out[s->n_out - 1], .kv = &s->kv };
+		it[S] = (item){ .n_tok = 1, .pos0 = s->n + s->n_out - 1,
+				.ids = &s->out[s->n_out - 1], .tab = &s->tab };
 		who[S++] = i;
 	}
 	if (S > g->st.max_active)
 		g->st.max_active = S;
 	int n_decode = S;
 	/* 2. prompts to prefill so that max_batch samples are ready to start */
-	long ready = 0;
+	long ready = 0, ndraw = n_decode;
 	entry *e = g->qhead;
 	for (; e && e->prefilled; e = e->link)
 		ready += e->n_samples - e->next;
 	for (; e && ready < MB; e = e->link) {
+		if (pool_avail(g) < need_entry(e) + need_sample(e)) {
+			g->st.kv_waits++;
+			break;
+		}
 		if (npre == cappre) {
 			cappre = cappre ? 2 * cappre : 8;
 			pre = xrealloc(pre, cappre * sizeof(*pre));
-			it = xrealloc(it, ((size_t)MB + cappre) * sizeof(*it));
+			it = xrealloc(it, ((size_t)MB + 1 + cappre) * sizeof(*it));
 		}
 		pre[npre++] = e;
-		kv_alloc(g, &e->kv, e->n - e->own0);
-		it[S++] = (item){ .n_tok = e->n - e->own0, .pos0 = e->own0, .row0 = 0,
-				  .use_prefix = e->use_prefix, .ids = e->ids + e->own0, .kv = &e->kv };
+		int sh = e->own0 / BS;
+		tab_build(g, &e->tab, e->n, &g->pfx, sh, e->own0 % BS != 0);
+		it[S++] = (item){ .n_tok = e->n - e->own0, .pos0 = e->own0, .ids = e->ids + e->own0,
+				  .tab = &e->tab };
 		g->st.prompt_tokens += (uint64_t)(e->n - e->own0);
 		ready += e->n_samples;
+		ndraw += e->n_samples;
 	}
-	if (S > 0)
-		forward(g, it, S);
-	/* 3. draw the next token of every running sample */
-	for (int j = 0; j < n_decode; j++)
-		draw(g, &g->slots[who[j]], g->h_logits + (size_t)j * V);
-	for (size_t j = 0; j < npre; j++) {
-		pre[j]->logits = xmalloc((size_t)V * sizeof(float));
-		memcpy(pre[j]->logits, g->h_logits + (size_t)(n_decode + j) * V, (size_t)V * sizeof(float));
-		pre[j]->prefilled = 1;
+	if (S > 0) {
+		forward(g, it, S, !g->gops->sample || g->cfg.on_logits);
+		/* 3. draw the next token of every running sample, the first of every new one */
+		drawreq *d = xmalloc((size_t)ndraw * sizeof(*d));
+		int N = 0;
+		for (int j = 0; j < n_decode; j++) {
+			slot *s = &g->slots[who[j]];
+			d[N++] = (drawreq){ .row = j, .key = s->key, .tag = s->tag, .counter = s->n_out };
+		}
+		for (size_t j = 0; j < npre; j++)
+			for (int i = 0; i < pre[j]->n_samples; i++)
+				d[N++] = (drawreq){ .row = n_decode + (int)j, .key = pre[j]->keys[i],
+						    .tag = pre[j]->tags[i], .counter = 0 };
+		draw_all(g, d, N);
+		N = 0;
+		for (int j = 0; j < n_decode; j++)
+			push(g, &g->slots[who[j]], g->h_dids[N++]);
+		for (size_t j = 0; j < npre; j++) {
+			pre[j]->first = xmalloc((size_t)pre[j]->n_samples * sizeof(int32_t));
+			for (int i = 0; i < pre[j]->n_samples; i++)
+				pre[j]->first[i] = g->h_dids[N++];
+			pre[j]->prefilled = 1;
+		}
+		free(d);
 	}
-	/* 4. refill free slots, in slot order, with waiting samples in queue order */
-	for (int i = 0; i < MB; i++) {
-		while (!g->slots[i].active && g->qhead && g->qhead->prefilled)
-			start(g, &g->slots[i]);
+	/* 4. refill free slots */
+	refill(g);
+	if (n_decode > 0 && npre == 0) {
+		g->st.decode_steps++;
+		g->st.decode_seconds += now() - t0;
 	}
 	free(it);
 	free(who);

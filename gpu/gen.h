@@ -5,7 +5,8 @@
  * Not the sampler (gpu/sample.h) and not stream handling (cmd/bk-gen.c).
  *
  * Dimension letters as in ops.h; in addition
- *   C   rows of one sequence's own KV cache (its tokens after the shared prefix)
+ *   NB  blocks of the paged KV cache    BS  token rows per block (BK_GEN_BLOCK)
+ *   W   width of a block table (blocks of the longest sequence in a step)
  *
  * Numerics do not depend on batch composition: every op used by the generation path is
  * row-wise (a token's output depends only on that token's inputs and its own sequence's
@@ -13,20 +14,32 @@
  * steps, whatever --max-batch is, and whether its system prompt came from the shared
  * prefix or was prefilled with the rest of its prompt.  The frozen linears and the LoRA
  * therefore go through bk_gen_ops, not ops->linear_forward (OpenBLAS sgemm picks
- * kernels by matrix size, so a row's rounding depends on how many rows it runs with). */
+ * kernels by matrix size, so a row's rounding depends on how many rows it runs with).
+ * The CUDA gen ops keep that property (a fixed reduction order per output element
+ * whatever the number of rows), with their own bf16 numerics, not the host's bits. */
 #ifndef BK_GEN_H
 #define BK_GEN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "gpu/model.h"
 #include "gpu/sample.h"
 
+/* The paged KV cache.  Keys and values live in two pools of fixed-size blocks of
+ * BK_GEN_BLOCK token rows, each laid out [NB][L][BS][NKV][D] (block-major, so one copy
+ * moves a block of every layer) in the gen ops' own number type (kv_bytes: fp32 on the
+ * host, bf16 on CUDA).  A sequence's keys at positions 0..n-1 are found through its
+ * block table: position j is row j % BS of block table[j / BS].  A token's "slot" is
+ * block * BS + row.  The shared prefix's full blocks head every table that uses it. */
+enum { BK_GEN_BLOCK = 16 };
+
 /* Ops of the generation path that the training op table lacks; the host twin is
- * bk_gen_ops_host (gpu/host_decode.c).  A CUDA version (paged KV cache) slots in here.
+ * bk_gen_ops_host (gpu/host_decode.c), the CUDA one bk_gen_ops_cuda (gpu/cuda_gen.cu).
  * Buffers are device memory from ops->alloc unless said otherwise; int arrays int32. */
 typedef struct bk_gen_ops {
 	const char *name;
+	int kv_bytes; /* bytes of one cached key or value number (4: fp32, 2: bf16) */
 	/* y [T,out] = x [T,in] W^T, row t of y a function of row t of x and W only */
 	void (*linear)(float *y /* [T,out] */, const float *x /* [T,in] */,
 		       const bk_weight *W /* [out,in] */, int T);
@@ -35,24 +48,37 @@ typedef struct bk_gen_ops {
 	void (*lora)(float *y /* [T,out] += */, const float *x /* [T,in] */,
 		     const float *A /* [R,in] */, const float *B /* [out,R] */, int T, int in,
 		     int out, int R, float scale, float *xa /* [T,R] */);
-	/* kc[seq[t]][row[t],:,:] = k[t,:,:], the same for v: stores the new tokens' keys
-	 * and values in their sequences' caches.  kc, vc: host arrays of S device
-	 * pointers, each [C_s,NKV,D] (one layer). */
-	void (*kv_store)(float *const *kc, float *const *vc, const float *k /* [T,NKV,D] */,
-			 const float *v /* [T,NKV,D] */, const int32_t *seq /* [T] */,
-			 const int32_t *row /* [T] */, int T, int NKV, int D);
+	/* Layer l of pools kp, vp ([NB][L][BS][NKV][D]): the row of slot[t] gets k[t] and
+	 * v[t] (converted to the pool's type). */
+	void (*kv_store)(void *kp, void *vp, int l, int L, const float *k /* [T,NKV,D] */,
+			 const float *v /* [T,NKV,D] */, const int32_t *slot /* [T] */, int T,
+			 int NKV, int D);
 	/* Attention of T new query tokens (after kv_store): query t of sequence s = seq[t]
-	 * attends, head h with kv head h / (NH/NKV) and scores q.k / sqrt(D), to the shared
-	 * prefix keys 0..P-1 when use_prefix[s], then to rows 0..row[t] of its own cache,
-	 * in that order.  A decode step is T = S single-token queries. */
+	 * attends, head h with kv head h / (NH/NKV) and scores q.k / sqrt(D), to the keys
+	 * at positions 0..nkey[t]-1 of sequence s (layer l, through row s of table), in
+	 * position order.  A decode step is T = S single-token queries. */
 	void (*attend)(float *out /* [T,NH,D] */, const float *q /* [T,NH,D] */,
-		       const int32_t *seq /* [T] */, const int32_t *row /* [T] */, int T,
-		       int NH, int NKV, int D, const float *const *kc, const float *const *vc,
-		       const int32_t *use_prefix /* [S] */, const float *prefix_k /* [P,NKV,D] */,
-		       const float *prefix_v /* [P,NKV,D] */, int P);
+		       const int32_t *seq /* [T] */, const int32_t *nkey /* [T] */, int T,
+		       int NH, int NKV, int D, const void *kp, const void *vp, int l, int L,
+		       const int32_t *table /* [S,W] */, int W);
+	/* Optional (NULL: the engine samples on the host with gpu/sample.h): draws N tokens
+	 * on the device by the rule of sample.h, draw i from the row rows[i] of logits
+	 * [*,V] with u = bk_crng_uniform(keys[i], counters[i]) (ignored when temperature
+	 * is 0).  ids: [N] device, -1 where a row holds a NaN.  work: sample_work_bytes. */
+	void (*sample)(int32_t *ids /* [N] */, const float *logits /* [*,V] */,
+		       const int32_t *rows /* [N] */, const uint64_t *keys /* [N] */,
+		       const int32_t *counters /* [N] */, int N, int V, float temperature,
+		       float top_p, void *work);
+	size_t (*sample_work_bytes)(int N, int V);
+	/* Optional: bytes of device memory free now (sizes the KV pool when the caller
+	 * gives none); NULL: the pool grows on demand (host). */
+	size_t (*mem_free)(void);
 } bk_gen_ops;
 
 extern const bk_gen_ops bk_gen_ops_host;
+#ifdef BK_HAVE_CUDA
+extern const bk_gen_ops bk_gen_ops_cuda; /* gpu/cuda_gen.cu */
+#endif
 /* The generation ops that go with ops (the host twin's for bk_ops_host); dies naming
  * the device when there are none. */
 const bk_gen_ops *bk_gen_ops_for(const bk_ops *ops);
@@ -66,6 +92,8 @@ typedef struct bk_gen_config {
 	int max_batch;       /* sequences decoding together (>= 1) */
 	int max_new;         /* new tokens per sample at most (>= 1) */
 	int max_seq;         /* prompt + new tokens <= max_seq (model positions); 0 = none */
+	size_t kv_memory;    /* bytes for the K and V pools; 0 = from the device's free memory
+			      * (gops->mem_free, leaving headroom), or unbounded on the host */
 	bk_sample_params sample; /* temperature 0 = greedy */
 	const int32_t *stop; /* ids that end a sample (kept as its last id); copied */
 	int n_stop;
@@ -89,6 +117,16 @@ typedef struct bk_gen_stats {
 	uint64_t prompt_tokens;  /* prompt tokens prefilled (not counting the prefix) */
 	uint64_t new_tokens;     /* tokens sampled */
 	int max_active;          /* most sequences decoding in one step */
+	int kv_block;            /* tokens per KV block (BK_GEN_BLOCK) */
+	int kv_blocks;           /* blocks the pool holds now */
+	int kv_blocks_limit;     /* the most it may hold (INT32_MAX: unbounded) */
+	int kv_blocks_peak;      /* most blocks in use at once */
+	int prefix_blocks;       /* blocks of the current prefix (shared read-only) */
+	uint64_t prefix_shared;  /* prefix blocks referenced instead of recomputed/copied */
+	uint64_t kv_waits;       /* times a prompt or sample waited for free blocks */
+	uint64_t recomputes;     /* prefilled prompts dropped to free blocks, to run again */
+	uint64_t decode_steps;   /* steps that advanced at least one running sample */
+	double decode_seconds;   /* wall time of those steps (forward + sampling) */
 } bk_gen_stats;
 
 typedef struct bk_gen bk_gen;

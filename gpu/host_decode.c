@@ -1,6 +1,6 @@
 /* host_decode.c - bk_gen_ops_host: the fp32 host twin of the generation ops of gen.h
- * (row-wise linear and LoRA, KV-cache store, attention of new tokens over prefix +
- * cache).  Every output element is computed by one fixed sequence of float operations
+ * (row-wise linear and LoRA, paged KV-cache store, attention of new tokens over their
+ * sequence's keys through its block table).  Every output element is computed by one fixed sequence of float operations
  * that depends only on its own row, never on T, the row's place or the thread count, so
  * generation is bit-for-bit independent of batch composition.  Not the training ops. */
 #include "gpu/gen.h"
@@ -94,20 +94,22 @@ static void host_gen_lora(float *y, const float *x, const float *A, const float 
 	rows_matmul(y, xa, B, T, out, R, scale, 1);
 }
 
-/* ---- KV cache ---- */
+/* ---- paged KV cache: pools [NB][L][BS][NKV][D] fp32 ---- */
 
-static void host_kv_store(float *const *kc, float *const *vc, const float *k, const float *v,
-			  const int32_t *seq, const int32_t *row, int T, int NKV, int D)
+static void host_kv_store(void *kp, void *vp, int l, int L, const float *k, const float *v,
+			  const int32_t *slot, int T, int NKV, int D)
 {
 	size_t w = (size_t)NKV * D;
 	for (int t = 0; t < T; t++) {
-		BUG_ON(row[t] < 0);
-		memcpy(kc[seq[t]] + (size_t)row[t] * w, k + (size_t)t * w, w * sizeof(float));
-		memcpy(vc[seq[t]] + (size_t)row[t] * w, v + (size_t)t * w, w * sizeof(float));
+		BUG_ON(slot[t] < 0);
+		size_t r = ((size_t)(slot[t] / BK_GEN_BLOCK) * L + l) * BK_GEN_BLOCK +
+			   slot[t] % BK_GEN_BLOCK;
+		memcpy((float *)kp + r * w, k + (size_t)t * w, w * sizeof(float));
+		memcpy((float *)vp + r * w, v + (size_t)t * w, w * sizeof(float));
 	}
 }
 
-/* ---- attention over prefix + own cache ---- */
+/* ---- attention over the sequence's keys ---- */
 
 static float dotf(const float *a, const float *b, int n)
 {
@@ -117,31 +119,37 @@ static float dotf(const float *a, const float *b, int n)
 	return s;
 }
 
-static void host_attend(float *out, const float *q, const int32_t *seq, const int32_t *row,
-			int T, int NH, int NKV, int D, const float *const *kc,
-			const float *const *vc, const int32_t *use_prefix, const float *pk,
-			const float *pv, int P)
+/* the first number of key/value j of kv head kh in layer l, through table row tb */
+static inline const float *kv_at(const float *pool, const int32_t *tb, int j, int l, int L,
+				 int kh, int NKV, int D)
+{
+	size_t r = ((size_t)tb[j / BK_GEN_BLOCK] * L + l) * BK_GEN_BLOCK + j % BK_GEN_BLOCK;
+	return pool + (r * NKV + kh) * D;
+}
+
+static void host_attend(float *out, const float *q, const int32_t *seq, const int32_t *nkey,
+			int T, int NH, int NKV, int D, const void *kp, const void *vp, int l,
+			int L, const int32_t *table, int W)
 {
 	BUG_ON(NH % NKV);
-	int group = NH / NKV, maxrow = 0;
+	int group = NH / NKV, maxkey = 1;
 	for (int t = 0; t < T; t++)
-		maxrow = row[t] > maxrow ? row[t] : maxrow;
+		maxkey = nkey[t] > maxkey ? nkey[t] : maxkey;
 	float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel if ((double)T * NH * (P + maxrow + 1) * D > 1048576.0)
+	const float *kc = kp, *vc = vp;
+#pragma omp parallel if ((double)T * NH * maxkey * D > 1048576.0)
 	{
-		float *sc = xmalloc(((size_t)P + maxrow + 1) * sizeof(float));
+		float *sc = xmalloc((size_t)maxkey * sizeof(float));
 #pragma omp for collapse(2) schedule(static)
 		for (int t = 0; t < T; t++) {
 			for (int h = 0; h < NH; h++) {
-				int s = seq[t], kh = h / group, np = use_prefix[s] ? P : 0;
-				int nk = np + row[t] + 1;
-				BUG_ON(np && (!pk || !pv));
+				int kh = h / group, nk = nkey[t];
+				const int32_t *tb = table + (size_t)seq[t] * W;
+				BUG_ON(nk < 1 || (nk - 1) / BK_GEN_BLOCK >= W);
 				const float *qt = q + ((size_t)t * NH + h) * D;
 				float mx = -INFINITY;
 				for (int j = 0; j < nk; j++) {
-					const float *kj = j < np ? pk + ((size_t)j * NKV + kh) * D
-								 : kc[s] + ((size_t)(j - np) * NKV + kh) * D;
-					sc[j] = dotf(qt, kj, D) * scale;
+					sc[j] = dotf(qt, kv_at(kc, tb, j, l, L, kh, NKV, D), D) * scale;
 					mx = sc[j] > mx ? sc[j] : mx;
 				}
 				float sum = 0;
@@ -152,8 +160,7 @@ static void host_attend(float *out, const float *q, const int32_t *seq, const in
 				float *ot = out + ((size_t)t * NH + h) * D;
 				memset(ot, 0, D * sizeof(float));
 				for (int j = 0; j < nk; j++) {
-					const float *vj = j < np ? pv + ((size_t)j * NKV + kh) * D
-								 : vc[s] + ((size_t)(j - np) * NKV + kh) * D;
+					const float *vj = kv_at(vc, tb, j, l, L, kh, NKV, D);
 					float wgt = sc[j] / sum;
 					for (int d = 0; d < D; d++)
 						ot[d] += wgt * vj[d];
@@ -166,16 +173,23 @@ static void host_attend(float *out, const float *q, const int32_t *seq, const in
 
 const bk_gen_ops bk_gen_ops_host = {
 	.name = "host",
+	.kv_bytes = sizeof(float),
 	.linear = host_gen_linear,
 	.lora = host_gen_lora,
 	.kv_store = host_kv_store,
 	.attend = host_attend,
+	.sample = NULL,    /* the engine samples on the host (gpu/sample.h) */
+	.mem_free = NULL,  /* the pool grows on demand */
 };
 
 const bk_gen_ops *bk_gen_ops_for(const bk_ops *ops)
 {
 	if (ops == &bk_ops_host)
 		return &bk_gen_ops_host;
+#ifdef BK_HAVE_CUDA
+	if (!strcmp(ops->name, "cuda"))
+		return &bk_gen_ops_cuda;
+#endif
 	die("generation: no decode ops for device '%s' in this build (use --device cpu)",
 	    ops->name);
 }

@@ -10,6 +10,7 @@
 
 #include "common/diag.h"
 #include "common/rng.h"
+#include "gpu/optim8.h"
 
 /* ---- memory ---- */
 
@@ -370,6 +371,77 @@ static void host_residual_forward(float *out, const float *a, const float *b, si
 		out[i] = a[i] + b[i];
 }
 
+/* ---- rows and the baking loss: host_loss_ops.c (wrappers of gpu/loss.c) ---- */
+void bk_host_gather_rows(float *dst, const float *src, const int32_t *rows, int N, int T, int H);
+void bk_host_scatter_rows(float *dst, const float *src, const int32_t *rows, int N, int T,
+			  int H);
+double bk_host_kl_exact(const float *hidden, const bk_weight *lm_head,
+			const float *teacher_hidden, const float *teacher_logp,
+			const int32_t *sample_of, int n, int n_samples, int chunk,
+			float temperature, float *d_hidden, float *row_kl);
+double bk_host_kl_topk(const float *hidden, const bk_weight *lm_head, const int32_t *topk_ids,
+		       const float *topk_logp, const float *rest, const int32_t *sample_of,
+		       int n, int n_samples, int k, int chunk, float temperature,
+		       float *d_hidden, float *row_kl);
+void bk_host_teacher_topk(const float *hidden, const bk_weight *lm_head, int n, int chunk,
+			  float temperature, int k, int32_t *ids, float *logp, float *rest);
+void bk_host_teacher_logprobs(const float *hidden, const bk_weight *lm_head, int n, int chunk,
+			      float temperature, float *logp);
+
+/* ---- optimizer (rules: gpu/optim8.h) ---- */
+
+static void host_adamw_step(float *param, const float *grad, float *m, float *v, size_t n,
+			    double lr, double beta1, double beta2, double eps,
+			    double weight_decay, int64_t step)
+{
+	bk_adamw_scalars s;
+	bk_adamw_scalars_make(&s, lr, beta1, beta2, eps, weight_decay, step);
+	ptrdiff_t nn = (ptrdiff_t)n;
+#pragma omp parallel for schedule(static) if (nn > 65536)
+	for (ptrdiff_t i = 0; i < nn; i++)
+		bk_adamw_elem(&s, &param[i], &m[i], &v[i], grad[i]);
+}
+
+static void host_adamw8_step(float *param, const float *grad, uint8_t *qm, uint8_t *qv,
+			     float *absmax_m, float *absmax_v, size_t n, int block, double lr,
+			     double beta1, double beta2, double eps, double weight_decay,
+			     int64_t step)
+{
+	bk_adamw8_update(param, grad, qm, qv, absmax_m, absmax_v, n, block, lr, beta1, beta2,
+			 eps, weight_decay, step);
+}
+
+/* 65536-value blocks summed in parallel, each in index order, then the block sums
+ * added in index order: the result does not depend on thread scheduling */
+static double host_grad_sumsq(const float *g, size_t n)
+{
+	const size_t blk = 65536;
+	size_t nb = (n + blk - 1) / blk;
+	double *part = xcalloc(nb ? nb : 1, sizeof(double));
+#pragma omp parallel for schedule(static) if (nb > 1)
+	for (size_t b = 0; b < nb; b++) {
+		size_t end = (b + 1) * blk < n ? (b + 1) * blk : n;
+		double acc = 0;
+		for (size_t i = b * blk; i < end; i++)
+			acc += (double)g[i] * g[i];
+		part[b] = acc;
+	}
+	double s = 0;
+	for (size_t b = 0; b < nb; b++)
+		s += part[b];
+	free(part);
+	return s;
+}
+
+static void host_scale(float *x, double s, size_t n)
+{
+	float f = (float)s;
+	ptrdiff_t nn = (ptrdiff_t)n;
+#pragma omp parallel for schedule(static) if (nn > 65536)
+	for (ptrdiff_t i = 0; i < nn; i++)
+		x[i] *= f;
+}
+
 const bk_ops bk_ops_host = {
 	.name = "host",
 	.alloc = host_alloc,
@@ -394,4 +466,14 @@ const bk_ops bk_ops_host = {
 	.swiglu_forward = host_swiglu_forward,
 	.swiglu_backward = host_swiglu_backward,
 	.residual_forward = host_residual_forward,
+	.gather_rows = bk_host_gather_rows,
+	.scatter_rows = bk_host_scatter_rows,
+	.kl_exact = bk_host_kl_exact,
+	.kl_topk = bk_host_kl_topk,
+	.teacher_topk = bk_host_teacher_topk,
+	.teacher_logprobs = bk_host_teacher_logprobs,
+	.adamw_step = host_adamw_step,
+	.adamw8_step = host_adamw8_step,
+	.grad_sumsq = host_grad_sumsq,
+	.scale = host_scale,
 };

@@ -21,6 +21,16 @@
  * and every branch's input gradient is added into it by rmsnorm_backward.  Base weights
  * get no gradient; LoRA A/B gradients are added into `grads`.
  *
+ * Gradient checkpointing (bk_acts_create_ckpt): the forward keeps every resid[l] (each
+ * layer's input) and rstdf, but the per-layer activations above get ONE slot that each
+ * layer overwrites.  The backward of layer l first reruns layer l's forward from
+ * resid[l] into that slot (its output goes to tmp, resid[l+1] is left alone; the last
+ * layer's activations are still there from the forward), then runs the layer's
+ * backward as without checkpointing.  The rerun issues the same ops on the same inputs
+ * with the same dropout keys, so activations and gradients are the same bits.  Cost:
+ * L-1 more layer forwards per backward; saving: L-1 of the L layers' activations
+ * (bk_acts_bytes tells what the acts allocated).
+ *
  * Invariants:
  *  1. acts are sized once for max_T tokens and rank max_r; a step allocates nothing.
  *  2. bk_model_backward uses the activations of the last bk_model_forward on the same
@@ -28,11 +38,14 @@
  *  3. A forward with a prefix is never followed by a backward (checked): the prefix is
  *     the frozen teacher's, and lse then covers keys the backward does not revisit.
  *  4. The dropout mask of (layer, module) is keyed by (batch->dropout_key, layer,
- *     module): forward and backward recompute the same mask; nothing else is random.
+ *     module): forward, recompute and backward get the same mask; nothing else is
+ *     random.
  *  5. Token ids are checked against V and cu_seqlens for monotonicity before anything
  *     reaches the ops (bad input dies here, not inside a kernel).
- *  6. Device buffers of layer l for a [T,W] activation start at l * max_T * W; lse of
- *     layer l is [NH,T] with row stride T (the current batch's T).
+ *  6. Per-layer buffers have n_slot slots (L, or 1 with checkpointing); layer l uses
+ *     slot slot(l) = l or 0, whose [T,W] activation starts at slot * max_T * W; lse of
+ *     a slot is [NH,T] with row stride T (the current batch's T).  resid always has L+1
+ *     slots.
  */
 #include "gpu/model.h"
 
@@ -49,6 +62,9 @@ const char *const bk_lora_module_names[BK_LORA_NMOD] = {
 
 struct bk_acts {
 	int max_T, max_r;
+	int n_slot;           /* per-layer slots: L, or 1 with checkpointing (invariant 6) */
+	int slot_layer;       /* with one slot: the layer whose activations it holds */
+	size_t bytes;         /* device bytes allocated */
 	/* what the last forward saw (invariant 2) */
 	int T, S, has_forward, used_prefix;
 	const bk_lora *lora;
@@ -57,18 +73,18 @@ struct bk_acts {
 	/* the batch, on the device */
 	int32_t *ids, *pos; /* [max_T] */
 	int32_t *cu;        /* [max_T+1] */
-	/* saved activations, per layer (stride max_T * width) */
+	/* saved activations: resid per layer boundary, the rest per slot (stride max_T * width) */
 	float *resid;         /* [L+1][T,H] */
-	float *resid2;        /* [L][T,H] */
-	float *ln1, *ln2;     /* [L][T,H] */
-	float *rstd1, *rstd2; /* [L][T] */
+	float *resid2;        /* [n_slot][T,H] */
+	float *ln1, *ln2;     /* [n_slot][T,H] */
+	float *rstd1, *rstd2; /* [n_slot][T] */
 	float *rstdf;         /* [T] */
-	float *q;             /* [L][T,NH*D] after RoPE */
-	float *k, *v;         /* [L][T,NKV*D] k after RoPE */
-	float *att;           /* [L][T,NH*D] attention output (input of o_proj) */
-	float *lse;           /* [L][NH,T] */
-	float *gate, *up, *hmlp; /* [L][T,I] */
-	float *xa;            /* [L][NMOD][T,R] */
+	float *q;             /* [n_slot][T,NH*D] after RoPE */
+	float *k, *v;         /* [n_slot][T,NKV*D] k after RoPE */
+	float *att;           /* [n_slot][T,NH*D] attention output (input of o_proj) */
+	float *lse;           /* [n_slot][NH,T] */
+	float *gate, *up, *hmlp; /* [n_slot][T,I] */
+	float *xa;            /* [n_slot][NMOD][T,R] */
 	/* workspace */
 	float *tmp;     /* [T,H] a branch output before the residual add */
 	float *scratch; /* [T, max(H, NH*D, I) + R] for LoRA ops */
@@ -160,7 +176,14 @@ void bk_model_free(bk_model *m)
 
 static float *falloc(const bk_ops *ops, size_t n) { return ops->alloc(n * sizeof(float)); }
 
-bk_acts *bk_acts_create(const bk_model *m, int max_T, int max_r)
+/* an activation buffer of n floats, counted in a->bytes */
+static float *aalloc(const bk_ops *ops, bk_acts *a, size_t n)
+{
+	a->bytes += n * sizeof(float);
+	return falloc(ops, n);
+}
+
+bk_acts *bk_acts_create_ckpt(const bk_model *m, int max_T, int max_r, int checkpoint)
 {
 	const bk_ops *ops = m->ops;
 	const bk_llama_config *c = &m->cfg;
@@ -170,40 +193,50 @@ bk_acts *bk_acts_create(const bk_model *m, int max_T, int max_r)
 	size_t QD = (size_t)c->NH * c->D, KVD = (size_t)c->NKV * c->D;
 	size_t widest = H > QD ? H : QD;
 	widest = widest > I ? widest : I;
+	size_t NS = checkpoint ? 1 : L;
 	a->max_T = max_T;
 	a->max_r = max_r;
+	a->n_slot = (int)NS;
 	a->ids = ops->alloc(T * sizeof(int32_t));
 	a->pos = ops->alloc(T * sizeof(int32_t));
 	a->cu = ops->alloc((T + 1) * sizeof(int32_t));
-	a->resid = falloc(ops, (L + 1) * T * H);
-	a->resid2 = falloc(ops, L * T * H);
-	a->ln1 = falloc(ops, L * T * H);
-	a->ln2 = falloc(ops, L * T * H);
-	a->rstd1 = falloc(ops, L * T);
-	a->rstd2 = falloc(ops, L * T);
-	a->rstdf = falloc(ops, T);
-	a->q = falloc(ops, L * T * QD);
-	a->k = falloc(ops, L * T * KVD);
-	a->v = falloc(ops, L * T * KVD);
-	a->att = falloc(ops, L * T * QD);
-	a->lse = falloc(ops, L * c->NH * T);
-	a->gate = falloc(ops, L * T * I);
-	a->up = falloc(ops, L * T * I);
-	a->hmlp = falloc(ops, L * T * I);
-	a->xa = falloc(ops, L * BK_LORA_NMOD * T * R);
-	a->tmp = falloc(ops, T * H);
-	a->scratch = falloc(ops, T * (widest + R));
-	a->dres = falloc(ops, T * H);
-	a->dln = falloc(ops, T * H);
-	a->dq = falloc(ops, T * QD);
-	a->datt = falloc(ops, T * QD);
-	a->dk = falloc(ops, T * KVD);
-	a->dv = falloc(ops, T * KVD);
-	a->dgate = falloc(ops, T * I);
-	a->dup = falloc(ops, T * I);
-	a->dh = falloc(ops, T * I);
+	a->bytes = (3 * T + 1) * sizeof(int32_t);
+	a->resid = aalloc(ops, a, (L + 1) * T * H);
+	a->resid2 = aalloc(ops, a, NS * T * H);
+	a->ln1 = aalloc(ops, a, NS * T * H);
+	a->ln2 = aalloc(ops, a, NS * T * H);
+	a->rstd1 = aalloc(ops, a, NS * T);
+	a->rstd2 = aalloc(ops, a, NS * T);
+	a->rstdf = aalloc(ops, a, T);
+	a->q = aalloc(ops, a, NS * T * QD);
+	a->k = aalloc(ops, a, NS * T * KVD);
+	a->v = aalloc(ops, a, NS * T * KVD);
+	a->att = aalloc(ops, a, NS * T * QD);
+	a->lse = aalloc(ops, a, NS * c->NH * T);
+	a->gate = aalloc(ops, a, NS * T * I);
+	a->up = aalloc(ops, a, NS * T * I);
+	a->hmlp = aalloc(ops, a, NS * T * I);
+	a->xa = aalloc(ops, a, NS * BK_LORA_NMOD * T * R);
+	a->tmp = aalloc(ops, a, T * H);
+	a->scratch = aalloc(ops, a, T * (widest + R));
+	a->dres = aalloc(ops, a, T * H);
+	a->dln = aalloc(ops, a, T * H);
+	a->dq = aalloc(ops, a, T * QD);
+	a->datt = aalloc(ops, a, T * QD);
+	a->dk = aalloc(ops, a, T * KVD);
+	a->dv = aalloc(ops, a, T * KVD);
+	a->dgate = aalloc(ops, a, T * I);
+	a->dup = aalloc(ops, a, T * I);
+	a->dh = aalloc(ops, a, T * I);
 	return a;
 }
+
+bk_acts *bk_acts_create(const bk_model *m, int max_T, int max_r)
+{
+	return bk_acts_create_ckpt(m, max_T, max_r, 0);
+}
+
+size_t bk_acts_bytes(const bk_acts *a) { return a->bytes; }
 
 void bk_acts_free(const bk_model *m, bk_acts *a)
 {
@@ -218,16 +251,19 @@ void bk_acts_free(const bk_model *m, bk_acts *a)
 	free(a);
 }
 
-/* layer l's slice of a per-layer [T,width] buffer (invariant 6) */
-static float *lay(const bk_acts *a, float *base, int l, size_t width)
+/* the slot of layer l's activations (invariant 6) */
+static int slot(const bk_acts *a, int l) { return a->n_slot == 1 ? 0 : l; }
+
+/* slot s of a per-slot [T,width] buffer, or boundary s of resid (invariant 6) */
+static float *lay(const bk_acts *a, float *base, int s, size_t width)
 {
-	return base + (size_t)l * a->max_T * width;
+	return base + (size_t)s * a->max_T * width;
 }
 
 static float *xa_of(const bk_acts *a, int l, int mod)
 {
 	size_t R = a->max_r > 0 ? a->max_r : 1;
-	return a->xa + ((size_t)l * BK_LORA_NMOD + mod) * a->max_T * R;
+	return a->xa + ((size_t)slot(a, l) * BK_LORA_NMOD + mod) * a->max_T * R;
 }
 
 /* ---- LoRA ---- */
@@ -356,14 +392,72 @@ static void check_batch(const bk_model *m, const bk_batch *b, const bk_acts *a, 
 	}
 }
 
-void bk_model_forward(const bk_model *m, const bk_lora *lora, const bk_batch *b,
-		      const bk_prefix *prefix, bk_acts *a, float *out_hidden)
+/* the per-slot activations of layer l (slot(l)) */
+typedef struct {
+	float *ln1, *rstd1, *q, *k, *v, *att, *lse, *resid2, *ln2, *rstd2, *gate, *up, *hm;
+} layer_acts;
+
+static layer_acts layer_slot(const bk_model *m, const bk_acts *a, int l)
+{
+	const bk_llama_config *c = &m->cfg;
+	size_t H = c->H, I = c->I, QD = (size_t)c->NH * c->D, KVD = (size_t)c->NKV * c->D;
+	int s = slot(a, l);
+	return (layer_acts){
+		.ln1 = lay(a, a->ln1, s, H), .rstd1 = lay(a, a->rstd1, s, 1),
+		.q = lay(a, a->q, s, QD), .k = lay(a, a->k, s, KVD), .v = lay(a, a->v, s, KVD),
+		.att = lay(a, a->att, s, QD), .lse = lay(a, a->lse, s, c->NH),
+		.resid2 = lay(a, a->resid2, s, H), .ln2 = lay(a, a->ln2, s, H),
+		.rstd2 = lay(a, a->rstd2, s, 1), .gate = lay(a, a->gate, s, I),
+		.up = lay(a, a->up, s, I), .hm = lay(a, a->hmlp, s, I),
+	};
+}
+
+/* Layer l of the forward recorded in a (T, S, lora, train, dropout key, batch on the
+ * device): x = resid[l] [T,H] -> out [T,H] (resid[l+1], or tmp for a recompute: out
+ * may alias tmp), saving the layer's activations in its slot.  pk/pv: the layer's
+ * prefix K/V [P,NKV,D] or NULL. */
+static void layer_forward(const bk_model *m, const bk_lora *lora, bk_acts *a, int l,
+			  const float *pk, const float *pv, int P, float *out)
 {
 	const bk_ops *ops = m->ops;
 	const bk_llama_config *c = &m->cfg;
-	int T = b->T, P = prefix ? prefix->P : 0;
-	size_t H = c->H, I = c->I, QD = (size_t)c->NH * c->D, KVD = (size_t)c->NKV * c->D;
-	check_batch(m, b, a, P);
+	const bk_layer *w = &m->layers[l];
+	int T = a->T;
+	size_t H = c->H, I = c->I;
+	const float *x = lay(a, a->resid, l, H);
+	layer_acts s = layer_slot(m, a, l);
+	a->slot_layer = l;
+
+	/* attention block */
+	ops->rmsnorm_forward(s.ln1, s.rstd1, x, w->attn_norm, T, c->H, c->rms_eps);
+	linear_fwd(m, lora, a, l, BK_LORA_Q, s.q, s.ln1, T);
+	linear_fwd(m, lora, a, l, BK_LORA_K, s.k, s.ln1, T);
+	linear_fwd(m, lora, a, l, BK_LORA_V, s.v, s.ln1, T);
+	ops->rope_forward(s.q, a->pos, m->inv_freq, T, c->NH, c->D);
+	ops->rope_forward(s.k, a->pos, m->inv_freq, T, c->NKV, c->D);
+	ops->attention_forward(s.att, s.lse, s.q, s.k, s.v, a->cu, a->S, T, c->NH, c->NKV, c->D,
+			       pk, pv, P);
+	linear_fwd(m, lora, a, l, BK_LORA_O, a->tmp, s.att, T);
+	ops->residual_forward(s.resid2, x, a->tmp, (size_t)T * H);
+
+	/* MLP block */
+	ops->rmsnorm_forward(s.ln2, s.rstd2, s.resid2, w->mlp_norm, T, c->H, c->rms_eps);
+	linear_fwd(m, lora, a, l, BK_LORA_GATE, s.gate, s.ln2, T);
+	linear_fwd(m, lora, a, l, BK_LORA_UP, s.up, s.ln2, T);
+	ops->swiglu_forward(s.hm, s.gate, s.up, (size_t)T * I);
+	linear_fwd(m, lora, a, l, BK_LORA_DOWN, a->tmp, s.hm, T);
+	ops->residual_forward(out, s.resid2, a->tmp, (size_t)T * H);
+}
+
+/* checks the batch, records it in a (invariant 2), uploads it and embeds it into
+ * resid[0] */
+static void forward_begin(const bk_model *m, const bk_lora *lora, const bk_batch *b,
+			  const bk_prefix *prefix, bk_acts *a)
+{
+	const bk_ops *ops = m->ops;
+	const bk_llama_config *c = &m->cfg;
+	int T = b->T;
+	check_batch(m, b, a, prefix ? prefix->P : 0);
 	if (lora && (lora->L != c->L || lora->r > a->max_r))
 		BUG("lora with L %d r %d on a model of %d layers, acts for rank %d", lora->L,
 		    lora->r, c->L, a->max_r);
@@ -378,40 +472,21 @@ void bk_model_forward(const bk_model *m, const bk_lora *lora, const bk_batch *b,
 	ops->upload(a->ids, b->ids, T * sizeof(int32_t));
 	ops->upload(a->pos, b->pos, T * sizeof(int32_t));
 	ops->upload(a->cu, b->cu_seqlens, (b->S + 1) * sizeof(int32_t));
-
 	ops->embedding_forward(a->resid, a->ids, m->embed, T);
-	for (int l = 0; l < c->L; l++) {
-		const bk_layer *w = &m->layers[l];
-		float *x = lay(a, a->resid, l, H), *ln1 = lay(a, a->ln1, l, H);
-		float *q = lay(a, a->q, l, QD), *k = lay(a, a->k, l, KVD), *v = lay(a, a->v, l, KVD);
-		float *att = lay(a, a->att, l, QD), *resid2 = lay(a, a->resid2, l, H);
-		float *ln2 = lay(a, a->ln2, l, H), *gate = lay(a, a->gate, l, I);
-		float *up = lay(a, a->up, l, I), *hm = lay(a, a->hmlp, l, I);
+}
 
-		/* attention block */
-		ops->rmsnorm_forward(ln1, lay(a, a->rstd1, l, 1), x, w->attn_norm, T, c->H, c->rms_eps);
-		linear_fwd(m, lora, a, l, BK_LORA_Q, q, ln1, T);
-		linear_fwd(m, lora, a, l, BK_LORA_K, k, ln1, T);
-		linear_fwd(m, lora, a, l, BK_LORA_V, v, ln1, T);
-		ops->rope_forward(q, a->pos, m->inv_freq, T, c->NH, c->D);
-		ops->rope_forward(k, a->pos, m->inv_freq, T, c->NKV, c->D);
-		ops->attention_forward(att, lay(a, a->lse, l, c->NH), q, k, v, a->cu, b->S, T,
-				       c->NH, c->NKV, c->D, prefix ? prefix->k[l] : NULL,
-				       prefix ? prefix->v[l] : NULL, P);
-		linear_fwd(m, lora, a, l, BK_LORA_O, a->tmp, att, T);
-		ops->residual_forward(resid2, x, a->tmp, (size_t)T * H);
-
-		/* MLP block */
-		ops->rmsnorm_forward(ln2, lay(a, a->rstd2, l, 1), resid2, w->mlp_norm, T, c->H,
-				     c->rms_eps);
-		linear_fwd(m, lora, a, l, BK_LORA_GATE, gate, ln2, T);
-		linear_fwd(m, lora, a, l, BK_LORA_UP, up, ln2, T);
-		ops->swiglu_forward(hm, gate, up, (size_t)T * I);
-		linear_fwd(m, lora, a, l, BK_LORA_DOWN, a->tmp, hm, T);
-		ops->residual_forward(lay(a, a->resid, l + 1, H), resid2, a->tmp, (size_t)T * H);
-	}
-	ops->rmsnorm_forward(out_hidden, a->rstdf, lay(a, a->resid, c->L, H), m->final_norm, T,
-			     c->H, c->rms_eps);
+void bk_model_forward(const bk_model *m, const bk_lora *lora, const bk_batch *b,
+		      const bk_prefix *prefix, bk_acts *a, float *out_hidden)
+{
+	const bk_llama_config *c = &m->cfg;
+	size_t H = c->H;
+	forward_begin(m, lora, b, prefix, a);
+	for (int l = 0; l < c->L; l++)
+		layer_forward(m, lora, a, l, prefix ? prefix->k[l] : NULL,
+			      prefix ? prefix->v[l] : NULL, prefix ? prefix->P : 0,
+			      lay(a, a->resid, l + 1, H));
+	m->ops->rmsnorm_forward(out_hidden, a->rstdf, lay(a, a->resid, c->L, H), m->final_norm,
+				b->T, c->H, c->rms_eps);
 }
 
 /* ---- backward ---- */
@@ -430,13 +505,54 @@ static void linear_bwd(const bk_model *m, const bk_lora *lora, bk_lora *grads, b
 			      lora_p(lora, a), lora_key(a, l, mod), a->scratch);
 }
 
+/* Layer l's backward: a->dres = dLoss/d resid[l+1] on entry, dLoss/d resid[l] on exit;
+ * the layer's slot holds its forward activations. */
+static void layer_backward(const bk_model *m, const bk_lora *lora, bk_lora *grads,
+			   bk_acts *a, int l)
+{
+	const bk_ops *ops = m->ops;
+	const bk_llama_config *c = &m->cfg;
+	const bk_layer *w = &m->layers[l];
+	int T = a->T;
+	size_t H = c->H, I = c->I, QD = (size_t)c->NH * c->D, KVD = (size_t)c->NKV * c->D;
+	size_t fT = (size_t)T * sizeof(float);
+	const float *x = lay(a, a->resid, l, H);
+	layer_acts s = layer_slot(m, a, l);
+
+	/* MLP block: dres = d resid[l+1] = d (down output) */
+	ops->zero(a->dh, fT * I);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_DOWN, a->dh, a->dres, s.hm, T);
+	ops->zero(a->dgate, fT * I);
+	ops->zero(a->dup, fT * I);
+	ops->swiglu_backward(a->dgate, a->dup, a->dh, s.gate, s.up, (size_t)T * I);
+	ops->zero(a->dln, fT * H);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_GATE, a->dln, a->dgate, s.ln2, T);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_UP, a->dln, a->dup, s.ln2, T);
+	ops->rmsnorm_backward(a->dres, a->dln, s.resid2, w->mlp_norm, s.rstd2, T, c->H);
+
+	/* attention block: dres = d resid2 = d (o_proj output) */
+	ops->zero(a->datt, fT * QD);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_O, a->datt, a->dres, s.att, T);
+	ops->zero(a->dq, fT * QD);
+	ops->zero(a->dk, fT * KVD);
+	ops->zero(a->dv, fT * KVD);
+	ops->attention_backward(a->dq, a->dk, a->dv, a->datt, s.q, s.k, s.v, s.att, s.lse, a->cu,
+				a->S, T, c->NH, c->NKV, c->D);
+	ops->rope_backward(a->dq, a->pos, m->inv_freq, T, c->NH, c->D);
+	ops->rope_backward(a->dk, a->pos, m->inv_freq, T, c->NKV, c->D);
+	ops->zero(a->dln, fT * H);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_Q, a->dln, a->dq, s.ln1, T);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_K, a->dln, a->dk, s.ln1, T);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_V, a->dln, a->dv, s.ln1, T);
+	ops->rmsnorm_backward(a->dres, a->dln, x, w->attn_norm, s.rstd1, T, c->H);
+}
+
 void bk_model_backward(const bk_model *m, const bk_lora *lora, const bk_batch *b,
 		       bk_acts *a, const float *d_hidden, bk_lora *grads)
 {
 	const bk_ops *ops = m->ops;
 	const bk_llama_config *c = &m->cfg;
 	int T = b->T;
-	size_t H = c->H, I = c->I, QD = (size_t)c->NH * c->D, KVD = (size_t)c->NKV * c->D;
 	if (!a->has_forward || a->T != T || a->S != b->S || a->lora != lora)
 		BUG("model backward: acts do not hold the forward of this batch and adapter");
 	if (a->used_prefix)
@@ -444,49 +560,15 @@ void bk_model_backward(const bk_model *m, const bk_lora *lora, const bk_batch *b
 	if (lora && (!grads || grads->targets != lora->targets || grads->r != lora->r ||
 		     grads->L != lora->L))
 		BUG("model backward: grads do not have the adapter's shape");
-	size_t fT = (size_t)T * sizeof(float);
 
 	/* final norm: dres = d resid[L] */
-	ops->zero(a->dres, fT * H);
-	ops->rmsnorm_backward(a->dres, d_hidden, lay(a, a->resid, c->L, H), m->final_norm,
+	ops->zero(a->dres, (size_t)T * c->H * sizeof(float));
+	ops->rmsnorm_backward(a->dres, d_hidden, lay(a, a->resid, c->L, c->H), m->final_norm,
 			      a->rstdf, T, c->H);
 	for (int l = c->L - 1; l >= 0; l--) {
-		const bk_layer *w = &m->layers[l];
-		float *x = lay(a, a->resid, l, H), *ln1 = lay(a, a->ln1, l, H);
-		float *q = lay(a, a->q, l, QD), *k = lay(a, a->k, l, KVD), *v = lay(a, a->v, l, KVD);
-		float *att = lay(a, a->att, l, QD), *resid2 = lay(a, a->resid2, l, H);
-		float *ln2 = lay(a, a->ln2, l, H), *gate = lay(a, a->gate, l, I);
-		float *up = lay(a, a->up, l, I), *hm = lay(a, a->hmlp, l, I);
-
-		/* MLP block: dres = d resid[l+1] = d (down output) */
-		ops->zero(a->dh, fT * I);
-		linear_bwd(m, lora, grads, a, l, BK_LORA_DOWN, a->dh, a->dres, hm, T);
-		ops->zero(a->dgate, fT * I);
-		ops->zero(a->dup, fT * I);
-		ops->swiglu_backward(a->dgate, a->dup, a->dh, gate, up, (size_t)T * I);
-		ops->zero(a->dln, fT * H);
-		linear_bwd(m, lora, grads, a, l, BK_LORA_GATE, a->dln, a->dgate, ln2, T);
-		linear_bwd(m, lora, grads, a, l, BK_LORA_UP, a->dln, a->dup, ln2, T);
-		ops->rmsnorm_backward(a->dres, a->dln, resid2, w->mlp_norm, lay(a, a->rstd2, l, 1),
-				      T, c->H);
-
-		/* attention block: dres = d resid2 = d (o_proj output) */
-		ops->zero(a->datt, fT * QD);
-		linear_bwd(m, lora, grads, a, l, BK_LORA_O, a->datt, a->dres, att, T);
-		ops->zero(a->dq, fT * QD);
-		ops->zero(a->dk, fT * KVD);
-		ops->zero(a->dv, fT * KVD);
-		ops->attention_backward(a->dq, a->dk, a->dv, a->datt, q, k, v, att,
-					lay(a, a->lse, l, c->NH), a->cu, b->S, T, c->NH, c->NKV,
-					c->D);
-		ops->rope_backward(a->dq, a->pos, m->inv_freq, T, c->NH, c->D);
-		ops->rope_backward(a->dk, a->pos, m->inv_freq, T, c->NKV, c->D);
-		ops->zero(a->dln, fT * H);
-		linear_bwd(m, lora, grads, a, l, BK_LORA_Q, a->dln, a->dq, ln1, T);
-		linear_bwd(m, lora, grads, a, l, BK_LORA_K, a->dln, a->dk, ln1, T);
-		linear_bwd(m, lora, grads, a, l, BK_LORA_V, a->dln, a->dv, ln1, T);
-		ops->rmsnorm_backward(a->dres, a->dln, x, w->attn_norm, lay(a, a->rstd1, l, 1), T,
-				      c->H);
+		if (a->n_slot == 1 && a->slot_layer != l) /* checkpointing: rerun layer l */
+			layer_forward(m, lora, a, l, NULL, NULL, 0, a->tmp);
+		layer_backward(m, lora, grads, a, l);
 	}
 }
 
@@ -508,21 +590,24 @@ bk_prefix *bk_model_prefix_build(const bk_model *m, bk_acts *a, const int32_t *i
 	for (int t = 0; t < P; t++)
 		pos[t] = t;
 	bk_batch b = { .T = P, .S = 1, .ids = ids, .pos = pos, .cu_seqlens = cu };
-	bk_model_forward(m, NULL, &b, NULL, a, a->dres /* hidden unused: workspace */);
-	free(pos);
-	a->has_forward = 0; /* acts now hold no forward a backward could use */
-
 	bk_prefix *p = xcalloc(1, sizeof(*p));
 	p->P = P;
 	p->L = c->L;
 	p->k = xcalloc(c->L, sizeof(*p->k));
 	p->v = xcalloc(c->L, sizeof(*p->v));
+	/* the base model's layers one by one, keeping each layer's K and V before the next
+	 * layer may reuse its slot (invariant 6); no final norm */
+	forward_begin(m, NULL, &b, NULL, a);
 	for (int l = 0; l < c->L; l++) {
+		layer_forward(m, NULL, a, l, NULL, NULL, 0, lay(a, a->resid, l + 1, c->H));
+		layer_acts s = layer_slot(m, a, l);
 		p->k[l] = falloc(ops, P * KVD);
 		p->v[l] = falloc(ops, P * KVD);
-		ops->copy(p->k[l], lay(a, a->k, l, KVD), P * KVD * sizeof(float));
-		ops->copy(p->v[l], lay(a, a->v, l, KVD), P * KVD * sizeof(float));
+		ops->copy(p->k[l], s.k, P * KVD * sizeof(float));
+		ops->copy(p->v[l], s.v, P * KVD * sizeof(float));
 	}
+	a->has_forward = 0; /* acts now hold no forward a backward could use */
+	free(pos);
 	return p;
 }
 

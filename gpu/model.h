@@ -5,6 +5,7 @@
 #ifndef BK_MODEL_H
 #define BK_MODEL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "gpu/ops.h"
@@ -111,7 +112,14 @@ void bk_model_free(bk_model *m);
 void bk_model_module_dims(const bk_llama_config *cfg, int module, int *in, int *out);
 
 bk_acts *bk_acts_create(const bk_model *m, int max_T, int max_r);
+/* checkpoint != 0: gradient checkpointing; the forward keeps each layer's input only
+ * and the backward recomputes each layer's activations (same results, bit for bit,
+ * one more forward of compute, about 1/L of the per-layer activation memory). */
+bk_acts *bk_acts_create_ckpt(const bk_model *m, int max_T, int max_r, int checkpoint);
 void bk_acts_free(const bk_model *m, bk_acts *a);
+/* device bytes the acts allocated (saved activations, batch arrays, workspace): the
+ * model's peak activation memory, as nothing is allocated per step */
+size_t bk_acts_bytes(const bk_acts *a);
 
 /* zeroed A and B; dropout p in [0,1) */
 bk_lora *bk_lora_create(const bk_model *m, int r, float alpha, float dropout,

@@ -124,6 +124,67 @@ typedef struct bk_ops {
 	/* ---- residual: out = a + b (out may alias a or b); the backward is the identity:
 	 * the gradient of out flows unchanged to both a and b, so no op is needed. ---- */
 	void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+
+	/* ---- rows of a [T,H] buffer by an index list (the loss's response rows) ----
+	 * rows [N] is a device int32 array with entries in [0,T) (the host twin BUGs
+	 * otherwise).  gather: dst[r,:] = src[rows[r],:].  scatter is its backward,
+	 * dst[rows[r],:] += src[r,:], with rows distinct (no two adds to one row). */
+	void (*gather_rows)(float *dst /* [N,H] */, const float *src /* [T,H] */,
+			    const int32_t *rows /* [N] */, int N, int T, int H);
+	void (*scatter_rows)(float *dst /* [T,H] += */, const float *src /* [N,H] */,
+			     const int32_t *rows /* [N] */, int N, int T, int H);
+
+	/* ---- the baking loss of gpu/loss.h on device rows ----
+	 * Same semantics, arguments and error messages as bk_loss_kl_exact,
+	 * bk_loss_kl_topk, bk_teacher_topk (hidden-row form) and bk_teacher_logprobs,
+	 * except: the LM head is the weight handle lm_head [V,H] (V = rows, H = cols);
+	 * every float and id array is device memory, except sample_of and row_kl,
+	 * which are HOST arrays (the row weights and per-row KL are host numbers).
+	 * d_hidden [N,H] is overwritten.  chunk: vocabulary columns per pass (an
+	 * implementation may use its own chunking; results agree within rounding). */
+	double (*kl_exact)(const float *hidden /* [N,H] student */,
+			   const bk_weight *lm_head /* [V,H] */,
+			   const float *teacher_hidden /* [N,H] or NULL */,
+			   const float *teacher_logp /* [N,V] or NULL */,
+			   const int32_t *sample_of /* [N] host */, int n, int n_samples,
+			   int chunk, float temperature, float *d_hidden /* [N,H] or NULL */,
+			   float *row_kl /* [N] host, or NULL */);
+	double (*kl_topk)(const float *hidden /* [N,H] student */,
+			  const bk_weight *lm_head /* [V,H] */,
+			  const int32_t *topk_ids /* [N,K] */, const float *topk_logp /* [N,K] */,
+			  const float *rest /* [N] */, const int32_t *sample_of /* [N] host */,
+			  int n, int n_samples, int k, int chunk, float temperature,
+			  float *d_hidden /* [N,H] or NULL */, float *row_kl /* [N] host, or NULL */);
+	void (*teacher_topk)(const float *hidden /* [N,H] */, const bk_weight *lm_head /* [V,H] */,
+			     int n, int chunk, float temperature, int k,
+			     int32_t *ids /* [N,K] out */, float *logp /* [N,K] out */,
+			     float *rest /* [N] out */);
+	void (*teacher_logprobs)(const float *hidden /* [N,H] */,
+				 const bk_weight *lm_head /* [V,H] */, int n, int chunk,
+				 float temperature, float *logp /* [N,V] out */);
+
+	/* ---- optimizer, on flat fp32 device vectors (rules and 8-bit state: gpu/optim8.h).
+	 * AdamW as torch.optim.AdamW: step is the update's 1-based count (bias correction);
+	 * the float scalars are bk_adamw_scalars_make's and each element gets bk_adamw_elem's
+	 * arithmetic, so the host twin equals gpu/optim.c's bk_adamw_step bit for bit. ---- */
+	void (*adamw_step)(float *param /* [n] */, const float *grad /* [n] */,
+			   float *m /* [n] */, float *v /* [n] */, size_t n, double lr,
+			   double beta1, double beta2, double eps, double weight_decay,
+			   int64_t step);
+	/* 8-bit AdamW of one tensor: codes qm, qv [n] and an fp32 absmax per block of
+	 * `block` (256 or 2048) values: dequantise, fp32 update, requantise */
+	void (*adamw8_step)(float *param /* [n] */, const float *grad /* [n] */,
+			    uint8_t *qm /* [n] */, uint8_t *qv /* [n] */,
+			    float *absmax_m /* [ceil(n/block)] */,
+			    float *absmax_v /* [ceil(n/block)] */, size_t n, int block, double lr,
+			    double beta1, double beta2, double eps, double weight_decay,
+			    int64_t step);
+	/* sum of g[i]^2 in double, in an order fixed by n alone (deterministic).  Host
+	 * twin: 65536-value blocks each summed in index order, then the block sums in
+	 * order; another implementation may use another fixed order. */
+	double (*grad_sumsq)(const float *g /* [n] */, size_t n);
+	/* x[i] *= (float)s */
+	void (*scale)(float *x /* [n] */, double s, size_t n);
 } bk_ops;
 
 extern const bk_ops bk_ops_host;

@@ -9,6 +9,7 @@
 #ifndef BK_SAMPLE_H
 #define BK_SAMPLE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct bk_sample_params {
@@ -43,5 +44,19 @@ int32_t bk_sample_token(const float *logits /* [V] */, int V, const bk_sample_pa
 
 /* Is id one of stop[0..n)? */
 int bk_sample_is_stop(int32_t id, const int32_t *stop, int n);
+
+#ifdef BK_HAVE_CUDA
+/* gpu/cuda_sample.cu: the same rule on the GPU (bk_gen_ops_cuda.sample, see gen.h):
+ * draw i takes row rows[i] of logits [*,V] (device) and u = bk_crng_uniform(keys[i],
+ * counters[i]); ids [N] (device) gets the token, or -1 when the row holds a NaN.
+ * Equal to bk_sample_token on the same row except when a cumulative mass falls within
+ * rounding (~1e-16 relative) of top_p or of the draw's target: the softmax sum and the
+ * nucleus mass are reduced in another order.  work: bk_cuda_sample_work_bytes(N, V). */
+void bk_cuda_sample(int32_t *ids /* [N] */, const float *logits /* [*,V] */,
+		    const int32_t *rows /* [N] */, const uint64_t *keys /* [N] */,
+		    const int32_t *counters /* [N] */, int N, int V, float temperature,
+		    float top_p, void *work);
+size_t bk_cuda_sample_work_bytes(int N, int V);
+#endif
 
 #endif

@@ -1,6 +1,7 @@
 /* teach.c - see teach.h.  Packs sequences into forwards, runs the base model,
- * gathers the response rows' hidden states on the host and hands them to the
- * chunked LM-head functions of gpu/loss.h.  No stream code here. */
+ * gathers the response rows' hidden states on the device and hands them to the
+ * chunked LM-head ops (ops.h teacher_topk / teacher_logprobs, the semantics of
+ * gpu/loss.h); only the teacher fields come back to the host.  No stream code here. */
 #include "gpu/teach.h"
 
 #include <stdlib.h>
@@ -8,11 +9,10 @@
 
 #include "common/diag.h"
 #include "formats/safetensors.h"
-#include "gpu/loss.h"
 
 struct bk_teach {
 	const bk_model *m;
-	const float *lm_head; /* [V,H] host */
+	const float *lm_head; /* [V,H] host, the caller's; the ops use m->lm_head */
 	int max_tokens, k, vocab_chunk;
 	float temperature;
 	bk_acts *acts;   /* for acts_T tokens */
@@ -23,11 +23,15 @@ struct bk_teach {
 	int P, prefix_set;
 	/* host scratch of one forward, grown as needed */
 	BK_VEC(int32_t) ids, pos, cu;
-	BK_VEC(float) rows;  /* [N,H] gathered hidden rows */
-	BK_VEC(int32_t) topk_ids; /* [N,K] */
-	BK_VEC(float) logp;  /* [N,K] or [N,V] */
-	BK_VEC(float) rest;  /* [N] */
+	BK_VEC(int32_t) rowidx; /* [N] response rows of the packed forward */
 	BK_VEC(int) order;   /* sequence indices of the current class */
+	/* device scratch of one forward, for cap_rows rows */
+	int32_t *rowidx_d;   /* [N] */
+	float *rows_d;       /* [N,H] gathered hidden rows */
+	int32_t *ids_d;      /* [N,K] */
+	float *logp_d;       /* [N,K] or [N,V] */
+	float *rest_d;       /* [N] */
+	size_t cap_rows;
 	bk_teach_stats stats;
 };
 
@@ -59,10 +63,12 @@ void bk_teach_free(bk_teach *t)
 	bk_prefix_free(t->m, t->prefix);
 	if (t->acts)
 		bk_acts_free(t->m, t->acts);
-	t->m->ops->free(t->hidden);
+	const bk_ops *ops = t->m->ops;
+	ops->free(t->hidden);
+	ops->free(t->rowidx_d), ops->free(t->rows_d), ops->free(t->ids_d);
+	ops->free(t->logp_d), ops->free(t->rest_d);
 	free(t->prefix_ids);
-	free(t->ids.v), free(t->pos.v), free(t->cu.v), free(t->rows.v);
-	free(t->topk_ids.v), free(t->logp.v), free(t->rest.v), free(t->order.v);
+	free(t->ids.v), free(t->pos.v), free(t->cu.v), free(t->rowidx.v), free(t->order.v);
 	free(t);
 }
 
@@ -82,6 +88,24 @@ static void ensure_acts(bk_teach *t, int T)
 	t->acts_T = T;
 	t->acts = bk_acts_create(t->m, T, 0);
 	t->hidden = t->m->ops->alloc((size_t)T * t->m->cfg.H * sizeof(float));
+}
+
+/* device scratch for N response rows */
+static void ensure_rows(bk_teach *t, int N)
+{
+	if ((size_t)N <= t->cap_rows)
+		return;
+	const bk_ops *ops = t->m->ops;
+	size_t cap = (size_t)N * 2, H = (size_t)t->m->cfg.H;
+	size_t per = t->k ? (size_t)t->k : (size_t)t->m->cfg.V;
+	ops->free(t->rowidx_d), ops->free(t->rows_d), ops->free(t->ids_d);
+	ops->free(t->logp_d), ops->free(t->rest_d);
+	t->rowidx_d = ops->alloc(cap * sizeof(int32_t));
+	t->rows_d = ops->alloc(cap * H * sizeof(float));
+	t->logp_d = ops->alloc(cap * per * sizeof(float));
+	t->ids_d = t->k ? ops->alloc(cap * per * sizeof(int32_t)) : NULL;
+	t->rest_d = t->k ? ops->alloc(cap * sizeof(float)) : NULL;
+	t->cap_rows = cap;
 }
 
 int bk_teach_prefix_from(bk_teach *t, const bk_teach_seq *seqs, int S)
@@ -191,35 +215,34 @@ static void run_forward(bk_teach *t, const bk_teach_seq *seqs, const int *idx, i
 	else
 		t->stats.full += (uint64_t)cnt;
 
-	/* gather the last n rows of each sequence: [N,H] on the host */
-	bk_vec_reserve(&t->rows, (size_t)N * H);
-	size_t r = 0;
+	/* gather the last n rows of each sequence: [N,H] on the device */
+	const bk_ops *ops = m->ops;
+	ensure_rows(t, N);
+	t->rowidx.n = 0;
+	bk_vec_reserve(&t->rowidx, (size_t)N);
 	for (int i = 0; i < cnt; i++) {
 		int n = seqs[idx[i]].n, end = t->cu.v[i + 1];
-		m->ops->download(t->rows.v + r * H, t->hidden + (size_t)(end - n) * H,
-				 (size_t)n * H * sizeof(float));
-		r += (size_t)n;
+		for (int j = end - n; j < end; j++)
+			t->rowidx.v[t->rowidx.n++] = j;
 	}
+	ops->upload(t->rowidx_d, t->rowidx.v, (size_t)N * sizeof(int32_t));
+	ops->gather_rows(t->rows_d, t->hidden, t->rowidx_d, N, T, H);
 	size_t per = t->k ? (size_t)t->k : (size_t)V;
-	bk_vec_reserve(&t->logp, (size_t)N * per);
-	if (t->k) {
-		bk_vec_reserve(&t->topk_ids, (size_t)N * per);
-		bk_vec_reserve(&t->rest, (size_t)N);
-		bk_teacher_topk(t->rows.v, t->lm_head, NULL, N, H, V, t->vocab_chunk,
-				t->temperature, t->k, t->topk_ids.v, t->logp.v, t->rest.v);
-	} else {
-		bk_teacher_logprobs(t->rows.v, t->lm_head, N, H, V, t->vocab_chunk,
-				    t->temperature, t->logp.v);
-	}
-	r = 0;
+	if (t->k)
+		ops->teacher_topk(t->rows_d, m->lm_head, N, t->vocab_chunk, t->temperature, t->k,
+				  t->ids_d, t->logp_d, t->rest_d);
+	else
+		ops->teacher_logprobs(t->rows_d, m->lm_head, N, t->vocab_chunk, t->temperature,
+				      t->logp_d);
+	size_t r = 0;
 	for (int i = 0; i < cnt; i++) {
 		bk_teacher *o = &out[idx[i]];
 		int n = seqs[idx[i]].n;
 		out_alloc(t, o, n);
-		memcpy(o->logp, t->logp.v + r * per, (size_t)n * per * sizeof(float));
+		ops->download(o->logp, t->logp_d + r * per, (size_t)n * per * sizeof(float));
 		if (t->k) {
-			memcpy(o->ids, t->topk_ids.v + r * per, (size_t)n * per * sizeof(int32_t));
-			memcpy(o->rest, t->rest.v + r, (size_t)n * sizeof(float));
+			ops->download(o->ids, t->ids_d + r * per, (size_t)n * per * sizeof(int32_t));
+			ops->download(o->rest, t->rest_d + r, (size_t)n * sizeof(float));
 		}
 		r += (size_t)n;
 	}

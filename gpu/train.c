@@ -1,8 +1,10 @@
 /* train.c - the training step and checkpoint state of bk-step (see train.h).
  * Not the data plan and not the math of the model, loss or optimizer.
  *
- * The loss runs on the host (gpu/loss.h): response rows of the final hidden states
- * are downloaded row by row, their gradient uploaded into a zeroed [T,H] buffer. */
+ * The loss runs through the op table (ops.h kl_exact / kl_topk): the response rows of
+ * the final hidden states are gathered on the device, their gradient scattered back
+ * into a zeroed [T,H] buffer; only the loss and the teacher records cross to/from the
+ * host. */
 #include "gpu/train.h"
 
 #include <dirent.h>
@@ -31,11 +33,55 @@
 		}                                                              \
 	} while (0)
 
-static const float *host_lm_head(const bk_model *m)
+/* The optimizer state (invariant 3), zero: AdamW's m = v = 0 (8-bit: absmax 0). */
+static void optim_create(bk_trainer *t)
 {
-	if (m->ops != &bk_ops_host)
-		die("the baking loss runs on the host twin only in this build (--device cpu)");
-	return (const float *)m->lm_head->data; /* [V,H] fp32 on the host twin */
+	const bk_ops *ops = t->m->ops;
+	const bk_lora *lo = t->lora;
+	size_t n = lo->n_flat;
+	if (!(t->o.weight_decay >= 0))
+		die("adamw: weight decay %g must be >= 0", t->o.weight_decay);
+	if (t->o.optim == BK_OPTIM_ADAMW) {
+		t->opt.m = ops->alloc(n * sizeof(float));
+		t->opt.v = ops->alloc(n * sizeof(float));
+		ops->zero(t->opt.m, n * sizeof(float));
+		ops->zero(t->opt.v, n * sizeof(float));
+		return;
+	}
+	if (t->o.optim != BK_OPTIM_ADAMW8BIT)
+		BUG("optimizer kind %d", (int)t->o.optim);
+	if (!t->o.optim_block)
+		t->o.optim_block = BK_Q8_BLOCK;
+	if (t->o.optim_block != 256 && t->o.optim_block != 2048)
+		die("adamw8bit: block of %d values (256 or 2048)", t->o.optim_block);
+	/* the LoRA tensors in flat order: A then B of each targeted (layer, module) */
+	t->opt.tensors = xcalloc(2 * (size_t)lo->L * BK_LORA_NMOD, sizeof(*t->opt.tensors));
+	size_t nb = 0;
+	for (int l = 0; l < lo->L; l++)
+		for (int mod = 0; mod < BK_LORA_NMOD; mod++) {
+			if (!lo->A[l][mod])
+				continue;
+			int in, out;
+			bk_model_module_dims(&t->m->cfg, mod, &in, &out);
+			const float *start[2] = {lo->A[l][mod], lo->B[l][mod]};
+			size_t len[2] = {(size_t)lo->r * in, (size_t)out * lo->r};
+			for (int ab = 0; ab < 2; ab++) {
+				int i = t->opt.n_tensors++;
+				t->opt.tensors[i].off = (size_t)(start[ab] - lo->flat);
+				t->opt.tensors[i].n = len[ab];
+				t->opt.tensors[i].block0 = nb;
+				nb += bk_q8_blocks(len[ab], t->o.optim_block);
+			}
+		}
+	t->opt.n_blocks = nb;
+	t->opt.qm = ops->alloc(n ? n : 1);
+	t->opt.qv = ops->alloc(n ? n : 1);
+	t->opt.am = ops->alloc((nb ? nb : 1) * sizeof(float));
+	t->opt.av = ops->alloc((nb ? nb : 1) * sizeof(float));
+	ops->zero(t->opt.qm, n);
+	ops->zero(t->opt.qv, n);
+	ops->zero(t->opt.am, nb * sizeof(float));
+	ops->zero(t->opt.av, nb * sizeof(float));
 }
 
 bk_trainer *bk_trainer_create(const bk_model *m, const bk_train_opts *o)
@@ -50,27 +96,7 @@ bk_trainer *bk_trainer_create(const bk_model *m, const bk_train_opts *o)
 	t->lora = bk_lora_create(m, o->r, o->alpha, o->dropout, o->targets);
 	bk_lora_init_peft(m, t->lora, o->seed);
 	t->grads = bk_lora_create_like(m, t->lora);
-	size_t n = t->lora->n_flat;
-	t->param_h = xcalloc(n ? n : 1, sizeof(float));
-	t->grad_h = xcalloc(n ? n : 1, sizeof(float));
-	m->ops->download(t->param_h, t->lora->flat, n * sizeof(float));
-	bk_adamw_init(&t->opt, 0.9, 0.999, 1e-8, o->weight_decay);
-	for (int l = 0; l < t->lora->L; l++)
-		for (int mod = 0; mod < BK_LORA_NMOD; mod++) {
-			if (!t->lora->A[l][mod])
-				continue;
-			int in, out;
-			bk_model_module_dims(&m->cfg, mod, &in, &out);
-			size_t oa = (size_t)(t->lora->A[l][mod] - t->lora->flat);
-			size_t ob = (size_t)(t->lora->B[l][mod] - t->lora->flat);
-			char name[96];
-			snprintf(name, sizeof name, "layers.%d.%s.lora_A", l, bk_lora_module_names[mod]);
-			bk_adamw_add(&t->opt, name, t->param_h + oa, t->grad_h + oa,
-				     (size_t)o->r * in);
-			snprintf(name, sizeof name, "layers.%d.%s.lora_B", l, bk_lora_module_names[mod]);
-			bk_adamw_add(&t->opt, name, t->param_h + ob, t->grad_h + ob,
-				     (size_t)out * o->r);
-		}
+	optim_create(t);
 	return t;
 }
 
@@ -84,11 +110,13 @@ void bk_trainer_free(bk_trainer *t)
 	bk_acts_free(t->m, t->acts);
 	bk_lora_free(t->m, t->lora);
 	bk_lora_free(t->m, t->grads);
-	bk_adamw_free(&t->opt);
-	free(t->param_h), free(t->grad_h);
+	ops->free(t->opt.m), ops->free(t->opt.v), ops->free(t->opt.qm), ops->free(t->opt.qv);
+	ops->free(t->opt.am), ops->free(t->opt.av);
+	free(t->opt.tensors);
 	free(t->ids), free(t->pos), free(t->cu), free(t->sample_of), free(t->rows);
-	free(t->tk_ids), free(t->rows_h), free(t->t_rows), free(t->d_rows);
-	free(t->tk_logp), free(t->tk_rest);
+	ops->free(t->rows_d), ops->free(t->hrows_d), ops->free(t->trows_d);
+	ops->free(t->drows_d), ops->free(t->tk_rest_d);
+	ops->free(t->tk_ids_d), ops->free(t->tk_logp_d);
 	free(t);
 }
 
@@ -100,7 +128,7 @@ void bk_trainer_reserve(bk_trainer *t, int max_T)
 	bk_acts_free(t->m, t->acts);
 	ops->free(t->hid);
 	ops->free(t->dhid);
-	t->acts = bk_acts_create(t->m, max_T, t->o.r);
+	t->acts = bk_acts_create_ckpt(t->m, max_T, t->o.r, t->o.grad_checkpoint);
 	size_t bytes = (size_t)max_T * t->m->cfg.H * sizeof(float);
 	t->hid = ops->alloc(bytes);
 	t->dhid = ops->alloc(bytes);
@@ -145,14 +173,38 @@ static int pack(bk_trainer *t, const bk_train_sample *s, const int *idx, int ns,
 	return T;
 }
 
-/* dst [N,H] = rows t->rows of the device hidden states */
-static void gather_rows(bk_trainer *t, float *dst, int N)
+/* device scratch of the loss for N rows and tk teacher numbers (ids or log-probs) */
+static void loss_reserve(bk_trainer *t, int N, size_t tk)
 {
 	const bk_ops *ops = t->m->ops;
 	size_t H = (size_t)t->m->cfg.H;
-	for (int r = 0; r < N; r++)
-		ops->download(dst + r * H, t->hid + (size_t)t->rows[r] * H,
-			      H * sizeof(float));
+	if ((size_t)N > t->cap_rows_d) {
+		size_t cap = (size_t)N * 2;
+		ops->free(t->rows_d), ops->free(t->hrows_d), ops->free(t->trows_d);
+		ops->free(t->drows_d), ops->free(t->tk_rest_d);
+		t->rows_d = ops->alloc(cap * sizeof(int32_t));
+		t->hrows_d = ops->alloc(cap * H * sizeof(float));
+		t->trows_d = ops->alloc(cap * H * sizeof(float));
+		t->drows_d = ops->alloc(cap * H * sizeof(float));
+		t->tk_rest_d = ops->alloc(cap * sizeof(float));
+		t->cap_rows_d = cap;
+	}
+	if (tk > t->cap_tk_d) {
+		size_t cap = tk * 2;
+		ops->free(t->tk_ids_d), ops->free(t->tk_logp_d);
+		t->tk_ids_d = ops->alloc(cap * sizeof(int32_t));
+		t->tk_logp_d = ops->alloc(cap * sizeof(float));
+		t->cap_tk_d = cap;
+	}
+}
+
+/* dst [N,H] (device) = rows t->rows of the final hidden states [T,H]; leaves the row
+ * list in t->rows_d */
+static void gather_rows(bk_trainer *t, float *dst, int N, int T)
+{
+	const bk_ops *ops = t->m->ops;
+	ops->upload(t->rows_d, t->rows, (size_t)N * sizeof(int32_t));
+	ops->gather_rows(dst, t->hid, t->rows_d, N, T, t->m->cfg.H);
 }
 
 static int sample_kind(const bk_train_sample *x) {
@@ -207,9 +259,7 @@ void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
 	int N = 0;
 	for (int i = 0; i < ns; i++)
 		N += s[idx[i]].n_resp;
-	GROW(t->rows_h, t->cap_tl, (size_t)N * H);
-	t->t_rows = xrealloc(t->t_rows, t->cap_tl * sizeof(float));
-	t->d_rows = xrealloc(t->d_rows, t->cap_tl * sizeof(float));
+	loss_reserve(t, N, (size_t)N * (kind == KIND_FULL ? V : kind == KIND_TOPK ? K : 0));
 
 	/* teacher first (exact mode): the student's forward must be the one the acts
 	 * keep for the backward */
@@ -218,7 +268,7 @@ void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
 		bk_trainer_reserve(t, Tt);
 		bk_batch tb = {.T = Tt, .S = ns, .ids = t->ids, .pos = t->pos, .cu_seqlens = t->cu};
 		bk_model_forward(m, NULL, &tb, NULL, t->acts, t->hid);
-		gather_rows(t, t->t_rows, N);
+		gather_rows(t, t->trows_d, N, Tt);
 		info->teacher_tokens = Tt;
 	}
 	int T = pack(t, s, idx, ns, 0);
@@ -228,47 +278,41 @@ void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
 		       .dropout_key = bk_crng_key(t->o.seed, (uint64_t)t->step,
 						  (uint64_t)t->n_micro, 0x64726f70 /* "drop" */)};
 	bk_model_forward(m, t->lora, &sb, NULL, t->acts, t->hid);
-	gather_rows(t, t->rows_h, N);
+	gather_rows(t, t->hrows_d, N, T);
 
-	const float *lm = host_lm_head(m);
 	int chunk = t->o.vocab_chunk;
 	float T_ = t->o.temperature;
 	double loss;
 	if (kind == KIND_EXACT) {
-		loss = bk_loss_kl_exact(t->rows_h, lm, t->t_rows, NULL, t->sample_of, N, ns, H, V,
-					chunk, T_, t->d_rows, NULL);
+		loss = ops->kl_exact(t->hrows_d, m->lm_head, t->trows_d, NULL, t->sample_of, N, ns,
+				     chunk, T_, t->drows_d, NULL);
 	} else if (kind == KIND_FULL) {
-		GROW(t->tk_logp, t->cap_TK, (size_t)N * V);
 		size_t r = 0;
 		for (int i = 0; i < ns; i++) {
 			const bk_teacher *tc = s[idx[i]].teacher;
-			memcpy(t->tk_logp + r * V, tc->logp, (size_t)tc->n * V * sizeof(float));
+			ops->upload(t->tk_logp_d + r * V, tc->logp, (size_t)tc->n * V * sizeof(float));
 			r += (size_t)tc->n;
 		}
-		loss = bk_loss_kl_exact(t->rows_h, lm, NULL, t->tk_logp, t->sample_of, N, ns, H, V,
-					chunk, T_, t->d_rows, NULL);
+		loss = ops->kl_exact(t->hrows_d, m->lm_head, NULL, t->tk_logp_d, t->sample_of, N,
+				     ns, chunk, T_, t->drows_d, NULL);
 	} else {
-		GROW(t->tk_logp, t->cap_TK, (size_t)N * K);
-		t->tk_ids = xrealloc(t->tk_ids, t->cap_TK * sizeof(int32_t));
-		t->tk_rest = xrealloc(t->tk_rest, t->cap_TK * sizeof(float));
 		size_t r = 0;
 		for (int i = 0; i < ns; i++) {
 			const bk_teacher *tc = s[idx[i]].teacher;
-			memcpy(t->tk_logp + r * K, tc->logp, (size_t)tc->n * K * sizeof(float));
-			memcpy(t->tk_ids + r * K, tc->ids, (size_t)tc->n * K * sizeof(int32_t));
-			memcpy(t->tk_rest + r, tc->rest, (size_t)tc->n * sizeof(float));
+			ops->upload(t->tk_logp_d + r * K, tc->logp, (size_t)tc->n * K * sizeof(float));
+			ops->upload(t->tk_ids_d + r * K, tc->ids, (size_t)tc->n * K * sizeof(int32_t));
+			ops->upload(t->tk_rest_d + r, tc->rest, (size_t)tc->n * sizeof(float));
 			r += (size_t)tc->n;
 		}
-		loss = bk_loss_kl_topk(t->rows_h, lm, t->tk_ids, t->tk_logp, t->tk_rest,
-				       t->sample_of, N, ns, H, V, K, chunk, T_, t->d_rows, NULL);
+		loss = ops->kl_topk(t->hrows_d, m->lm_head, t->tk_ids_d, t->tk_logp_d, t->tk_rest_d,
+				    t->sample_of, N, ns, K, chunk, T_, t->drows_d, NULL);
 	}
 
-	/* scatter dLoss/d(response rows) into a zeroed [T,H] gradient, then backward */
+	/* scatter dLoss/d(response rows) into a zeroed [T,H] gradient (t->rows_d holds the
+	 * student's rows), then backward */
 	float *dh = t->dhid;
 	ops->zero(dh, (size_t)T * H * sizeof(float));
-	for (int r = 0; r < N; r++)
-		ops->upload(dh + (size_t)t->rows[r] * H, t->d_rows + (size_t)r * H,
-			    (size_t)H * sizeof(float));
+	ops->scatter_rows(dh, t->drows_d, t->rows_d, N, T, H);
 	bk_model_backward(m, t->lora, &sb, t->acts, dh, t->grads);
 
 	info->loss = loss;
@@ -285,47 +329,45 @@ double bk_trainer_lr(const bk_trainer *t)
 	return bk_sched_lr(t->o.sched, t->o.lr, t->step, t->o.warmup, t->o.total);
 }
 
-/* sqrt(sum g^2) in a fixed order: 64K-element blocks summed in parallel, then the
- * block sums added in index order (invariant 5) */
-static double grad_norm_fixed(const float *g, size_t n)
+/* one AdamW update of lora->flat from grads->flat at lr (opt.step already counts it) */
+static void optim_update(bk_trainer *t, double lr)
 {
-	const size_t blk = 65536;
-	size_t nb = (n + blk - 1) / blk;
-	double *part = xcalloc(nb ? nb : 1, sizeof(double));
-#pragma omp parallel for schedule(static)
-	for (size_t b = 0; b < nb; b++) {
-		size_t end = (b + 1) * blk < n ? (b + 1) * blk : n;
-		double acc = 0;
-		for (size_t i = b * blk; i < end; i++)
-			acc += (double)g[i] * g[i];
-		part[b] = acc;
+	const bk_ops *ops = t->m->ops;
+	const double b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = t->o.weight_decay;
+	float *p = t->lora->flat, *g = t->grads->flat;
+	if (t->o.optim == BK_OPTIM_ADAMW) {
+		ops->adamw_step(p, g, t->opt.m, t->opt.v, t->lora->n_flat, lr, b1, b2, eps, wd,
+				t->opt.step);
+		return;
 	}
-	double s = 0;
-	for (size_t b = 0; b < nb; b++)
-		s += part[b];
-	free(part);
-	return sqrt(s);
+	for (int i = 0; i < t->opt.n_tensors; i++) {
+		size_t off = t->opt.tensors[i].off, b0 = t->opt.tensors[i].block0;
+		ops->adamw8_step(p + off, g + off, t->opt.qm + off, t->opt.qv + off, t->opt.am + b0,
+				 t->opt.av + b0, t->opt.tensors[i].n, t->o.optim_block, lr, b1, b2,
+				 eps, wd, t->opt.step);
+	}
 }
 
 double bk_trainer_step(bk_trainer *t, double *lr_out)
 {
 	const bk_ops *ops = t->m->ops;
 	size_t n = t->lora->n_flat;
+	float *g = t->grads->flat;
 	if (t->n_micro <= 0)
 		BUG("optimizer step without a micro-batch");
-	ops->download(t->grad_h, t->grads->flat, n * sizeof(float));
-	bk_adamw_average_grad(&t->opt, t->n_micro);
-	double norm = grad_norm_fixed(t->grad_h, n);
+	if (t->n_micro > 1) /* the average (invariant 2) */
+		ops->scale(g, 1.0 / t->n_micro, n);
+	double norm = sqrt(ops->grad_sumsq(g, n)); /* invariant 5 */
 	double lr = bk_trainer_lr(t);
 	if (isfinite(norm)) {
 		if (t->o.max_grad_norm > 0) {
 			/* torch.nn.utils.clip_grad_norm_ */
 			double coef = t->o.max_grad_norm / (norm + 1e-6);
 			if (coef < 1)
-				bk_adamw_scale_grad(&t->opt, coef);
+				ops->scale(g, coef, n);
 		}
-		bk_adamw_step(&t->opt, lr);
-		ops->upload(t->lora->flat, t->param_h, n * sizeof(float));
+		t->opt.step++;
+		optim_update(t, lr);
 	} else {
 		warn("step %lld: gradient norm is not finite; update skipped", (long long)t->step + 1);
 	}
@@ -370,15 +412,99 @@ static void remove_dir(const char *dir)
 		die("%s: %s", dir, strerror(errno));
 }
 
-/* m or v of every group into one [n_flat] buffer laid out like lora->flat */
-static float *moments(const bk_trainer *t, int which)
+/* n floats of a device buffer into a new host array */
+static float *fetch_f32(const bk_trainer *t, const float *dev, size_t n)
 {
-	float *buf = xcalloc(t->lora->n_flat ? t->lora->n_flat : 1, sizeof(float));
-	for (int i = 0; i < t->opt.n_groups; i++) {
-		const bk_adamw_group *g = &t->opt.groups[i];
-		memcpy(buf + (g->param - t->param_h), which ? g->v : g->m, g->n * sizeof(float));
+	float *h = xmalloc((n ? n : 1) * sizeof(float));
+	t->m->ops->download(h, dev, n * sizeof(float));
+	return h;
+}
+
+/* n 8-bit codes of a device buffer as floats 0..255 (exact in F16) */
+static float *fetch_codes(const bk_trainer *t, const uint8_t *dev, size_t n)
+{
+	uint8_t *q = xmalloc(n ? n : 1);
+	float *h = xmalloc((n ? n : 1) * sizeof(float));
+	t->m->ops->download(q, dev, n);
+	for (size_t i = 0; i < n; i++)
+		h[i] = q[i];
+	free(q);
+	return h;
+}
+
+/* the optimizer moments into trainer_state.safetensors (see train.h) */
+static void optim_save(const bk_trainer *t, const char *path)
+{
+	size_t n = t->lora->n_flat, nb = t->opt.n_blocks;
+	int64_t shape[1] = {(int64_t)n}, bshape[1] = {(int64_t)nb};
+	bk_st_writer *w = bk_st_writer_new();
+	bk_st_writer_meta(w, "format", STATE_FORMAT);
+	float *buf[4] = {0};
+	if (t->o.optim == BK_OPTIM_ADAMW) {
+		buf[0] = fetch_f32(t, t->opt.m, n);
+		buf[1] = fetch_f32(t, t->opt.v, n);
+		bk_st_writer_add(w, "exp_avg", BK_DT_F32, 1, shape, buf[0]);
+		bk_st_writer_add(w, "exp_avg_sq", BK_DT_F32, 1, shape, buf[1]);
+	} else {
+		buf[0] = fetch_codes(t, t->opt.qm, n);
+		buf[1] = fetch_codes(t, t->opt.qv, n);
+		buf[2] = fetch_f32(t, t->opt.am, nb);
+		buf[3] = fetch_f32(t, t->opt.av, nb);
+		bk_st_writer_add_f32(w, "exp_avg.code", BK_DT_F16, 1, shape, buf[0]);
+		bk_st_writer_add_f32(w, "exp_avg_sq.code", BK_DT_F16, 1, shape, buf[1]);
+		bk_st_writer_add(w, "exp_avg.absmax", BK_DT_F32, 1, bshape, buf[2]);
+		bk_st_writer_add(w, "exp_avg_sq.absmax", BK_DT_F32, 1, bshape, buf[3]);
 	}
-	return buf;
+	bk_st_writer_write(w, path);
+	bk_st_writer_free(w);
+	for (int i = 0; i < 4; i++)
+		free(buf[i]);
+}
+
+/* a [n] F32 tensor of the state file onto the device */
+static void load_f32(const bk_trainer *t, const bk_st *s, const char *name, float *dev,
+		     size_t n)
+{
+	int64_t shape[1] = {(int64_t)n};
+	float *h = xmalloc((n ? n : 1) * sizeof(float));
+	bk_st_read_f32(s, name, 1, shape, h);
+	t->m->ops->upload(dev, h, n * sizeof(float));
+	free(h);
+}
+
+/* a [n] tensor of codes 0..255 of the state file onto the device */
+static void load_codes(const bk_trainer *t, const bk_st *s, const char *path,
+		       const char *name, uint8_t *dev, size_t n)
+{
+	int64_t shape[1] = {(int64_t)n};
+	float *h = xmalloc((n ? n : 1) * sizeof(float));
+	uint8_t *q = xmalloc(n ? n : 1);
+	bk_st_read_f32(s, name, 1, shape, h);
+	for (size_t i = 0; i < n; i++) {
+		if (!(h[i] >= 0 && h[i] <= 255 && h[i] == (float)(int)h[i]))
+			die("%s: tensor '%s': value %g at %zu is not an 8-bit code", path, name,
+			    (double)h[i], i);
+		q[i] = (uint8_t)h[i];
+	}
+	t->m->ops->upload(dev, q, n);
+	free(q);
+	free(h);
+}
+
+static void optim_load(bk_trainer *t, const char *path)
+{
+	size_t n = t->lora->n_flat, nb = t->opt.n_blocks;
+	bk_st *s = bk_st_open(path);
+	if (t->o.optim == BK_OPTIM_ADAMW) {
+		load_f32(t, s, "exp_avg", t->opt.m, n);
+		load_f32(t, s, "exp_avg_sq", t->opt.v, n);
+	} else {
+		load_codes(t, s, path, "exp_avg.code", t->opt.qm, n);
+		load_codes(t, s, path, "exp_avg_sq.code", t->opt.qv, n);
+		load_f32(t, s, "exp_avg.absmax", t->opt.am, nb);
+		load_f32(t, s, "exp_avg_sq.absmax", t->opt.av, nb);
+	}
+	bk_st_close(s);
 }
 
 static void fsync_dir(const char *dir)
@@ -402,18 +528,9 @@ void bk_trainer_save(const bk_trainer *t, const bk_config *cfg, const char *base
 	bk_adapter_save(a, tmp);
 	bk_adapter_free(a);
 
-	float *m = moments(t, 0), *v = moments(t, 1);
-	int64_t shape[1] = {(int64_t)t->lora->n_flat};
-	bk_st_writer *w = bk_st_writer_new();
-	bk_st_writer_meta(w, "format", STATE_FORMAT);
-	bk_st_writer_add(w, "exp_avg", BK_DT_F32, 1, shape, m);
-	bk_st_writer_add(w, "exp_avg_sq", BK_DT_F32, 1, shape, v);
 	char *path = bk_path_join(tmp, "trainer_state.safetensors");
-	bk_st_writer_write(w, path);
-	bk_st_writer_free(w);
+	optim_save(t, path);
 	free(path);
-	free(m);
-	free(v);
 
 	json_t *o = json_object(), *pr = json_object(), *st = json_object();
 	char seed[32];
@@ -423,6 +540,9 @@ void bk_trainer_save(const bk_trainer *t, const bk_config *cfg, const char *base
 	json_object_set_new(o, "step", json_integer(t->step));
 	json_object_set_new(o, "adam_step", json_integer(t->opt.step));
 	json_object_set_new(o, "n_flat", json_integer((json_int_t)t->lora->n_flat));
+	json_object_set_new(o, "optim", json_string(bk_optim_name(t->o.optim)));
+	if (t->o.optim == BK_OPTIM_ADAMW8BIT)
+		json_object_set_new(o, "optim_block", json_integer(t->o.optim_block));
 	json_object_set_new(o, "total_steps", json_integer(t->o.total));
 	json_object_set_new(o, "warmup_steps", json_integer(t->o.warmup));
 	json_object_set_new(o, "next_lr", json_real(bk_trainer_lr(t)));
@@ -531,6 +651,18 @@ void bk_trainer_resume(bk_trainer *t, const bk_config *cfg, const char *dir,
 	if (!json_is_string(seed))
 		die("%s: key 'progress.order_seed' is missing or not a string", path);
 	p->order_seed = strtoull(json_string_value(seed), NULL, 10);
+	/* the optimizer: a state without 'optim' is adamw */
+	json_t *jo = json_object_get(o, "optim");
+	const char *was = jo ? json_string_value(jo) : "adamw";
+	bk_optim_kind kind;
+	if (!was || bk_optim_parse(was, &kind))
+		die("%s: key 'optim' is not adamw or adamw8bit", path);
+	if (kind != t->o.optim)
+		die("%s: the checkpoint was trained with optim %s, given %s", dir, was,
+		    bk_optim_name(t->o.optim));
+	if (kind == BK_OPTIM_ADAMW8BIT && get_int(path, o, "optim_block") != t->o.optim_block)
+		die("%s: the checkpoint's 8-bit blocks have %lld values, this trainer's %d", dir,
+		    (long long)get_int(path, o, "optim_block"), t->o.optim_block);
 	int64_t step = get_int(path, o, "step"), adam_step = get_int(path, o, "adam_step");
 	if (step < 0 || adam_step < 0 || adam_step > step)
 		die("%s: keys 'step' %lld and 'adam_step' %lld are inconsistent", path,
@@ -541,24 +673,10 @@ void bk_trainer_resume(bk_trainer *t, const bk_config *cfg, const char *dir,
 	bk_adapter *a = bk_adapter_load(dir, cfg);
 	bk_lora_from_adapter(t->m, t->lora, a);
 	bk_adapter_free(a);
-	t->m->ops->download(t->param_h, t->lora->flat, t->lora->n_flat * sizeof(float));
 
 	path = bk_path_join(dir, "trainer_state.safetensors");
-	bk_st *s = bk_st_open(path);
-	int64_t shape[1] = {(int64_t)t->lora->n_flat};
-	float *m = xmalloc((t->lora->n_flat ? t->lora->n_flat : 1) * sizeof(float));
-	float *v = xmalloc((t->lora->n_flat ? t->lora->n_flat : 1) * sizeof(float));
-	bk_st_read_f32(s, "exp_avg", 1, shape, m);
-	bk_st_read_f32(s, "exp_avg_sq", 1, shape, v);
-	bk_st_close(s);
+	optim_load(t, path);
 	free(path);
-	for (int i = 0; i < t->opt.n_groups; i++) {
-		bk_adamw_group *g = &t->opt.groups[i];
-		memcpy(g->m, m + (g->param - t->param_h), g->n * sizeof(float));
-		memcpy(g->v, v + (g->param - t->param_h), g->n * sizeof(float));
-	}
-	free(m);
-	free(v);
 	t->step = step;
 	t->opt.step = adam_step;
 	bk_trainer_drop(t);

@@ -3,9 +3,11 @@
  * response rows, takes the KL loss against the record's teacher distribution (top-k
  * or full) or against the frozen teacher run here (exact mode, t_prompt + resp,
  * adapter off), scatters dLoss/dhidden back and runs the backward into LoRA gradients;
- * then averages, clips and takes an AdamW step at the scheduled learning rate.
+ * then averages, clips and takes an AdamW step (fp32 or 8-bit moments) at the
+ * scheduled learning rate, all through the op table: per step only the gradient norm
+ * comes back to the host.
  * Not the data plan (cmd/bk-step.c reads streams and forms micro-batches) and not the
- * math of its parts (gpu/model.h, gpu/loss.h, gpu/optim.h).
+ * math of its parts (gpu/model.h, gpu/loss.h, gpu/optim.h, gpu/optim8.h).
  *
  * Invariants of a bk_trainer:
  *  1. step = optimizer steps taken = the schedule position: the lr of the next step is
@@ -15,14 +17,15 @@
  *  2. n_micro = micro-batches whose gradients are summed in grads since the last step;
  *     bk_trainer_step divides by it (HF: loss / gradient_accumulation_steps, fewer
  *     for the last step of an epoch).  Between steps n_micro = 0 and grads = 0.
- *  3. The host mirror param_h equals lora->flat after every step; m and v of the
- *     optimizer are per module tensor (groups named "layers.L.M.lora_A|B"), laid out
- *     like lora->flat.
+ *  3. The optimizer state lives on the device next to lora->flat: fp32 m and v laid
+ *     out like lora->flat (adamw), or per-value codes laid out like lora->flat plus
+ *     one absmax per block of each LoRA tensor (adamw8bit: blocks never straddle two
+ *     tensors; tensor i's blocks start at opt.tensors[i].block0).
  *  4. Everything random is a pure function of (seed, step, micro index): the LoRA init
  *     (seed) and the dropout mask key of micro-batch i of step s; so a run resumed
  *     from a checkpoint at a step boundary repeats the uninterrupted run bit for bit.
- *  5. The gradient norm is summed in a fixed order (not an OpenMP reduction), so the
- *     clipping coefficient does not depend on thread scheduling. */
+ *  5. The gradient norm is summed in a fixed order (ops->grad_sumsq), so the clipping
+ *     coefficient does not depend on thread scheduling. */
 #ifndef BK_TRAIN_H
 #define BK_TRAIN_H
 
@@ -32,6 +35,7 @@
 #include "formats/teacher.h"
 #include "gpu/model.h"
 #include "gpu/optim.h"
+#include "gpu/optim8.h"
 
 typedef struct {
 	int r;              /* LoRA rank */
@@ -45,6 +49,9 @@ typedef struct {
 	float temperature;  /* KL temperature */
 	uint64_t seed;      /* LoRA init and dropout */
 	int vocab_chunk;    /* LM-head chunk of the loss (0: 4096) */
+	bk_optim_kind optim; /* adamw (fp32 moments) or adamw8bit */
+	int optim_block;    /* adamw8bit block: 256 (0 = 256) or 2048 */
+	int grad_checkpoint; /* recompute each layer's activations in the backward */
 } bk_train_opts;
 
 /* One record of a micro-batch: ids point into the caller's arrays. */
@@ -69,17 +76,29 @@ typedef struct bk_trainer {
 	const bk_model *m;
 	bk_train_opts o;
 	bk_lora *lora, *grads; /* device */
-	bk_adamw opt;          /* on the host mirrors below */
-	float *param_h, *grad_h; /* [n_flat] host */
+	struct {               /* the optimizer state (invariant 3), device buffers */
+		int64_t step;      /* AdamW updates applied (bias correction; invariant 1) */
+		float *m, *v;      /* adamw: [n_flat] */
+		uint8_t *qm, *qv;  /* adamw8bit: [n_flat] codes */
+		float *am, *av;    /* adamw8bit: [n_blocks] absmax of m, v */
+		size_t n_blocks;
+		struct { size_t off, n, block0; } *tensors; /* [n_tensors] LoRA tensors in flat */
+		int n_tensors;
+	} opt;
 	bk_acts *acts;
 	int acts_T;            /* tokens the acts (and hid/dhid) hold */
 	float *hid, *dhid;     /* [acts_T,H] device: final hidden states, their gradient */
 	int64_t step;          /* invariant 1 */
 	int n_micro;           /* invariant 2 */
 	/* host scratch, grown as needed */
-	int32_t *ids, *pos, *cu, *sample_of, *rows, *tk_ids;
-	float *rows_h, *t_rows, *d_rows, *tk_logp, *tk_rest; /* [N,H] [N,H] [N,H] [N,K|V] [N] */
-	size_t cap_T, cap_S, cap_N, cap_TK, cap_tl;
+	int32_t *ids, *pos, *cu, *sample_of, *rows;
+	size_t cap_T, cap_S, cap_N;
+	/* device scratch of the loss (ops.h), grown as needed: cap_rows_d rows, cap_tk_d
+	 * teacher numbers; the hidden rows never leave the device */
+	int32_t *rows_d, *tk_ids_d;          /* [N] [N,K] */
+	float *hrows_d, *trows_d, *drows_d;  /* [N,H] student, teacher, dLoss/d rows */
+	float *tk_logp_d, *tk_rest_d;        /* [N,K|V] [N] */
+	size_t cap_rows_d, cap_tk_d;
 } bk_trainer;
 
 /* The LoRA is created with o->r/alpha/dropout/targets and PEFT-initialised from
@@ -108,11 +127,16 @@ double bk_trainer_lr(const bk_trainer *t);
 
 /* ---- checkpoints ----
  * A checkpoint directory holds adapter_model.safetensors + adapter_config.json (PEFT,
- * base_model_name_or_path = base_model exactly), trainer_state.safetensors (exp_avg,
- * exp_avg_sq: [n_flat] F32, laid out like the LoRA's flat buffer) and
+ * base_model_name_or_path = base_model exactly), trainer_state.safetensors and
  * trainer_state.json: {format: "bakery-trainer-state", version: 1, step, adam_step,
- * n_flat, progress: {...}, settings: {...}}.  It is written into DIR.tmp.PID and
- * renamed to DIR (an existing DIR is replaced), so DIR is always complete. */
+ * n_flat, optim, optim_block, progress: {...}, settings: {...}}.  The moments, laid
+ * out like the LoRA's flat buffer: adamw: exp_avg, exp_avg_sq [n_flat] F32; adamw8bit:
+ * exp_avg.code, exp_avg_sq.code [n_flat] (the uint8 codes, stored as F16 integers
+ * 0..255, exact: safetensors.h writes no U8) and exp_avg.absmax, exp_avg_sq.absmax
+ * [n_blocks] F32 (each tensor's blocks in flat order, invariant 3), so a resume
+ * restores the 8-bit state bit for bit.  A state without
+ * 'optim' is adamw.  It is written into DIR.tmp.PID and renamed to DIR (an existing
+ * DIR is replaced), so DIR is always complete. */
 
 /* The caller's position in its data, saved and restored verbatim. */
 typedef struct {
@@ -137,7 +161,8 @@ void bk_trainer_save(const bk_trainer *t, const bk_config *cfg, const char *base
 		     const bk_train_progress *p, const bk_train_setting *settings,
 		     int n_settings, const char *dir);
 /* Loads a checkpoint into t (adapter, optimizer moments, step) and p; dies naming
- * the directory and the setting when a setting differs from the given one. */
+ * the directory and the setting when a setting differs from the given one, or when
+ * its optimizer (optim, optim_block) is not the trainer's. */
 void bk_trainer_resume(bk_trainer *t, const bk_config *cfg, const char *dir,
 		       bk_train_progress *p, const bk_train_setting *settings,
 		       int n_settings);

@@ -71,7 +71,6 @@ static void randomize_b(bk_trainer *t)
 			for (int i = 0; i < out * t->lora->r; i++)
 				b[i] = (float)(bk_rng_uniform(&rng) - 0.5) * 0.2f;
 		}
-	memcpy(t->param_h, t->lora->flat, t->lora->n_flat * sizeof(float));
 }
 
 /* rows [n,H] of a one-sequence forward of prompt + resp (lora NULL: teacher) */
@@ -186,8 +185,6 @@ static void test_accum(void)
 	 * parameters to 1e-4 of their largest value (lr is 1e-3 of it) */
 	e = bk_max_relerr(acc->lora->flat, one->lora->flat, n, 1e-12);
 	CHECK(e < 1e-4, "parameters after the step: max rel err %g", e);
-	e = bk_max_relerr(acc->param_h, acc->lora->flat, n, 0);
-	CHECK(e == 0, "host mirror equals the device adapter");
 
 	/* unequal sample counts: (g0 + (g1+g2)/2)/2 is not (g0+g1+g2)/3 */
 	bk_trainer_micro(acc, &s[0], 1, &i0);
@@ -313,8 +310,8 @@ static void test_resume(void)
 	}
 	CHECK(!memcmp(a->lora->flat, b->lora->flat, a->lora->n_flat * sizeof(float)),
 	      "resumed adapter equals the uninterrupted one bit for bit");
-	CHECK(!memcmp(a->opt.groups[0].v, b->opt.groups[0].v, a->opt.groups[0].n * 4),
-	      "optimizer state equal");
+	CHECK(!memcmp(a->opt.m, b->opt.m, a->lora->n_flat * 4) &&
+	      !memcmp(a->opt.v, b->opt.v, a->lora->n_flat * 4), "optimizer state equal");
 	char *cmd = xasprintf("rm -rf '%s'", dir);
 	CHECK(system(cmd) == 0, "cleanup");
 	free(cmd);

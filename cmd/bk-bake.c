@@ -1,0 +1,853 @@
+/* bk-bake - a whole bake from the reference tool's flat YAML config: maps its fields
+ * onto the stages (formats/config_yaml.c), runs bk-tokenize, then bk-lens | bk-gen |
+ * bk-teach | bk-step as processes joined by pipes, then bk-eval, and writes output_dir
+ * in the reference layout.  No model code here: only processes, files and a summary. */
+#include "common/diag.h"
+#include "common/files.h"
+#include "common/flags.h"
+#include "common/progress.h"
+#include "formats/config_yaml.h"
+#include "formats/stream.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <msgpack.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char usage[] =
+	"usage: bk-bake [--dry-run] [-v] CONFIG [--FIELD VALUE]...\n"
+	"Bakes the system prompt of CONFIG (the reference tool's flat YAML config) into a\n"
+	"LoRA adapter: bk-tokenize, then bk-lens | bk-gen | bk-teach | bk-step in one pipe,\n"
+	"then bk-eval when eval files are given.  Writes output_dir/final_model (adapter +\n"
+	"tokenizer files), checkpoint-*, metrics.bk, results.json and prints a summary.\n"
+	"Any config field can be overridden: --learning_rate 5e-5 (or --learning-rate=5e-5).\n"
+	"Fields bakery cannot honour are listed with the reason; unknown ones refuse the bake.\n"
+	"  --dry-run      check the config and print the commands it would run\n"
+	"  -v, --verbose  stage messages on stderr instead of output_dir/logs/\n";
+
+/* ---- commands ---- */
+
+typedef struct {
+	BK_VEC(char *) a; /* argv, NULL-terminated when run */
+	const char *name; /* bk-gen, ... */
+	const char *out;  /* stdout to this file (NULL: the pipe) */
+	pid_t pid;
+	int status;
+} cmd;
+
+static char bindir[PATH_MAX];
+
+static void cmd_init(cmd *c, const char *tool)
+{
+	memset(c, 0, sizeof *c);
+	c->name = tool;
+	char *p = xasprintf("%s/%s", bindir, tool);
+	if (*bindir && access(p, X_OK) == 0) {
+		bk_vec_push(&c->a, p);
+	} else {
+		free(p);
+		bk_vec_push(&c->a, xstrdup(tool)); /* from PATH */
+	}
+}
+
+static void arg(cmd *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void arg(cmd *c, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	char *s;
+	if (vasprintf(&s, fmt, ap) < 0)
+		die("out of memory");
+	va_end(ap);
+	bk_vec_push(&c->a, s);
+}
+
+static void arg2(cmd *c, const char *flag, const char *value)
+{
+	arg(c, "%s", flag);
+	arg(c, "%s", value);
+}
+
+static void cmd_free(cmd *c)
+{
+	for (size_t i = 0; i < c->a.n; i++)
+		free(c->a.v[i]);
+	free(c->a.v);
+}
+
+static void print_word(FILE *f, const char *s)
+{
+	if (*s && strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./=,:+-") ==
+			  strlen(s)) {
+		fputs(s, f);
+		return;
+	}
+	fputc('\'', f);
+	for (; *s; s++)
+		if (*s == '\'')
+			fputs("'\\''", f);
+		else
+			fputc(*s, f);
+	fputc('\'', f);
+}
+
+/* one shell line for the commands of a pipe */
+static void print_pipe(FILE *f, cmd *v, int n, const char *last_out)
+{
+	for (int i = 0; i < n; i++) {
+		if (i)
+			fputs(" |\n    ", f);
+		fputs(v[i].name, f);
+		for (size_t k = 1; k < v[i].a.n; k++) {
+			fputc(' ', f);
+			print_word(f, v[i].a.v[k]);
+		}
+	}
+	if (last_out) {
+		fputs(" >", f);
+		print_word(f, last_out);
+	}
+	fputc('\n', f);
+}
+
+/* ---- running ---- */
+
+static int verbose;
+static const char *logdir;
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static char *log_path(const char *tool)
+{
+	return xasprintf("%s/%s.log", logdir, tool);
+}
+
+/* Starts v[0] | v[1] | ... | v[n-1]; the last one's stdout is returned as a readable
+ * fd (or goes to v[n-1].out).  stderr of each goes to logdir/TOOL.log. */
+static int pipe_start(cmd *v, int n)
+{
+	int in = -1, result = -1;
+	for (int i = 0; i < n; i++) {
+		int fds[2] = {-1, -1};
+		if (!v[i].out && pipe(fds))
+			die("pipe: %s", strerror(errno));
+		char **av = xcalloc(v[i].a.n + 1, sizeof *av);
+		memcpy(av, v[i].a.v, v[i].a.n * sizeof *av);
+		fflush(NULL);
+		pid_t pid = fork();
+		if (pid < 0)
+			die("fork: %s", strerror(errno));
+		if (!pid) {
+			if (in >= 0 && dup2(in, 0) < 0)
+				_exit(127);
+			if (v[i].out) {
+				int fd = open(v[i].out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+				if (fd < 0 || dup2(fd, 1) < 0)
+					_exit(127);
+			} else if (dup2(fds[1], 1) < 0) {
+				_exit(127);
+			}
+			if (!verbose) {
+				char *lp = log_path(v[i].name);
+				int fd = open(lp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+				if (fd < 0 || dup2(fd, 2) < 0)
+					_exit(127);
+			}
+			for (int fd = 3; fd < 256; fd++)
+				close(fd);
+			signal(SIGPIPE, SIG_DFL);
+			execvp(av[0], av);
+			fprintf(stderr, "%s: cannot run '%s': %s\n", bk_prog, av[0], strerror(errno));
+			_exit(127);
+		}
+		free(av);
+		v[i].pid = pid;
+		if (in >= 0)
+			close(in);
+		if (fds[1] >= 0)
+			close(fds[1]);
+		in = fds[0];
+		if (i == n - 1)
+			result = in;
+	}
+	return result;
+}
+
+/* Waits for every stage; dies naming the first failing one (pipe order) with the
+ * tail of its log. */
+static void pipe_wait(cmd *v, int n)
+{
+	for (int i = 0; i < n; i++)
+		while (waitpid(v[i].pid, &v[i].status, 0) < 0)
+			if (errno != EINTR)
+				die("waitpid: %s", strerror(errno));
+	for (int i = 0; i < n; i++) {
+		int st = v[i].status;
+		if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+			continue;
+		if (!verbose) {
+			char *lp = log_path(v[i].name);
+			size_t len;
+			char *text = bk_try_read_file(lp, &len);
+			if (text) {
+				/* the last 12 lines of the log */
+				int lines = 0;
+				char *p = text + len;
+				while (p > text && lines <= 12)
+					if (*(p -= 1) == '\n' && p + 1 < text + len)
+						lines++;
+				if (p > text)
+					p++;
+				fputs(p, stderr);
+				if (len && text[len - 1] != '\n')
+					fputc('\n', stderr);
+				free(text);
+			}
+			free(lp);
+		}
+		if (WIFSIGNALED(st))
+			die("stage %s was killed by signal %d", v[i].name, WTERMSIG(st));
+		die("stage %s failed (exit %d)%s%s", v[i].name, WEXITSTATUS(st),
+		    verbose ? "" : "; its log: ", verbose ? "" : log_path(v[i].name));
+	}
+}
+
+/* Reads bk-step's metrics stream from fd into path (a byte copy), drawing progress
+ * from its step records. */
+static void metrics_copy(int fd, const char *path, int64_t total)
+{
+	FILE *out = fopen(path, "wb");
+	if (!out)
+		die("%s: %s", path, strerror(errno));
+	msgpack_unpacker up;
+	msgpack_unpacked res;
+	if (!msgpack_unpacker_init(&up, 1 << 16))
+		die("out of memory");
+	msgpack_unpacked_init(&res);
+	bk_progress pg;
+	bk_progress_start(&pg, "steps", (uint64_t)(total > 0 ? total : 0));
+	uint64_t step = 0, tokens = 0;
+	for (;;) {
+		if (msgpack_unpacker_buffer_capacity(&up) < 4096 &&
+		    !msgpack_unpacker_reserve_buffer(&up, 1 << 16))
+			die("out of memory");
+		ssize_t r = read(fd, msgpack_unpacker_buffer(&up), msgpack_unpacker_buffer_capacity(&up));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			die("reading bk-step's metrics: %s", strerror(errno));
+		if (r == 0)
+			break;
+		if (fwrite(msgpack_unpacker_buffer(&up), 1, (size_t)r, out) != (size_t)r)
+			die("%s: write error", path);
+		msgpack_unpacker_buffer_consumed(&up, (size_t)r);
+		while (msgpack_unpacker_next(&up, &res) == MSGPACK_UNPACK_SUCCESS) {
+			const msgpack_object *s = bk_obj_get(&res.data, "step"),
+					     *t = bk_obj_get(&res.data, "tokens");
+			if (s && s->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+				step = s->via.u64;
+				if (t && t->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+					tokens += t->via.u64;
+				bk_progress_update(&pg, step, tokens);
+			}
+		}
+	}
+	bk_progress_end(&pg, step, tokens);
+	close(fd);
+	msgpack_unpacked_destroy(&res);
+	msgpack_unpacker_destroy(&up);
+	if (fclose(out))
+		die("%s: write error", path);
+}
+
+/* ---- the bake ---- */
+
+static void copy_file(const char *src, const char *dst)
+{
+	size_t len;
+	char *data = bk_read_file(src, &len);
+	bk_write_file_atomic(dst, data, len);
+	free(data);
+}
+
+static int is_dir(const char *p)
+{
+	struct stat st;
+	return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* the bk-step features some fields need, from its usage text */
+static bk_bake_caps probe_caps(void)
+{
+	bk_bake_caps caps = {0, 0};
+	cmd c;
+	cmd_init(&c, "bk-step");
+	arg(&c, "--help");
+	int saved = verbose;
+	verbose = 1; /* no log directory yet; a --help has nothing to log */
+	int fd = pipe_start(&c, 1);
+	char buf[8192];
+	size_t n = 0;
+	ssize_t r;
+	while (n < sizeof buf - 1 && ((r = read(fd, buf + n, sizeof buf - 1 - n)) > 0 ||
+				      (r < 0 && errno == EINTR)))
+		if (r > 0)
+			n += (size_t)r;
+	buf[n] = 0;
+	close(fd);
+	while (waitpid(c.pid, &c.status, 0) < 0 && errno == EINTR)
+		;
+	verbose = saved;
+	if (!WIFEXITED(c.status) || WEXITSTATUS(c.status))
+		die("cannot run bk-step --help (is bakery built? bk-step is looked for next to "
+		    "bk-bake, then on PATH)");
+	caps.grad_checkpoint = strstr(buf, "--grad-checkpoint") != NULL;
+	caps.optim_8bit = strstr(buf, "--optim") && strstr(buf, "adamw8bit");
+	cmd_free(&c);
+	return caps;
+}
+
+static void add_system(cmd *c, const bk_bake_plan *p, const char *tmpl_file)
+{
+	if (p->template_name)
+		arg2(c, "--template", p->template_name);
+	if (p->system)
+		arg2(c, "--system", p->system);
+	if (p->system_file)
+		arg2(c, "--system-file", p->system_file);
+	if (p->corpus) {
+		arg2(c, "--corpus", p->corpus);
+		if (p->corpus_format)
+			arg2(c, "--corpus-format", p->corpus_format);
+		if (tmpl_file)
+			arg2(c, "--system-template", tmpl_file);
+	}
+}
+
+static void add_model(cmd *c, const bk_bake_plan *p)
+{
+	arg2(c, "--model", p->model);
+	arg2(c, "--device", p->device);
+}
+
+typedef struct {
+	cmd tok, lens, gen, teach, step, eval;
+	int paired, has_eval;
+	char *tokens, *teach_file, *metrics, *tmpl_file;
+} bake;
+
+static int64_t ceil_div(int64_t a, int64_t b)
+{
+	return (a + b - 1) / b;
+}
+
+/* bk-step's options; total = optimizer steps for a pipe (0 for a file) */
+static void build_step(bake *b, const bk_bake_plan *p, int64_t total, int64_t per_epoch)
+{
+	cmd *c = &b->step;
+	cmd_init(c, "bk-step");
+	add_model(c, p);
+	arg2(c, "--out", p->output_dir);
+	arg(c, "--batch-size");
+	arg(c, "%ld", b->paired ? p->batch_size : p->batch_size * p->num_trajectories);
+	arg(c, "--grad-accum");
+	arg(c, "%ld", p->grad_accum);
+	if (b->paired) {
+		arg(c, "--epochs");
+		arg(c, "%ld", p->epochs);
+	} else {
+		arg(c, "--max-steps");
+		if (total > 0)
+			arg(c, "%lld", (long long)total);
+		else
+			arg(c, "STEPS");
+	}
+	arg(c, "--lr");
+	arg(c, "%g", p->lr);
+	arg2(c, "--schedule", p->schedule);
+	if (p->warmup_steps > 0) {
+		arg(c, "--warmup-steps");
+		arg(c, "%ld", p->warmup_steps);
+	} else if (p->warmup_ratio > 0) {
+		arg(c, "--warmup-ratio");
+		arg(c, "%g", p->warmup_ratio);
+	}
+	arg(c, "--weight-decay");
+	arg(c, "%g", p->weight_decay);
+	arg(c, "--max-grad-norm");
+	arg(c, "%g", p->max_grad_norm);
+	arg(c, "--lora-r");
+	arg(c, "%ld", p->lora_r);
+	arg(c, "--lora-alpha");
+	arg(c, "%g", p->lora_alpha);
+	arg(c, "--lora-dropout");
+	arg(c, "%g", p->lora_dropout);
+	arg2(c, "--target-modules", p->target_modules);
+	arg(c, "--temperature");
+	arg(c, "%g", p->temperature);
+	arg(c, "--seed");
+	arg(c, "%ld", p->seed);
+	arg(c, "--logging-steps");
+	arg(c, "%ld", p->logging_steps);
+	long save = 0;
+	if (!strcmp(p->save_strategy, "steps"))
+		save = p->save_steps;
+	else if (!strcmp(p->save_strategy, "epoch") && !b->paired)
+		save = per_epoch > 0 ? (long)per_epoch : -1; /* a pipe has no epoch ends */
+	if (save) {
+		arg(c, "--save-steps");
+		if (save > 0)
+			arg(c, "%ld", save);
+		else
+			arg(c, "STEPS_PER_EPOCH");
+	}
+	if (p->grad_checkpoint)
+		arg(c, "--grad-checkpoint");
+	if (p->optim_8bit)
+		arg2(c, "--optim", "adamw8bit");
+	if (b->paired)
+		arg(c, "%s", b->teach_file);
+}
+
+static void build(bake *b, const bk_bake_plan *p, int paired, int64_t prompts)
+{
+	const char *od = p->output_dir;
+	b->tokens = bk_path_join(od, "tokens.bk");
+	b->teach_file = bk_path_join(od, "teach.bk");
+	b->metrics = bk_path_join(od, "metrics.bk");
+	b->tmpl_file = p->system_template_text ? bk_path_join(od, "system_template.txt") : NULL;
+	b->paired = paired;
+
+	cmd *c = &b->tok;
+	cmd_init(c, "bk-tokenize");
+	arg2(c, "--model", p->model);
+	add_system(c, p, b->tmpl_file);
+	if (p->max_seq_length) {
+		arg(c, "--max-seq-length");
+		arg(c, "%ld", p->max_seq_length);
+	}
+	for (int i = 0; i < p->prompts.n; i++)
+		arg2(c, "--prompt", p->prompts.v[i]);
+	arg2(c, "-o", b->tokens);
+	for (int i = 0; i < p->data.n; i++)
+		arg(c, "%s", p->data.v[i]);
+
+	/* prompts-only: B prompts x T trajectories a micro-batch, as the reference */
+	int64_t mb_epoch = prompts > 0 ? ceil_div(prompts, p->batch_size) : 0;
+	int64_t per_epoch = mb_epoch ? ceil_div(mb_epoch, p->grad_accum) : 0;
+	int64_t total = prompts > 0 ? ceil_div(ceil_div(prompts * p->epochs, p->batch_size), p->grad_accum) : 0;
+
+	c = &b->lens;
+	cmd_init(c, "bk-lens");
+	arg2(c, "--max-tokens", "0");
+	arg(c, "--max-batch");
+	arg(c, "%ld", p->batch_size);
+	arg2(c, "--window", "1048576");
+	arg(c, "--seed");
+	arg(c, "%ld", p->seed);
+	arg(c, "-q");
+	arg(c, "%s", b->tokens);
+
+	c = &b->gen;
+	cmd_init(c, "bk-gen");
+	add_model(c, p);
+	arg(c, "--num-trajectories");
+	arg(c, "%ld", p->num_trajectories);
+	arg(c, "--temperature");
+	arg(c, "%g", p->sampling_temperature);
+	arg(c, "--top-p");
+	arg(c, "%g", p->top_p);
+	arg(c, "--max-new-tokens");
+	arg(c, "%ld", p->trajectory_length);
+	arg(c, "--epochs");
+	arg(c, "%ld", p->epochs);
+	arg(c, "--seed");
+	arg(c, "%ld", p->seed);
+
+	c = &b->teach;
+	cmd_init(c, "bk-teach");
+	add_model(c, p);
+	arg(c, "--top-k");
+	arg(c, "%ld", p->top_k);
+	arg(c, "--temperature");
+	arg(c, "%g", p->temperature);
+	if (paired) {
+		arg(c, "%s", b->tokens);
+		arg2(c, "-o", b->teach_file);
+	}
+	build_step(b, p, total, per_epoch);
+
+	b->has_eval = p->eval_file || p->held_out_file || p->kl_prompts;
+	c = &b->eval;
+	cmd_init(c, "bk-eval");
+	add_model(c, p);
+	char *ad = bk_path_join(od, "final_model");
+	arg2(c, "--adapter", ad);
+	free(ad);
+	add_system(c, p, b->tmpl_file);
+	if (p->eval_file)
+		arg2(c, "--eval", p->eval_file);
+	if (p->held_out_file)
+		arg2(c, "--held-out", p->held_out_file);
+	if (p->kl_prompts)
+		arg2(c, "--kl-prompts", p->kl_prompts);
+	arg(c, "--temperature");
+	arg(c, "%g", p->temperature);
+	char *rj = bk_path_join(od, "results.json");
+	arg2(c, "-o", rj);
+	free(rj);
+}
+
+static void bake_free(bake *b)
+{
+	cmd *all[] = {&b->tok, &b->lens, &b->gen, &b->teach, &b->step, &b->eval};
+	for (int i = 0; i < 6; i++)
+		cmd_free(all[i]);
+	free(b->tokens), free(b->teach_file), free(b->metrics), free(b->tmpl_file);
+}
+
+static void print_plan(bake *b, int paired_known)
+{
+	printf("# 1. tokenize (the prompt count sets bk-step's --max-steps)\n");
+	print_pipe(stdout, &b->tok, 1, NULL);
+	if (!paired_known || !b->paired) {
+		printf("# 2. prompts-only data: one pipe, the stages overlap\n");
+		cmd v[] = {b->lens, b->gen, b->teach, b->step};
+		print_pipe(stdout, v, 4, b->metrics);
+		if (!paired_known)
+			printf("#    STEPS = ceil(ceil(prompts x epochs / batch) / accumulation)\n");
+	}
+	if (!paired_known || b->paired) {
+		printf("# 2. paired data (responses given): teacher file, then epochs over it\n");
+		cmd t = b->teach, s = b->step;
+		if (!paired_known) {
+			printf("bk-teach ... %s -o %s\nbk-step ... --epochs N %s >%s\n", b->tokens,
+			       b->teach_file, b->teach_file, b->metrics);
+		} else {
+			print_pipe(stdout, &t, 1, NULL);
+			print_pipe(stdout, &s, 1, b->metrics);
+		}
+	}
+	if (b->has_eval) {
+		printf("# 3. evaluate\n");
+		print_pipe(stdout, &b->eval, 1, NULL);
+	}
+}
+
+/* count, 'paired' and 'system_tokens' of the tokens stream */
+static int64_t scan_tokens(const char *path, int *paired, int64_t *sys_tokens)
+{
+	bk_reader *r = bk_reader_open(path);
+	const msgpack_object *o = bk_reader_prov(r, "paired");
+	*paired = o && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64;
+	o = bk_reader_prov(r, "system_tokens");
+	*sys_tokens = o && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int64_t)o->via.u64 : -1;
+	while (bk_reader_next(r))
+		;
+	int64_t n = (int64_t)bk_reader_count(r);
+	bk_reader_close(r);
+	return n;
+}
+
+/* warnings the stages wrote into their logs, shown once the bake is done */
+static void show_log_warnings(const char *tool)
+{
+	if (verbose)
+		return;
+	char *lp = log_path(tool);
+	FILE *f = fopen(lp, "r");
+	free(lp);
+	if (!f)
+		return;
+	char line[1024];
+	while (fgets(line, sizeof line, f))
+		if (strstr(line, "warning:"))
+			fputs(line, stderr);
+	fclose(f);
+}
+
+static double jnum(json_t *o, const char *path)
+{
+	/* "a.b.c" */
+	char *p = xstrdup(path), *save = NULL;
+	for (char *k = strtok_r(p, ".", &save); k && o; k = strtok_r(NULL, ".", &save))
+		o = json_object_get(o, k);
+	free(p);
+	return o && json_is_number(o) ? json_number_value(o) : NAN;
+}
+
+static void summary(const bk_bake_plan *p, const bake *b, int64_t prompts, int64_t sys_tokens,
+		    double t_tok, double t_train, double t_eval)
+{
+	const char *od = p->output_dir;
+	/* the last step record and the checkpoints, from the metrics stream */
+	bk_reader *r = bk_reader_open(b->metrics);
+	double last_loss = NAN;
+	int64_t steps = 0;
+	BK_VEC(char *) ckpts = {0};
+	const msgpack_object *rec;
+	while ((rec = bk_reader_next(r))) {
+		const msgpack_object *s = bk_obj_get(rec, "step"), *l = bk_obj_get(rec, "loss"),
+				     *c = bk_obj_get(rec, "checkpoints");
+		if (s && s->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+			steps = (int64_t)s->via.u64;
+		if (l && l->type == MSGPACK_OBJECT_FLOAT64)
+			last_loss = l->via.f64;
+		if (c && c->type == MSGPACK_OBJECT_ARRAY)
+			for (uint32_t i = 0; i < c->via.array.size; i++)
+				if (c->via.array.ptr[i].type == MSGPACK_OBJECT_STR)
+					bk_vec_push(&ckpts, xstrndup(c->via.array.ptr[i].via.str.ptr,
+								      c->via.array.ptr[i].via.str.size));
+	}
+	bk_reader_close(r);
+	char *ts = xasprintf("%s/final_model/trainer_state.json", od);
+	json_t *st = json_load_file(ts, 0, NULL);
+	free(ts);
+	double samples = jnum(st, "progress.records"), tokens = jnum(st, "progress.tokens"),
+	       loss_sum = jnum(st, "progress.loss_sum");
+
+	printf("\n======================== bakery: bake summary ========================\n");
+	printf("%-20s %s\n", "model", p->model);
+	if (p->system)
+		printf("%-20s %lld tokens: \"%.60s%s\"\n", "system prompt", (long long)sys_tokens,
+		       p->system, strlen(p->system) > 60 ? "..." : "");
+	else
+		printf("%-20s %lld tokens, from %s\n", "system prompt", (long long)sys_tokens,
+		       p->system_file ? p->system_file : p->corpus);
+	if (b->paired)
+		printf("%-20s %lld prompt/response pairs, %ld epoch%s\n", "data",
+		       (long long)prompts, p->epochs, p->epochs == 1 ? "" : "s");
+	else
+		printf("%-20s %lld prompts x %ld trajectories (up to %ld tokens) x %ld epoch%s\n",
+		       "data", (long long)prompts, p->num_trajectories, p->trajectory_length,
+		       p->epochs, p->epochs == 1 ? "" : "s");
+	printf("%-20s %.0f samples, %.0f tokens\n", "trained on", samples, tokens);
+	printf("%-20s %lld (batch %ld x accumulation %ld, lr %g %s)\n", "optimizer steps",
+	       (long long)steps, p->batch_size, p->grad_accum, p->lr, p->schedule);
+	printf("%-20s %.4f (mean over the bake %.4f)\n", "final loss", last_loss,
+	       steps ? loss_sum / (double)steps : NAN);
+	printf("%-20s %.1f s (tokenize %.1f s, train %.1f s%s", "time", t_tok + t_train + t_eval,
+	       t_tok, t_train, b->has_eval ? "" : ")\n");
+	if (b->has_eval)
+		printf(", evaluate %.1f s)\n", t_eval);
+	printf("%-20s %s/final_model (PEFT adapter + tokenizer files)\n", "adapter", od);
+	printf("%-20s", "checkpoints");
+	for (size_t i = 0; i < ckpts.n; i++)
+		printf(" %s", ckpts.v[i]);
+	printf("%s\n", ckpts.n ? "" : " none");
+	printf("%-20s %s (bk-dump; pipelines/bk-plot %s)\n", "metrics", b->metrics, b->metrics);
+	if (b->has_eval) {
+		char *rp = xasprintf("%s/results.json", od);
+		json_t *res = json_load_file(rp, 0, NULL);
+		printf("%-20s %s\n", "results", rp);
+		static const char *const sets[] = {"eval", "held_out"};
+		for (int i = 0; i < 2; i++) {
+			json_t *s = json_object_get(res, sets[i]);
+			if (!s)
+				continue;
+			printf("%-20s %.0f samples: baseline %.1f%%, prompted %.1f%%, baked %.1f%%\n",
+			       i ? "held-out accuracy" : "eval accuracy", jnum(s, "samples"),
+			       100 * jnum(s, "baseline_accuracy"), 100 * jnum(s, "discrete_accuracy"),
+			       100 * jnum(s, "baked_accuracy"));
+		}
+		if (json_object_get(res, "kl"))
+			printf("%-20s base %.4f, baked %.4f per token (%.1f%% of base)\n",
+			       "KL(teacher||model)", jnum(res, "kl.base.per_token"),
+			       jnum(res, "kl.baked.per_token"), 100 * jnum(res, "kl.baked_over_base"));
+		json_decref(res);
+		free(rp);
+	}
+	printf("======================================================================\n");
+	json_decref(st);
+	for (size_t i = 0; i < ckpts.n; i++)
+		free(ckpts.v[i]);
+	free(ckpts.v);
+}
+
+/* the tokenizer files next to the adapter, as the reference saves them */
+static void copy_tokenizer(const char *model, const char *dst)
+{
+	static const char *const files[] = {"tokenizer.model", "tokenizer.json",
+					    "tokenizer_config.json", "special_tokens_map.json",
+					    "chat_template.jinja", NULL};
+	for (int i = 0; files[i]; i++) {
+		char *s = bk_path_join(model, files[i]), *d = bk_path_join(dst, files[i]);
+		if (bk_file_exists(s))
+			copy_file(s, d);
+		free(s);
+		free(d);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	int dry_run = 0;
+	bk_opt opts[] = {
+		{"dry-run", 0, BK_OPT_FLAG, &dry_run, 0, 0},
+		{"verbose", 'v', BK_OPT_FLAG, &verbose, 0, 0},
+		{0},
+	};
+	bk_diag_init(argv[0]);
+	bk_stdout_init();
+	/* split: bk-bake's own flags, config overrides (--FIELD VALUE), the config */
+	char **own = xcalloc((size_t)argc + 1, sizeof *own);
+	int n_own = 1;
+	own[0] = argv[0];
+	BK_VEC(char *) ov = {0}; /* key, value pairs */
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		int is_own = !strcmp(a, "--dry-run") || !strcmp(a, "-v") || !strcmp(a, "--verbose") ||
+			     !strcmp(a, "--help") || !strcmp(a, "-h") || !strcmp(a, "--version") ||
+			     !strncmp(a, "--dry-run=", 10) || a[0] != '-' || !strcmp(a, "-");
+		if (is_own) {
+			own[n_own++] = argv[i];
+			continue;
+		}
+		if (strncmp(a, "--", 2) || !a[2])
+			die_usage("unknown option '%s' (overrides are --FIELD VALUE)", a);
+		const char *eq = strchr(a, '=');
+		char *key = eq ? xstrndup(a + 2, (size_t)(eq - a - 2)) : xstrdup(a + 2);
+		for (char *k = key; *k; k++)
+			if (*k == '-')
+				*k = '_';
+		const char *val = eq ? eq + 1 : NULL;
+		if (!val) {
+			if (i + 1 >= argc)
+				die_usage("override --%s needs a value", key);
+			val = argv[++i];
+		}
+		bk_vec_push(&ov, key);
+		bk_vec_push(&ov, xstrdup(val));
+	}
+	int npos = bk_flags_parse(n_own, own, opts, usage);
+	if (npos != 1)
+		die_usage(npos ? "one CONFIG file, please" : "no CONFIG file given");
+	const char *config = own[0];
+
+	ssize_t len = readlink("/proc/self/exe", bindir, sizeof bindir - 1);
+	if (len > 0) {
+		bindir[len] = 0;
+		char *sl = strrchr(bindir, '/');
+		if (sl)
+			*sl = 0;
+	} else {
+		bindir[0] = 0;
+	}
+	/* 4 model processes on few cores: OpenMP threads that spin starve each other */
+	setenv("OMP_WAIT_POLICY", "passive", 0);
+
+	bk_cfg cfg;
+	bk_cfg_load(&cfg, config);
+	for (size_t i = 0; i < ov.n; i += 2)
+		bk_cfg_set(&cfg, ov.v[i], ov.v[i + 1]);
+	bk_bake_caps caps = probe_caps();
+	bk_bake_plan p;
+	bk_bake_plan_make(&p, &cfg, &caps);
+	for (size_t i = 0; i < p.n_notes; i++) {
+		const bk_cfg_note *nt = &p.notes[i];
+		char at[64] = "";
+		if (nt->line)
+			snprintf(at, sizeof at, ":%d", nt->line);
+		else if (bk_cfg_get(&cfg, nt->key))
+			snprintf(at, sizeof at, " (override)");
+		fprintf(stderr, "%s: %s%s: %s '%s': %s\n", bk_prog, config, at,
+			bk_cfg_kind_name(nt->kind), nt->key, nt->text);
+	}
+	if (p.n_refused)
+		die("%s: %d field%s cannot be baked as given (listed above)", config, p.n_refused,
+		    p.n_refused == 1 ? "" : "s");
+
+	bake b;
+	memset(&b, 0, sizeof b);
+	if (dry_run) {
+		build(&b, &p, 0, 0);
+		print_plan(&b, 0);
+		bake_free(&b);
+		goto done;
+	}
+
+	const char *od = p.output_dir;
+	char *fm = bk_path_join(od, "final_model");
+	if (is_dir(fm))
+		die("%s: holds a previous bake (final_model/); remove it or choose another "
+		    "output_dir", od);
+	bk_mkdir_p(od);
+	char *ld = bk_path_join(od, "logs");
+	bk_mkdir_p(ld);
+	logdir = ld;
+	double t0 = now_s();
+	build(&b, &p, 0, 0);
+	if (b.tmpl_file)
+		bk_write_file_atomic(b.tmpl_file, p.system_template_text,
+				     strlen(p.system_template_text));
+	pipe_start(&b.tok, 1);
+	pipe_wait(&b.tok, 1);
+	show_log_warnings("bk-tokenize");
+	int paired;
+	int64_t sys_tokens, prompts = scan_tokens(b.tokens, &paired, &sys_tokens);
+	if (!prompts)
+		die("%s: no samples to train on", b.tokens);
+	bake_free(&b);
+	memset(&b, 0, sizeof b);
+	build(&b, &p, paired, prompts);
+	double t1 = now_s();
+	if (verbose)
+		print_plan(&b, 1);
+
+	int64_t total;
+	if (paired) {
+		int64_t mb = ceil_div(prompts, p.batch_size);
+		total = p.epochs * ceil_div(mb, p.grad_accum);
+		b.teach.out = "/dev/null"; /* it writes -o teach.bk */
+		pipe_start(&b.teach, 1);
+		pipe_wait(&b.teach, 1);
+		int fd = pipe_start(&b.step, 1);
+		metrics_copy(fd, b.metrics, total);
+		pipe_wait(&b.step, 1);
+	} else {
+		total = ceil_div(ceil_div(prompts * p.epochs, p.batch_size), p.grad_accum);
+		cmd v[] = {b.lens, b.gen, b.teach, b.step};
+		int fd = pipe_start(v, 4);
+		metrics_copy(fd, b.metrics, total);
+		pipe_wait(v, 4);
+		show_log_warnings("bk-gen");
+	}
+	double t2 = now_s();
+	char *fin = bk_path_join(od, "final");
+	if (rename(fin, fm))
+		die("%s -> %s: %s", fin, fm, strerror(errno));
+	free(fin);
+	copy_tokenizer(p.model, fm);
+	if (b.has_eval) {
+		pipe_start(&b.eval, 1);
+		pipe_wait(&b.eval, 1);
+	}
+	double t3 = now_s();
+	summary(&p, &b, prompts, sys_tokens, t1 - t0, t2 - t1, t3 - t2);
+	bake_free(&b);
+	free(fm);
+	free(ld);
+done:
+	bk_bake_plan_free(&p);
+	bk_cfg_free(&cfg);
+	for (size_t i = 0; i < ov.n; i++)
+		free(ov.v[i]);
+	free(ov.v);
+	free(own);
+	bk_stdout_close();
+	return 0;
+}

@@ -1,0 +1,98 @@
+/* config_yaml.h - the reference tool's flat YAML bake config: read with libyaml into
+ * fields (a scalar or a list of scalars, with the line each key is on), overridden
+ * from the command line, and mapped onto the options of the bakery stages.
+ * Not a general YAML model: nested mappings are refused; the mapping does no I/O
+ * other than checking that model_name_or_path is a local directory. */
+#ifndef BK_CONFIG_YAML_H
+#define BK_CONFIG_YAML_H
+
+#include <stddef.h>
+
+typedef struct {
+	char *key;
+	char **v;    /* the items: one for a scalar; NULL items for YAML null (~, null, empty) */
+	int n;
+	int is_list;
+	int line;    /* 1-based line of the key; 0 = a command-line override */
+} bk_cfg_field;
+
+typedef struct {
+	char *name; /* the file name, for messages */
+	bk_cfg_field *v;
+	size_t n;
+} bk_cfg;
+
+/* Parses YAML text: a single flat mapping of scalars and lists of scalars.  On error
+ * returns -1 and writes "NAME:LINE: what" into err (one line); 0 on success. */
+int bk_cfg_parse(bk_cfg *c, const char *text, size_t len, const char *name, char *err,
+		 size_t errlen);
+/* Reads and parses a file; dies with the one-line message on error. */
+void bk_cfg_load(bk_cfg *c, const char *path);
+/* Sets key to a scalar (a command-line override): replaces the field or adds it. */
+void bk_cfg_set(bk_cfg *c, const char *key, const char *value);
+const bk_cfg_field *bk_cfg_get(const bk_cfg *c, const char *key);
+void bk_cfg_free(bk_cfg *c);
+
+/* What a bake run does with each config field. */
+typedef enum {
+	BK_CFG_NOTE,        /* accepted; bakery does it differently or it has no effect */
+	BK_CFG_IGNORED,     /* not available; only speed or memory differ, the bake runs */
+	BK_CFG_UNSUPPORTED, /* not available and it changes the result: the bake refuses */
+	BK_CFG_UNKNOWN,     /* not a field of the reference tool: the bake refuses */
+} bk_cfg_kind;
+
+typedef struct {
+	bk_cfg_kind kind;
+	char *key;
+	int line;
+	char *text; /* the reason, one line */
+} bk_cfg_note;
+
+/* Features of the installed bk-step that some fields need (found from its --help). */
+typedef struct {
+	int grad_checkpoint; /* bk-step --grad-checkpoint */
+	int optim_8bit;      /* bk-step --optim adamw8bit */
+} bk_bake_caps;
+
+typedef struct {
+	const char **v;
+	int n;
+} bk_cfg_strs;
+
+/* The bake, field by field mapped onto stage options.  Strings point into the bk_cfg
+ * (or are literals). */
+typedef struct {
+	/* inputs: bk-tokenize (and bk-eval for the system prompt) */
+	const char *model, *system, *system_file, *corpus, *corpus_format,
+		*system_template_text, *template_name;
+	bk_cfg_strs prompts, data;
+	long max_seq_length;
+	/* bk-gen */
+	long num_trajectories, trajectory_length, epochs, seed;
+	double sampling_temperature, top_p;
+	/* bk-teach (and bk-step, bk-eval: the KL temperature) */
+	double temperature;
+	long top_k;
+	/* bk-lens / bk-step */
+	long batch_size, grad_accum, warmup_steps, lora_r, logging_steps, save_steps;
+	double lr, warmup_ratio, weight_decay, max_grad_norm, lora_alpha, lora_dropout;
+	const char *schedule, *save_strategy; /* save_strategy: epoch, steps or no */
+	char *target_modules;                  /* "q_proj,v_proj" or "all-linear" (malloc'd) */
+	int grad_checkpoint, optim_8bit;       /* map to bk-step flags (caps permitting) */
+	/* outputs, evaluation */
+	const char *output_dir, *eval_file, *held_out_file, *kl_prompts, *device;
+	/* everything said about the fields, in config order */
+	bk_cfg_note *notes;
+	size_t n_notes;
+	int n_refused; /* notes of kind UNSUPPORTED or UNKNOWN */
+} bk_bake_plan;
+
+/* Maps every field of c (defaults as the reference's); bad values (a word where a
+ * number goes) die naming the file, line and field.  Never ignores a field: each one
+ * is mapped, or gets a note. */
+void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *caps);
+void bk_bake_plan_free(bk_bake_plan *p);
+/* "note", "ignored", "unsupported", "unknown" */
+const char *bk_cfg_kind_name(bk_cfg_kind k);
+
+#endif

@@ -1,0 +1,84 @@
+/* cuda.h - C-callable declarations of the CUDA compute path: the op table bk_ops_cuda
+ * (gpu/cuda_ops.cu), the attention ops it points at (gpu/cuda_attention.cu) and a few
+ * device queries (memory counters, synchronisation).  Everything here exists only in a
+ * CUDA build (BK_HAVE_CUDA); host C that uses it must be guarded the same way.
+ * Not the kernels (the gpu/ .cu files) and not device selection (gpu/device.h). */
+#ifndef BK_CUDA_H
+#define BK_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu/ops.h"
+
+#ifdef BK_HAVE_CUDA
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The CUDA op table: base weights in bf16, activations and LoRA in fp32, matmuls on
+ * tensor cores with fp32 accumulation.  Ordered on one stream (bk_cuda_stream in
+ * cuda_common.cuh); download synchronises. */
+extern const bk_ops bk_ops_cuda;
+
+/* gpu/cuda_attention.cu: exactly the signatures of bk_ops.attention_forward and
+ * bk_ops.attention_backward (see ops.h for the semantics). */
+void bk_cuda_attention_forward(float *out /* [T,NH,D] */, float *lse /* [NH,T] */,
+			       const float *q /* [T,NH,D] */, const float *k /* [T,NKV,D] */,
+			       const float *v /* [T,NKV,D] */,
+			       const int32_t *cu_seqlens /* [S+1] */, int S, int T, int NH,
+			       int NKV, int D, const float *prefix_k /* [P,NKV,D] or NULL */,
+			       const float *prefix_v /* [P,NKV,D] or NULL */, int P);
+void bk_cuda_attention_backward(float *dq /* [T,NH,D] += */, float *dk /* [T,NKV,D] += */,
+				float *dv /* [T,NKV,D] += */, const float *dout /* [T,NH,D] */,
+				const float *q, const float *k, const float *v,
+				const float *out /* [T,NH,D] */, const float *lse /* [NH,T] */,
+				const int32_t *cu_seqlens /* [S+1] */, int S, int T, int NH,
+				int NKV, int D);
+
+/* gpu/cuda_loss.cu: the row and loss ops, signatures of the bk_ops fields of the same
+ * names (ops.h has the semantics). */
+void bk_cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int N, int T,
+			 int H);
+void bk_cuda_scatter_rows(float *dst, const float *src, const int32_t *rows, int N, int T,
+			  int H);
+double bk_cuda_kl_exact(const float *hidden, const bk_weight *lm_head,
+			const float *teacher_hidden, const float *teacher_logp,
+			const int32_t *sample_of, int n, int n_samples, int chunk,
+			float temperature, float *d_hidden, float *row_kl);
+double bk_cuda_kl_topk(const float *hidden, const bk_weight *lm_head, const int32_t *topk_ids,
+		       const float *topk_logp, const float *rest, const int32_t *sample_of,
+		       int n, int n_samples, int k, int chunk, float temperature,
+		       float *d_hidden, float *row_kl);
+void bk_cuda_teacher_topk(const float *hidden, const bk_weight *lm_head, int n, int chunk,
+			  float temperature, int k, int32_t *ids, float *logp, float *rest);
+void bk_cuda_teacher_logprobs(const float *hidden, const bk_weight *lm_head, int n, int chunk,
+			      float temperature, float *logp);
+
+/* gpu/cuda_optim.cu: the optimizer ops (ops.h, gpu/optim8.h). */
+void bk_cuda_adamw_step(float *param, const float *grad, float *m, float *v, size_t n,
+			double lr, double beta1, double beta2, double eps, double weight_decay,
+			int64_t step);
+void bk_cuda_adamw8_step(float *param, const float *grad, uint8_t *qm, uint8_t *qv,
+			 float *absmax_m, float *absmax_v, size_t n, int block, double lr,
+			 double beta1, double beta2, double eps, double weight_decay,
+			 int64_t step);
+double bk_cuda_grad_sumsq(const float *g, size_t n);
+void bk_cuda_scale(float *x, double s, size_t n);
+
+/* Bytes of device memory handed out by bk_ops_cuda.alloc / weight_upload and the
+ * op workspaces, now and at peak since the last reset (cuBLAS's own workspace and the
+ * CUDA context are not counted: see bk_cuda_mem_used). */
+void bk_cuda_mem_stats(size_t *current, size_t *peak);
+void bk_cuda_mem_reset_peak(void);
+/* total - free of cudaMemGetInfo: everything on the device, context included. */
+size_t bk_cuda_mem_used(void);
+/* Waits for every op issued so far (for timing). */
+void bk_cuda_sync(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BK_HAVE_CUDA */
+
+#endif

@@ -1,0 +1,418 @@
+// cuda_gen.cu - bk_gen_ops_cuda: the generation ops of gpu/gen.h on the GPU: a row-wise
+// bf16 tensor-core linear, a fp32 LoRA, the paged bf16 KV cache (store) and the decode
+// attention over block tables (split along the keys, then a reduction).  Every output
+// element is computed by one fixed sequence of operations that depends on its own row
+// and the sequence's length only, never on how many rows run together, so generation on
+// the GPU is batch-invariant like the host twin's.  Not the sampler (cuda_sample.cu),
+// not the engine (gen.c), not the training ops (cuda_ops.cu).
+#include "gpu/cuda_common.cuh"
+
+#include <math.h>
+
+extern "C" {
+#include "gpu/gen.h"
+}
+
+// ---------------------------------------------------------------------------------
+// linear: y [T,out] = bf16(x) [T,in] W^T (W bf16 [out,in]) with mma.sync m16n8k16,
+// fp32 accumulation.
+//
+// Reduction order of one output (t, o), the same for every T:
+//   the input is cut in chunks of 32; chunk c belongs to warp c % KW of the block;
+//   a warp accumulates its chunks in increasing order, two mmas per chunk (a fixed
+//   assignment of the chunk's 32 inputs to the mmas' k slots, the same for every row);
+//   then the KW warps' partial sums are added in warp order 0, 1, ..., KW-1.
+// Which rows share a tile (MT, the grid) changes nothing: an mma's output element
+// depends only on its row of A, its column of B and its accumulator.
+
+enum { LIN_KW = 8, LIN_NT = 2, LIN_THREADS = LIN_KW * 32 };
+
+__device__ __forceinline__ uint32_t pack_bf16(float a, float b)
+{
+	__nv_bfloat162 h = __floats2bfloat162_rn(a, b); // .x (a) in the low half
+	return *reinterpret_cast<uint32_t *>(&h);
+}
+
+// 8 bf16 W[n, k..k+7] as 4 pairs; zeros past the matrix
+__device__ __forceinline__ void load_w8(uint32_t r[4], const __nv_bfloat16 *W, int n, int k,
+					int in, int out, bool vec)
+{
+	if (n >= out) {
+		r[0] = r[1] = r[2] = r[3] = 0;
+		return;
+	}
+	const __nv_bfloat16 *p = W + (size_t)n * in + k;
+	if (vec) { // in % 8 == 0: the 8 are all inside or all outside
+		if (k < in) {
+			uint4 u = __ldg(reinterpret_cast<const uint4 *>(p));
+			r[0] = u.x, r[1] = u.y, r[2] = u.z, r[3] = u.w;
+		} else {
+			r[0] = r[1] = r[2] = r[3] = 0;
+		}
+		return;
+	}
+	unsigned short h[8];
+	for (int i = 0; i < 8; i++)
+		h[i] = k + i < in ? __bfloat16_as_ushort(p[i]) : (unsigned short)0;
+	for (int i = 0; i < 4; i++)
+		r[i] = (uint32_t)h[2 * i] | ((uint32_t)h[2 * i + 1] << 16);
+}
+
+// 8 fp32 x[t, k..k+7] rounded to bf16, as 4 pairs; zeros past the matrix
+__device__ __forceinline__ void load_x8(uint32_t r[4], const float *x, int t, int k, int in,
+					int T, bool vec)
+{
+	float f[8];
+	const float *p = x + (size_t)t * in + k;
+	if (t < T && vec && k < in) {
+		float4 a = *reinterpret_cast<const float4 *>(p);
+		float4 b = *reinterpret_cast<const float4 *>(p + 4);
+		f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
+		f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+	} else {
+		for (int i = 0; i < 8; i++)
+			f[i] = t < T && k + i < in ? p[i] : 0.0f;
+	}
+	for (int i = 0; i < 4; i++)
+		r[i] = pack_bf16(f[2 * i], f[2 * i + 1]);
+}
+
+__device__ __forceinline__ void mma_bf16(float d[4], uint32_t a0, uint32_t a1, uint32_t a2,
+					 uint32_t a3, uint32_t b0, uint32_t b1)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+	__trap(); // built only for sm_80 and later
+#endif
+}
+
+// block: LIN_KW warps over the input chunks of one tile of MT*16 rows x LIN_NT*8 outputs
+template <int MT>
+__global__ void __launch_bounds__(LIN_THREADS)
+	gen_linear_kernel(float *y, const float *x, const __nv_bfloat16 *W, int T, int in, int out)
+{
+	__shared__ float red[LIN_KW - 1][MT * LIN_NT * 4][32];
+	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+	int n0 = blockIdx.x * (LIN_NT * 8), t0 = blockIdx.y * (MT * 16);
+	bool vec = (in & 7) == 0;
+	float acc[MT][LIN_NT][4];
+	for (int i = 0; i < MT; i++)
+		for (int j = 0; j < LIN_NT; j++)
+			acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+	int nchunk = (in + 31) / 32;
+	for (int c = warp; c < nchunk; c += LIN_KW) {
+		int k = c * 32 + q * 8; // this thread's 8 inputs: 4 pairs p0..p3
+		uint32_t b[LIN_NT][4], a[MT][2][4];
+		for (int j = 0; j < LIN_NT; j++)
+			load_w8(b[j], W, n0 + j * 8 + g, k, in, out, vec);
+		for (int i = 0; i < MT; i++) {
+			load_x8(a[i][0], x, t0 + i * 16 + g, k, in, T, vec);
+			load_x8(a[i][1], x, t0 + i * 16 + g + 8, k, in, T, vec);
+		}
+		// mma 1: k slots (2q, 2q+1) <- p0, (2q+8, 2q+9) <- p1; mma 2: p2, p3
+		for (int i = 0; i < MT; i++)
+			for (int j = 0; j < LIN_NT; j++) {
+				mma_bf16(acc[i][j], a[i][0][0], a[i][1][0], a[i][0][1], a[i][1][1],
+					 b[j][0], b[j][1]);
+				mma_bf16(acc[i][j], a[i][0][2], a[i][1][2], a[i][0][3], a[i][1][3],
+					 b[j][2], b[j][3]);
+			}
+	}
+	if (warp > 0)
+		for (int i = 0; i < MT; i++)
+			for (int j = 0; j < LIN_NT; j++)
+				for (int e = 0; e < 4; e++)
+					red[warp - 1][(i * LIN_NT + j) * 4 + e][lane] = acc[i][j][e];
+	__syncthreads();
+	if (warp > 0)
+		return;
+	for (int i = 0; i < MT; i++)
+		for (int j = 0; j < LIN_NT; j++)
+			for (int e = 0; e < 4; e++) {
+				float s = acc[i][j][e];
+				for (int w = 0; w < LIN_KW - 1; w++)
+					s += red[w][(i * LIN_NT + j) * 4 + e][lane];
+				// c0,c1: row g, cols 2q, 2q+1; c2,c3: row g+8
+				int t = t0 + i * 16 + g + (e >= 2 ? 8 : 0), o = n0 + j * 8 + 2 * q + (e & 1);
+				if (t < T && o < out)
+					y[(size_t)t * out + o] = s;
+			}
+}
+
+static void cuda_gen_linear(float *y, const float *x, const bk_weight *W, int T)
+{
+	if (T <= 0)
+		return;
+	int out = W->rows, in = W->cols;
+	const __nv_bfloat16 *w = (const __nv_bfloat16 *)W->data;
+	cudaStream_t st = bk_cuda_stream();
+	unsigned gx = bk_cuda_blocks((size_t)out, LIN_NT * 8);
+	if (T <= 16) {
+		gen_linear_kernel<1><<<dim3(gx, 1), LIN_THREADS, 0, st>>>(y, x, w, T, in, out);
+		CUDA_LAUNCH_CHECK("gen_linear_kernel<1>");
+	} else if (T <= 32) {
+		gen_linear_kernel<2><<<dim3(gx, 1), LIN_THREADS, 0, st>>>(y, x, w, T, in, out);
+		CUDA_LAUNCH_CHECK("gen_linear_kernel<2>");
+	} else {
+		unsigned gy = bk_cuda_blocks((size_t)T, 64);
+		if (gy > 65535)
+			CUDA_BUG("gen linear: %d rows", T);
+		gen_linear_kernel<4><<<dim3(gx, gy), LIN_THREADS, 0, st>>>(y, x, w, T, in, out);
+		CUDA_LAUNCH_CHECK("gen_linear_kernel<4>");
+	}
+}
+
+// ---------------------------------------------------------------------------------
+// LoRA (fp32, inference): xa [T,R] = x A^T (a warp per (t,r): lane-strided partial sums,
+// then a fixed xor tree); y [T,out] += scale * xa B^T (a thread per (t,o), r in order).
+
+__global__ void gen_lora_a_kernel(float *xa, const float *x, const float *A, int T, int in, int R)
+{
+	int w = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+	if (w >= T * R)
+		return;
+	int t = w / R, r = w % R;
+	const float *xt = x + (size_t)t * in, *ar = A + (size_t)r * in;
+	float s = 0.0f;
+	for (int i = lane; i < in; i += 32)
+		s += xt[i] * ar[i];
+	s = bk_warp_sum(s);
+	if (lane == 0)
+		xa[w] = s;
+}
+
+__global__ void gen_lora_b_kernel(float *y, const float *xa, const float *B, int T, int out,
+				  int R, float scale)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= (size_t)T * out)
+		return;
+	int t = (int)(i / out), o = (int)(i % out);
+	const float *a = xa + (size_t)t * R, *b = B + (size_t)o * R;
+	float s = 0.0f;
+	for (int r = 0; r < R; r++)
+		s += a[r] * b[r];
+	y[i] += scale * s;
+}
+
+static void cuda_gen_lora(float *y, const float *x, const float *A, const float *B, int T,
+			  int in, int out, int R, float scale, float *xa)
+{
+	if (T <= 0)
+		return;
+	cudaStream_t st = bk_cuda_stream();
+	gen_lora_a_kernel<<<bk_cuda_blocks((size_t)T * R * 32, 256), 256, 0, st>>>(xa, x, A, T, in, R);
+	CUDA_LAUNCH_CHECK("gen_lora_a_kernel");
+	gen_lora_b_kernel<<<bk_cuda_blocks((size_t)T * out, 256), 256, 0, st>>>(y, xa, B, T, out, R,
+										 scale);
+	CUDA_LAUNCH_CHECK("gen_lora_b_kernel");
+}
+
+// ---------------------------------------------------------------------------------
+// paged KV cache: pools [NB][L][BS][NKV][D] bf16
+
+__device__ __forceinline__ size_t kv_row(int32_t blk, int j, int l, int L)
+{
+	return ((size_t)blk * L + l) * BK_GEN_BLOCK + (j % BK_GEN_BLOCK);
+}
+
+__global__ void gen_kv_store_kernel(__nv_bfloat16 *kp, __nv_bfloat16 *vp, int l, int L,
+				    const float *k, const float *v, const int32_t *slot, int T,
+				    int w /* NKV*D */)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= (size_t)T * w)
+		return;
+	int t = (int)(i / w), e = (int)(i % w);
+	int s = slot[t];
+	size_t r = kv_row(s / BK_GEN_BLOCK, s, l, L);
+	kp[r * w + e] = bk_f32_to_bf16(k[i]);
+	vp[r * w + e] = bk_f32_to_bf16(v[i]);
+}
+
+static void cuda_gen_kv_store(void *kp, void *vp, int l, int L, const float *k, const float *v,
+			      const int32_t *slot, int T, int NKV, int D)
+{
+	if (T <= 0)
+		return;
+	size_t n = (size_t)T * NKV * D;
+	gen_kv_store_kernel<<<bk_cuda_blocks(n, 256), 256, 0, bk_cuda_stream()>>>(
+		(__nv_bfloat16 *)kp, (__nv_bfloat16 *)vp, l, L, k, v, slot, T, NKV * D);
+	CUDA_LAUNCH_CHECK("gen_kv_store_kernel");
+}
+
+// ---------------------------------------------------------------------------------
+// decode attention over block tables, split along the keys.
+// Pass 1 (a block per (query t, kv head, split c)): keys c*CH .. min((c+1)*CH, nkey)-1,
+// every query head of the kv head's group: m = max score, p_j = exp(s_j - m),
+// l = sum p_j (lane-strided then xor tree), o = sum_j p_j v_j (j in order).
+// Pass 2 (a block per (t, h)): M = max_c m_c, L = sum_c l_c e^(m_c-M), out =
+// (sum_c o_c e^(m_c-M)) / L, c in order.  The splits depend on nkey only.
+
+enum { ATT_CH = 128, ATT_THREADS = 128 };
+
+__global__ void __launch_bounds__(ATT_THREADS)
+	gen_attend_split_kernel(float *po /* [T,NH,NC,D] */, float *pm /* [T,NH,NC] */,
+				float *pl /* [T,NH,NC] */, const float *q, const int32_t *seq,
+				const int32_t *nkey, int NH, int NKV, int D,
+				const __nv_bfloat16 *kp, const __nv_bfloat16 *vp, int l, int L,
+				const int32_t *table, int W, float scale)
+{
+	extern __shared__ float sm[];
+	int t = blockIdx.x, kh = blockIdx.y, c = blockIdx.z, NC = gridDim.z;
+	int nk = nkey[t], j0 = c * ATT_CH;
+	if (j0 >= nk)
+		return;
+	int cnt = nk - j0 < ATT_CH ? nk - j0 : ATT_CH;
+	int group = NH / NKV, h0 = kh * group;
+	float *qs = sm;                    // [group][D]
+	float *sc = qs + group * D;        // [group][CH]
+	size_t *roff = (size_t *)(sc + group * ATT_CH); // [CH] element offsets of key rows
+	const int32_t *tb = table + (size_t)seq[t] * W;
+	for (int i = threadIdx.x; i < group * D; i += blockDim.x)
+		qs[i] = q[((size_t)t * NH + h0) * D + i];
+	for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
+		int key = j0 + j;
+		roff[j] = (kv_row(tb[key / BK_GEN_BLOCK], key, l, L) * NKV + kh) * D;
+	}
+	__syncthreads();
+	for (int j = threadIdx.x; j < ATT_CH; j += blockDim.x) {
+		if (j >= cnt) {
+			for (int g = 0; g < group; g++)
+				sc[g * ATT_CH + j] = -INFINITY;
+			continue;
+		}
+		const __nv_bfloat16 *kr = kp + roff[j];
+		for (int g0 = 0; g0 < group; g0 += 8) { // 8 heads' dots at a time
+			float s[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+			int ng = group - g0 < 8 ? group - g0 : 8;
+			for (int d = 0; d < D; d++) {
+				float kd = bk_bf16_to_f32(kr[d]);
+				for (int g = 0; g < ng; g++)
+					s[g] += qs[(g0 + g) * D + d] * kd;
+			}
+			for (int g = 0; g < ng; g++)
+				sc[(g0 + g) * ATT_CH + j] = s[g] * scale;
+		}
+	}
+	__syncthreads();
+	// a warp per head: max, exponentials, sum
+	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+	for (int g = warp; g < group; g += nw) {
+		float *s = sc + g * ATT_CH, m = -INFINITY, sum = 0.0f;
+		for (int j = lane; j < ATT_CH; j += 32)
+			m = fmaxf(m, s[j]);
+		for (int o = 16; o > 0; o >>= 1)
+			m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+		for (int j = lane; j < ATT_CH; j += 32) {
+			float p = j < cnt ? __expf(s[j] - m) : 0.0f;
+			s[j] = p;
+			sum += p;
+		}
+		sum = bk_warp_sum(sum);
+		if (lane == 0) {
+			size_t i = ((size_t)t * NH + h0 + g) * NC + c;
+			pm[i] = m;
+			pl[i] = sum;
+		}
+	}
+	__syncthreads();
+	for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
+		int g = i / D, d = i % D;
+		const float *p = sc + g * ATT_CH;
+		float o = 0.0f;
+		for (int j = 0; j < cnt; j++)
+			o += p[j] * bk_bf16_to_f32(vp[roff[j] + d]);
+		po[(((size_t)t * NH + h0 + g) * NC + c) * D + d] = o;
+	}
+}
+
+__global__ void gen_attend_reduce_kernel(float *out, const float *po, const float *pm,
+					 const float *pl, const int32_t *nkey, int NH, int D, int NC)
+{
+	int th = blockIdx.x, t = th / NH;
+	int nc = (nkey[t] + ATT_CH - 1) / ATT_CH;
+	const float *m = pm + (size_t)th * NC, *l = pl + (size_t)th * NC;
+	float M = -INFINITY;
+	for (int c = 0; c < nc; c++)
+		M = fmaxf(M, m[c]);
+	float Lsum = 0.0f;
+	for (int c = 0; c < nc; c++)
+		Lsum += l[c] * __expf(m[c] - M);
+	for (int d = threadIdx.x; d < D; d += blockDim.x) {
+		float o = 0.0f;
+		for (int c = 0; c < nc; c++)
+			o += po[((size_t)th * NC + c) * D + d] * __expf(m[c] - M);
+		out[(size_t)th * D + d] = o / Lsum;
+	}
+}
+
+static float *g_att_ws;
+static size_t g_att_ws_bytes;
+
+static float *att_workspace(size_t bytes)
+{
+	if (bytes <= g_att_ws_bytes)
+		return g_att_ws;
+	if (g_att_ws) {
+		CUDA_CHECK(cudaStreamSynchronize(bk_cuda_stream()));
+		CUDA_CHECK(cudaFree(g_att_ws));
+	}
+	size_t want = bytes + bytes / 2;
+	CUDA_CHECK(cudaMalloc((void **)&g_att_ws, want));
+	g_att_ws_bytes = want;
+	return g_att_ws;
+}
+
+static void cuda_gen_attend(float *out, const float *q, const int32_t *seq, const int32_t *nkey,
+			    int T, int NH, int NKV, int D, const void *kp, const void *vp, int l,
+			    int L, const int32_t *table, int W)
+{
+	if (T <= 0)
+		return;
+	if (NH % NKV)
+		CUDA_BUG("gen attend: %d heads over %d kv heads", NH, NKV);
+	// the longest key range a table of width W can hold bounds the splits
+	int NC = (W * BK_GEN_BLOCK + ATT_CH - 1) / ATT_CH;
+	size_t nth = (size_t)T * NH;
+	float *po = att_workspace(nth * NC * ((size_t)D + 2) * sizeof(float));
+	float *pm = po + nth * NC * D, *pl = pm + nth * NC;
+	int group = NH / NKV;
+	size_t smem = ((size_t)group * D + (size_t)group * ATT_CH) * sizeof(float) +
+		      ATT_CH * sizeof(size_t);
+	if (smem > 48 * 1024)
+		CUDA_BUG("gen attend: %zu bytes of shared memory (group %d, D %d)", smem, group, D);
+	if (NC > 65535 || NKV > 65535)
+		CUDA_BUG("gen attend: grid of %d kv heads x %d key splits", NKV, NC);
+	cudaStream_t st = bk_cuda_stream();
+	gen_attend_split_kernel<<<dim3(T, NKV, NC), ATT_THREADS, smem, st>>>(
+		po, pm, pl, q, seq, nkey, NH, NKV, D, (const __nv_bfloat16 *)kp,
+		(const __nv_bfloat16 *)vp, l, L, table, W, 1.0f / sqrtf((float)D));
+	CUDA_LAUNCH_CHECK("gen_attend_split_kernel");
+	int thr = D < 32 ? 32 : (D > 256 ? 256 : (D + 31) / 32 * 32);
+	gen_attend_reduce_kernel<<<(unsigned)nth, thr, 0, st>>>(out, po, pm, pl, nkey, NH, D, NC);
+	CUDA_LAUNCH_CHECK("gen_attend_reduce_kernel");
+}
+
+static size_t cuda_gen_mem_free(void)
+{
+	size_t fr = 0, total = 0;
+	CUDA_CHECK(cudaMemGetInfo(&fr, &total));
+	return fr;
+}
+
+extern "C" const bk_gen_ops bk_gen_ops_cuda = {
+	"cuda",
+	2, // bf16 KV cache
+	cuda_gen_linear,
+	cuda_gen_lora,
+	cuda_gen_kv_store,
+	cuda_gen_attend,
+	bk_cuda_sample,
+	bk_cuda_sample_work_bytes,
+	cuda_gen_mem_free,
+};

@@ -1,0 +1,834 @@
+// cuda_loss.cu - the baking loss on the GPU (ops.h gather_rows, scatter_rows, kl_exact,
+// kl_topk, teacher_topk, teacher_logprobs; semantics of gpu/loss.h): the LM head as a
+// vocabulary-chunked bf16 cuBLAS GEMM into a fixed [N,C] scratch, per-row online
+// log-sum-exp / KL / dlogits kernels, and d_hidden += dlogits_chunk W_chunk by GEMM, so
+// the student's [N,V] logits never exist.  Not the judge (host_loss_ops.c + loss.c).
+//
+// Precision: hidden rows and dlogits are rounded to bf16 for the GEMMs (the head is bf16
+// on the device), fp32 accumulation; per-row maxima fp32, sums of exponentials and the
+// KL in double, as loss.c.  Scaled logits are u = (x W^T) * (1/T) (loss.c divides).
+// Input checks (sample indices, top-k ids, rest masses, log-probs) run on the host on
+// downloaded copies, with loss.c's messages.  Rows of gather/scatter out of [0,T) give
+// NaN rows / are skipped (the callers build them; the host twin BUGs).
+// Teacher top-k: rows in blocks whose [rows,V] logits fit TOPK_SCRATCH floats; per row a
+// radix select of the K-th largest (ties: smaller id first), a bitonic sort of the K in
+// shared memory (K <= TOPK_MAX_K; larger K: the block's logits go to loss.c on the host).
+#include "gpu/cuda_common.cuh"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+// gpu/loss.h (C): the row weights and the host fallback of a very large top-k
+extern "C" int bk_loss_row_weights(const int32_t *sample_of, int n, int n_samples, float *w);
+extern "C" void bk_teacher_topk(const float *hidden, const float *lm_head, const float *logits,
+				int n, int h, int v, int chunk, float temperature, int k,
+				int32_t *ids, float *logp, float *rest);
+
+#define LOSS_THREADS 256
+#define TOPK_MAX_K 4096
+#define TOPK_SCRATCH ((size_t)1 << 26) // floats of teacher logits per row block (256 MiB)
+
+// ---------------------------------------------------------------------------------
+// small helpers
+
+static void *host_alloc(size_t bytes)
+{
+	void *p = malloc(bytes ? bytes : 1);
+	if (!p)
+		die("out of memory (%zu bytes)", bytes);
+	return p;
+}
+
+static void h2d(void *dst, const void *src, size_t bytes)
+{
+	if (!bytes)
+		return;
+	CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, bk_cuda_stream()));
+	CUDA_CHECK(cudaStreamSynchronize(bk_cuda_stream()));
+}
+
+static void d2h(void *dst, const void *src, size_t bytes)
+{
+	if (!bytes)
+		return;
+	CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, bk_cuda_stream()));
+	CUDA_CHECK(cudaStreamSynchronize(bk_cuda_stream()));
+}
+
+// carves 256-byte aligned pieces out of one workspace slot
+struct carve {
+	size_t off;
+	char *base;
+};
+static size_t carve_size(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
+static void *carve_take(carve *c, size_t bytes)
+{
+	void *p = c->base + c->off;
+	c->off += carve_size(bytes);
+	return p;
+}
+
+static const __nv_bfloat16 *head_bf16(const bk_weight *w) { return (const __nv_bfloat16 *)w->data; }
+
+__global__ void loss_to_bf16_kernel(__nv_bfloat16 *out, const float *in, size_t n)
+{
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x)
+		out[i] = bk_f32_to_bf16(in[i]);
+}
+
+static unsigned grid_for(size_t n)
+{
+	size_t b = (n + 255) / 256;
+	return (unsigned)(b < 65535 ? (b ? b : 1) : 65535);
+}
+
+static void to_bf16(__nv_bfloat16 *out, const float *in, size_t n)
+{
+	if (!n)
+		return;
+	loss_to_bf16_kernel<<<grid_for(n), 256, 0, bk_cuda_stream()>>>(out, in, n);
+	CUDA_LAUNCH_CHECK("loss_to_bf16_kernel");
+}
+
+// u [N,cn] (row-major) = (x [N,H] W[c0:c0+cn,:]^T) * alpha; column-major cuBLAS sees
+// u^T [cn,N] = op_T(W_chunk as col-major [H,cn]) x^T [H,N]
+static void logits_gemm(const __nv_bfloat16 *xb, const bk_weight *W, int n, int c0, int cn,
+			float alpha, float *u, int ldu)
+{
+	int H = W->cols;
+	float beta = 0.0f;
+	CUBLAS_CHECK(cublasGemmEx(bk_cuda_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, cn, n, H, &alpha,
+				  head_bf16(W) + (size_t)c0 * H, CUDA_R_16BF, H, xb, CUDA_R_16BF,
+				  H, &beta, u, CUDA_R_32F, ldu, CUBLAS_COMPUTE_32F,
+				  CUBLAS_GEMM_DEFAULT));
+}
+
+// d_hidden [N,H] (+)= (G [N,cn] W[c0:c0+cn,:]) * alpha; col-major: dH^T [H,N] =
+// W_chunk (col-major [H,cn]) G^T [cn,N]
+static void backward_gemm(const __nv_bfloat16 *gb, const bk_weight *W, int n, int c0, int cn,
+			  float alpha, int first, float *d_hidden)
+{
+	int H = W->cols;
+	float beta = first ? 0.0f : 1.0f;
+	CUBLAS_CHECK(cublasGemmEx(bk_cuda_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, H, n, cn, &alpha,
+				  head_bf16(W) + (size_t)c0 * H, CUDA_R_16BF, H, gb, CUDA_R_16BF,
+				  cn, &beta, d_hidden, CUDA_R_32F, H, CUBLAS_COMPUTE_32F,
+				  CUBLAS_GEMM_DEFAULT));
+}
+
+// ---- block reductions (blockDim.x == LOSS_THREADS) ----
+template <typename T, typename F>
+__device__ __forceinline__ T block_reduce(T v, F op, T *sh /* [32] */)
+{
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	for (int o = 16; o > 0; o >>= 1)
+		v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+	__syncthreads(); // sh may still be read by a previous call
+	if (lane == 0)
+		sh[wid] = v;
+	__syncthreads();
+	T r = sh[0];
+	for (int i = 1; i < nw; i++)
+		r = op(r, sh[i]);
+	return r;
+}
+
+struct op_max {
+	__device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct op_sumf {
+	__device__ float operator()(float a, float b) const { return a + b; }
+};
+struct op_sumd {
+	__device__ double operator()(double a, double b) const { return a + b; }
+};
+
+// ---------------------------------------------------------------------------------
+// gather / scatter
+
+__global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *rows, int N,
+				   int T, int H)
+{
+	size_t n = (size_t)N * H;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		int r = (int)(i / H), c = (int)(i % H), t = rows[r];
+		dst[i] = t >= 0 && t < T ? src[(size_t)t * H + c] : __int_as_float(0x7fffffff);
+	}
+}
+
+__global__ void scatter_rows_kernel(float *dst, const float *src, const int32_t *rows, int N,
+				    int T, int H)
+{
+	size_t n = (size_t)N * H;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		int r = (int)(i / H), c = (int)(i % H), t = rows[r];
+		if (t >= 0 && t < T)
+			dst[(size_t)t * H + c] += src[i];
+	}
+}
+
+extern "C" void bk_cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int N,
+				    int T, int H)
+{
+	if (N < 0 || T < 0 || H <= 0)
+		CUDA_BUG("gather rows: bad sizes N=%d T=%d H=%d", N, T, H);
+	if (!N)
+		return;
+	gather_rows_kernel<<<grid_for((size_t)N * H), 256, 0, bk_cuda_stream()>>>(dst, src, rows,
+										  N, T, H);
+	CUDA_LAUNCH_CHECK("gather_rows_kernel");
+}
+
+extern "C" void bk_cuda_scatter_rows(float *dst, const float *src, const int32_t *rows, int N,
+				     int T, int H)
+{
+	if (N < 0 || T < 0 || H <= 0)
+		CUDA_BUG("scatter rows: bad sizes N=%d T=%d H=%d", N, T, H);
+	if (!N)
+		return;
+	scatter_rows_kernel<<<grid_for((size_t)N * H), 256, 0, bk_cuda_stream()>>>(dst, src, rows,
+										   N, T, H);
+	CUDA_LAUNCH_CHECK("scatter_rows_kernel");
+}
+
+// ---------------------------------------------------------------------------------
+// per-row kernels of the loss (one block per row of a chunk)
+
+// (m, s) of row r += the row u[r, 0..cn): log-sum-exp = m + log(s); m a float value
+__global__ void lse_chunk_kernel(const float *u /* [N,cn] */, int cn, double *m, double *s)
+{
+	__shared__ float shf[32];
+	__shared__ double shd[32];
+	int r = blockIdx.x;
+	const float *row = u + (size_t)r * cn;
+	float cm = -INFINITY;
+	for (int j = threadIdx.x; j < cn; j += blockDim.x)
+		cm = fmaxf(cm, row[j]);
+	cm = block_reduce(cm, op_max(), shf);
+	if (cm == -INFINITY)
+		return;
+	double mo = m[r], mn = (double)cm > mo ? (double)cm : mo;
+	float mf = (float)mn;
+	double acc = 0;
+	for (int j = threadIdx.x; j < cn; j += blockDim.x)
+		acc += (double)expf(row[j] - mf);
+	acc = block_reduce(acc, op_sumd(), shd);
+	if (threadIdx.x == 0) {
+		s[r] = ((double)cm > mo ? s[r] * exp(mo - (double)cm) : s[r]) + acc;
+		m[r] = mn;
+	}
+}
+
+// lse[r] = m[r] + log(s[r]) (-inf when s = 0), in place in m
+__global__ void lse_finish_kernel(double *m, const double *s, int n)
+{
+	int r = blockIdx.x * blockDim.x + threadIdx.x;
+	if (r < n)
+		m[r] = s[r] > 0 ? m[r] + log(s[r]) : -INFINITY;
+}
+
+__global__ void fill_rows_kernel(double *m, double *s, double mv, int n)
+{
+	int r = blockIdx.x * blockDim.x + threadIdx.x;
+	if (r < n) {
+		m[r] = mv;
+		s[r] = 0;
+	}
+}
+
+// exact pass 2 for chunk c0..c0+cn: kl[r] += sum p (lt - ls); G = w (q - p) in bf16.
+// teacher: ut [N,cn] scaled logits with lse_t, or tl = log-probs [N,V] (lse_t unused)
+__global__ void kl_exact_chunk_kernel(const float *us, const float *ut, const float *tl, int V,
+				      int c0, int cn, const double *lse_s, const double *lse_t,
+				      const float *w, double *kl, __nv_bfloat16 *G)
+{
+	__shared__ double shd[32];
+	int r = blockIdx.x;
+	const float *u = us + (size_t)r * cn;
+	const float *t = ut ? ut + (size_t)r * cn : tl + (size_t)r * V + c0;
+	double ls0 = lse_s[r], lt0 = ut ? lse_t[r] : 0.0;
+	float wr = w[r];
+	double acc = 0;
+	for (int j = threadIdx.x; j < cn; j += blockDim.x) {
+		double ls = (double)u[j] - ls0, lt = (double)t[j] - lt0;
+		float q = expf((float)ls), p = expf((float)lt);
+		if (p > 0)
+			acc += p * (lt - ls);
+		G[(size_t)r * cn + j] = bk_f32_to_bf16(wr * (q - p));
+	}
+	acc = block_reduce(acc, op_sumd(), shd);
+	if (threadIdx.x == 0)
+		kl[r] += acc;
+}
+
+// top-k pass 1 for a chunk: tu[r,i] = u at ids in the chunk, those u set to -inf
+__global__ void topk_mask_kernel(float *u /* [N,cn] */, int n, int cn, int c0,
+				 const int32_t *ids /* [N,K] */, int K, float *tu /* [N,K] */)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= (size_t)n * K)
+		return;
+	int r = (int)(i / K), id = ids[i];
+	if (id >= c0 && id < c0 + cn) {
+		float *x = u + (size_t)r * cn + (id - c0);
+		tu[i] = *x;
+		*x = -INFINITY;
+	}
+}
+
+// per row after pass 1: l = logaddexp(lse over the other ids, lse over tu); the KL;
+// lse[r] = l, lrest[r] = lse over the other ids (in place of m)
+__global__ void topk_row_kernel(const float *tu, const float *logp, int n, int K,
+				const double *prest, double *m /* in: m, out: lrest */,
+				const double *s, double *lse, double *kl)
+{
+	int r = blockIdx.x * blockDim.x + threadIdx.x;
+	if (r >= n)
+		return;
+	double lse_rest = s[r] > 0 ? m[r] + log(s[r]) : -INFINITY, mt = -INFINITY, st = 0;
+	const float *t = tu + (size_t)r * K, *lp = logp + (size_t)r * K;
+	for (int i = 0; i < K; i++)
+		if (t[i] > mt)
+			mt = t[i];
+	for (int i = 0; i < K && mt > -INFINITY; i++)
+		st += exp(t[i] - mt);
+	double lt = st > 0 ? mt + log(st) : -INFINITY, l;
+	if (lse_rest == -INFINITY)
+		l = lt;
+	else if (lt == -INFINITY)
+		l = lse_rest;
+	else {
+		double mx = lse_rest > lt ? lse_rest : lt;
+		l = mx + log1p(exp(-fabs(lse_rest - lt)));
+	}
+	double acc = 0;
+	for (int i = 0; i < K; i++) {
+		double pi = exp((double)lp[i]);
+		if (pi > 0)
+			acc += pi * ((double)lp[i] - (t[i] - l));
+	}
+	if (prest[r] > 0)
+		acc += prest[r] * (log(prest[r]) - (lse_rest - l));
+	lse[r] = l;
+	m[r] = lse_rest;
+	kl[r] = acc;
+}
+
+// top-k pass 2, every column: G = w (P q - prest q / q_rest) (ids fixed up next)
+__global__ void topk_grad_chunk_kernel(const float *us, int cn, const double *lse,
+				       const double *lrest, const double *ptot,
+				       const double *prest, const float *w, __nv_bfloat16 *G)
+{
+	int r = blockIdx.x;
+	const float *u = us + (size_t)r * cn;
+	double l = lse[r], lr = lrest[r], pt = ptot[r], pr = prest[r];
+	float wr = w[r];
+	for (int j = threadIdx.x; j < cn; j += blockDim.x) {
+		double g = pt * expf((float)((double)u[j] - l));
+		if (pr > 0)
+			g -= pr * expf((float)((double)u[j] - lr));
+		G[(size_t)r * cn + j] = bk_f32_to_bf16(wr * (float)g);
+	}
+}
+
+// top-k pass 2 fix-up at the ids of the chunk: G = w (P q - p), q = exp(tu - l)
+__global__ void topk_grad_ids_kernel(__nv_bfloat16 *G, int n, int cn, int c0,
+				     const int32_t *ids, const float *tu, const float *logp, int K,
+				     const double *lse, const double *ptot, const float *w)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= (size_t)n * K)
+		return;
+	int r = (int)(i / K), id = ids[i];
+	if (id < c0 || id >= c0 + cn)
+		return;
+	double q = exp((double)tu[i] - lse[r]), p = exp((double)logp[i]);
+	G[(size_t)r * cn + (id - c0)] = bk_f32_to_bf16(w[r] * (float)(ptot[r] * q - p));
+}
+
+// ---------------------------------------------------------------------------------
+// the loss ops
+
+static void loss_check_dims(const char *what, int n, int h, int v, int chunk, float temperature)
+{
+	if (n < 0 || h <= 0 || v <= 0 || chunk <= 0)
+		CUDA_BUG("%s: bad sizes n=%d h=%d v=%d chunk=%d", what, n, h, v, chunk);
+	if (!(temperature > 0) || isinf(temperature))
+		die("%s: temperature %g is not a positive number", what, (double)temperature);
+}
+
+// the row weights on the host (dies on a bad sample index), uploaded into wd [N]
+static void upload_weights(const int32_t *sample_of, int n, int n_samples, float *wd)
+{
+	float *w = (float *)host_alloc((size_t)n * sizeof(float));
+	bk_loss_row_weights(sample_of, n, n_samples, w);
+	h2d(wd, w, (size_t)n * sizeof(float));
+	free(w);
+}
+
+// loss = sum_r w_r kl_r (host, in row order as loss.c); row_kl gets the kl_r
+static double finish_loss(const int32_t *sample_of, int n, int n_samples, const double *kl_d,
+			  float *row_kl)
+{
+	double *kl = (double *)host_alloc((size_t)n * sizeof(double));
+	float *w = (float *)host_alloc((size_t)n * sizeof(float));
+	d2h(kl, kl_d, (size_t)n * sizeof(double));
+	bk_loss_row_weights(sample_of, n, n_samples, w);
+	double loss = 0;
+	for (int r = 0; r < n; r++) {
+		loss += w[r] * kl[r];
+		if (row_kl)
+			row_kl[r] = (float)kl[r];
+	}
+	free(kl), free(w);
+	return loss;
+}
+
+extern "C" double bk_cuda_kl_exact(const float *hidden, const bk_weight *lm_head,
+				   const float *teacher_hidden, const float *teacher_logp,
+				   const int32_t *sample_of, int n, int n_samples, int chunk,
+				   float temperature, float *d_hidden, float *row_kl)
+{
+	int H = lm_head->cols, V = lm_head->rows;
+	loss_check_dims("exact loss", n, H, V, chunk, temperature);
+	if (!teacher_hidden == !teacher_logp)
+		CUDA_BUG("exact loss: give exactly one of teacher hidden rows and teacher log-probs");
+	if (n == 0)
+		return 0.0;
+	cudaStream_t st = bk_cuda_stream();
+	int C = chunk < V ? chunk : V;
+	size_t nh = (size_t)n * H, nc = (size_t)n * C;
+	carve c0 = {0, NULL};
+	size_t bytes0 = carve_size(nh * 2) * 2 + carve_size(nc * 2);
+	c0.base = (char *)bk_cuda_workspace(0, bytes0);
+	__nv_bfloat16 *xb = (__nv_bfloat16 *)carve_take(&c0, nh * 2); // [N,H]
+	__nv_bfloat16 *tb = (__nv_bfloat16 *)carve_take(&c0, nh * 2); // [N,H] teacher
+	__nv_bfloat16 *gb = (__nv_bfloat16 *)carve_take(&c0, nc * 2); // [N,C] dlogits
+	float *us = (float *)bk_cuda_workspace(1, nc * sizeof(float));  // [N,C] student u
+	float *ut = teacher_hidden ? (float *)bk_cuda_workspace(2, nc * sizeof(float)) : NULL;
+	carve c3 = {0, NULL};
+	c3.base = (char *)bk_cuda_workspace(3, carve_size((size_t)n * 8) * 5 +
+						       carve_size((size_t)n * 4));
+	double *ms = (double *)carve_take(&c3, (size_t)n * 8), *ss = (double *)carve_take(&c3, (size_t)n * 8);
+	double *mt = (double *)carve_take(&c3, (size_t)n * 8), *stt = (double *)carve_take(&c3, (size_t)n * 8);
+	double *kl = (double *)carve_take(&c3, (size_t)n * 8);
+	float *wd = (float *)carve_take(&c3, (size_t)n * 4);
+	upload_weights(sample_of, n, n_samples, wd);
+	to_bf16(xb, hidden, nh);
+	if (teacher_hidden)
+		to_bf16(tb, teacher_hidden, nh);
+	unsigned rb = bk_cuda_blocks((size_t)n, 256);
+	fill_rows_kernel<<<rb, 256, 0, st>>>(ms, ss, -INFINITY, n);
+	CUDA_LAUNCH_CHECK("fill_rows_kernel");
+	fill_rows_kernel<<<rb, 256, 0, st>>>(mt, stt, -INFINITY, n);
+	CUDA_LAUNCH_CHECK("fill_rows_kernel");
+	fill_rows_kernel<<<rb, 256, 0, st>>>(kl, stt, 0.0, n); // kl = 0 (stt re-zeroed)
+	CUDA_LAUNCH_CHECK("fill_rows_kernel");
+	float alpha = 1.0f / temperature;
+
+	// pass 1: log-sum-exp of both sides
+	for (int c = 0; c < V; c += C) {
+		int cn = V - c < C ? V - c : C;
+		logits_gemm(xb, lm_head, n, c, cn, alpha, us, cn);
+		lse_chunk_kernel<<<n, LOSS_THREADS, 0, st>>>(us, cn, ms, ss);
+		CUDA_LAUNCH_CHECK("lse_chunk_kernel");
+		if (ut) {
+			logits_gemm(tb, lm_head, n, c, cn, alpha, ut, cn);
+			lse_chunk_kernel<<<n, LOSS_THREADS, 0, st>>>(ut, cn, mt, stt);
+			CUDA_LAUNCH_CHECK("lse_chunk_kernel");
+		}
+	}
+	lse_finish_kernel<<<rb, 256, 0, st>>>(ms, ss, n);
+	CUDA_LAUNCH_CHECK("lse_finish_kernel");
+	if (ut) {
+		lse_finish_kernel<<<rb, 256, 0, st>>>(mt, stt, n);
+		CUDA_LAUNCH_CHECK("lse_finish_kernel");
+	}
+
+	// pass 2: KL and dL/du = w (q - p), d_hidden += G W_chunk / T
+	for (int c = 0; c < V; c += C) {
+		int cn = V - c < C ? V - c : C;
+		logits_gemm(xb, lm_head, n, c, cn, alpha, us, cn);
+		if (ut)
+			logits_gemm(tb, lm_head, n, c, cn, alpha, ut, cn);
+		kl_exact_chunk_kernel<<<n, LOSS_THREADS, 0, st>>>(us, ut, teacher_logp, V, c, cn, ms,
+								 mt, wd, kl, gb);
+		CUDA_LAUNCH_CHECK("kl_exact_chunk_kernel");
+		if (d_hidden)
+			backward_gemm(gb, lm_head, n, c, cn, alpha, c == 0, d_hidden);
+	}
+	return finish_loss(sample_of, n, n_samples, kl, row_kl);
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+	return (x > y) - (x < y);
+}
+
+extern "C" double bk_cuda_kl_topk(const float *hidden, const bk_weight *lm_head,
+				  const int32_t *topk_ids, const float *topk_logp,
+				  const float *rest, const int32_t *sample_of, int n, int n_samples,
+				  int k, int chunk, float temperature, float *d_hidden,
+				  float *row_kl)
+{
+	int H = lm_head->cols, V = lm_head->rows;
+	loss_check_dims("sparse loss", n, H, V, chunk, temperature);
+	if (k < 0 || k > V)
+		die("sparse loss: top-k count %d is not in [0, %d]", k, V);
+	if (n == 0)
+		return 0.0;
+	cudaStream_t st = bk_cuda_stream();
+	size_t nk = (size_t)n * k;
+
+	// the teacher arrays on the host: the checks of loss.c, prest and P = sum p + prest
+	int32_t *ids = (int32_t *)host_alloc(nk * sizeof(int32_t));
+	float *lp = (float *)host_alloc(nk * sizeof(float)), *rs = (float *)host_alloc((size_t)n * 4);
+	double *prest = (double *)host_alloc((size_t)n * 8), *ptot = (double *)host_alloc((size_t)n * 8);
+	d2h(ids, topk_ids, nk * sizeof(int32_t));
+	d2h(lp, topk_logp, nk * sizeof(float));
+	d2h(rs, rest, (size_t)n * sizeof(float));
+	for (int r = 0; r < n; r++) {
+		int32_t *id = ids + (size_t)r * k;
+		for (int i = 0; i < k; i++)
+			if (id[i] < 0 || id[i] >= V)
+				die("sparse loss: row %d: top-k id %d is not in [0, %d)", r, (int)id[i], V);
+		qsort(id, (size_t)k, sizeof(int32_t), cmp_i32); // ids is a scratch copy
+		for (int i = 1; i < k; i++)
+			if (id[i] == id[i - 1])
+				die("sparse loss: row %d: top-k id %d appears twice", r, (int)id[i]);
+		double pr = rs[r];
+		if (!(pr >= -1e-4 && pr <= 1 + 1e-4))
+			die("sparse loss: row %d: teacher rest mass %g is not in [0, 1]", r, pr);
+		prest[r] = (k == V || pr < 0) ? 0.0 : pr > 1 ? 1.0 : pr;
+		double sum = prest[r];
+		for (int i = 0; i < k; i++) {
+			double l = lp[(size_t)r * k + i];
+			if (isnan(l) || l > 1e-4)
+				die("sparse loss: row %d: teacher log-prob %g is not <= 0", r, l);
+			sum += exp(l);
+		}
+		ptot[r] = sum;
+	}
+
+	int C = chunk < V ? chunk : V;
+	size_t nh = (size_t)n * H, nc = (size_t)n * C;
+	carve c0 = {0, NULL};
+	c0.base = (char *)bk_cuda_workspace(0, carve_size(nh * 2) + carve_size(nc * 2));
+	__nv_bfloat16 *xb = (__nv_bfloat16 *)carve_take(&c0, nh * 2); // [N,H]
+	__nv_bfloat16 *gb = (__nv_bfloat16 *)carve_take(&c0, nc * 2); // [N,C]
+	float *us = (float *)bk_cuda_workspace(1, nc * sizeof(float)); // [N,C]
+	float *tu = (float *)bk_cuda_workspace(2, (nk ? nk : 1) * sizeof(float)); // [N,K]
+	carve c3 = {0, NULL};
+	c3.base = (char *)bk_cuda_workspace(3, carve_size((size_t)n * 8) * 6 +
+						       carve_size((size_t)n * 4));
+	double *m = (double *)carve_take(&c3, (size_t)n * 8), *s = (double *)carve_take(&c3, (size_t)n * 8);
+	double *lse = (double *)carve_take(&c3, (size_t)n * 8), *kl = (double *)carve_take(&c3, (size_t)n * 8);
+	double *prest_d = (double *)carve_take(&c3, (size_t)n * 8);
+	double *ptot_d = (double *)carve_take(&c3, (size_t)n * 8);
+	float *wd = (float *)carve_take(&c3, (size_t)n * 4);
+	upload_weights(sample_of, n, n_samples, wd);
+	h2d(prest_d, prest, (size_t)n * 8);
+	h2d(ptot_d, ptot, (size_t)n * 8);
+	free(ids), free(lp), free(rs), free(prest), free(ptot);
+	to_bf16(xb, hidden, nh);
+	unsigned rb = bk_cuda_blocks((size_t)n, 256);
+	fill_rows_kernel<<<rb, 256, 0, st>>>(m, s, -INFINITY, n);
+	CUDA_LAUNCH_CHECK("fill_rows_kernel");
+	float alpha = 1.0f / temperature;
+	unsigned kb = bk_cuda_blocks(nk, 256);
+
+	// pass 1: student u at the ids, log-sum-exp over the other ids
+	for (int c = 0; c < V; c += C) {
+		int cn = V - c < C ? V - c : C;
+		logits_gemm(xb, lm_head, n, c, cn, alpha, us, cn);
+		if (nk) {
+			topk_mask_kernel<<<kb, 256, 0, st>>>(us, n, cn, c, topk_ids, k, tu);
+			CUDA_LAUNCH_CHECK("topk_mask_kernel");
+		}
+		lse_chunk_kernel<<<n, LOSS_THREADS, 0, st>>>(us, cn, m, s);
+		CUDA_LAUNCH_CHECK("lse_chunk_kernel");
+	}
+	topk_row_kernel<<<rb, 256, 0, st>>>(tu, topk_logp, n, k, prest_d, m, s, lse, kl);
+	CUDA_LAUNCH_CHECK("topk_row_kernel");
+
+	// pass 2: dL/du = w (P q - p) at the ids, w (P q - prest q / q_rest) elsewhere
+	if (d_hidden) {
+		for (int c = 0; c < V; c += C) {
+			int cn = V - c < C ? V - c : C;
+			logits_gemm(xb, lm_head, n, c, cn, alpha, us, cn);
+			topk_grad_chunk_kernel<<<n, LOSS_THREADS, 0, st>>>(us, cn, lse, m, ptot_d,
+									  prest_d, wd, gb);
+			CUDA_LAUNCH_CHECK("topk_grad_chunk_kernel");
+			if (nk) {
+				topk_grad_ids_kernel<<<kb, 256, 0, st>>>(gb, n, cn, c, topk_ids, tu,
+									topk_logp, k, lse, ptot_d, wd);
+				CUDA_LAUNCH_CHECK("topk_grad_ids_kernel");
+			}
+			backward_gemm(gb, lm_head, n, c, cn, alpha, c == 0, d_hidden);
+		}
+	}
+	return finish_loss(sample_of, n, n_samples, kl, row_kl);
+}
+
+// ---------------------------------------------------------------------------------
+// teacher log-probs and top-k
+
+// logp [r, 0..V) -= log-sum-exp of the row (u in place), one block per row
+__global__ void log_softmax_rows_kernel(float *u /* [N,V] */, int V)
+{
+	__shared__ float shf[32];
+	__shared__ double shd[32];
+	float *row = u + (size_t)blockIdx.x * V;
+	float mx = -INFINITY;
+	for (int j = threadIdx.x; j < V; j += blockDim.x)
+		mx = fmaxf(mx, row[j]);
+	mx = block_reduce(mx, op_max(), shf);
+	double acc = 0;
+	for (int j = threadIdx.x; j < V; j += blockDim.x)
+		acc += (double)expf(row[j] - mx);
+	acc = block_reduce(acc, op_sumd(), shd);
+	double l = (double)mx + log(acc);
+	for (int j = threadIdx.x; j < V; j += blockDim.x)
+		row[j] = (float)((double)row[j] - l);
+}
+
+extern "C" void bk_cuda_teacher_logprobs(const float *hidden, const bk_weight *lm_head, int n,
+					 int chunk, float temperature, float *logp)
+{
+	int H = lm_head->cols, V = lm_head->rows;
+	loss_check_dims("teacher log-probs", n, H, V, chunk, temperature);
+	if (n == 0)
+		return;
+	size_t nh = (size_t)n * H;
+	__nv_bfloat16 *xb = (__nv_bfloat16 *)bk_cuda_workspace(0, nh * 2);
+	to_bf16(xb, hidden, nh);
+	// the output is [N,V] anyway: the logits go straight into it, then normalise
+	logits_gemm(xb, lm_head, n, 0, V, 1.0f / temperature, logp, V);
+	log_softmax_rows_kernel<<<n, LOSS_THREADS, 0, bk_cuda_stream()>>>(logp, V);
+	CUDA_LAUNCH_CHECK("log_softmax_rows_kernel");
+}
+
+// order-preserving key: a larger float gives a larger unsigned
+__device__ __forceinline__ uint32_t f2key(float f)
+{
+	uint32_t b = __float_as_uint(f);
+	return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// "a before b" in the output order: larger value, then smaller id
+__device__ __forceinline__ bool topk_before(float va, int ia, float vb, int ib)
+{
+	return va > vb || (va == vb && ia < ib);
+}
+
+// One row of u [V] per block: radix select of the K-th largest key, the K selected
+// (ties at the threshold: smallest ids) sorted in shared memory, their log-probs, and
+// rest = the probability of all others summed directly.  Dynamic shared memory:
+// Kp floats + Kp ints (Kp = K rounded up to a power of two).
+__global__ void __launch_bounds__(LOSS_THREADS)
+topk_select_kernel(const float *u /* [rows,V] */, int V, int K, int Kp, int32_t *ids_out,
+		   float *logp_out, float *rest_out)
+{
+	extern __shared__ float dsm[];
+	float *sv = dsm;
+	int *si = (int *)(dsm + Kp);
+	__shared__ unsigned hist[256];
+	__shared__ uint32_t s_prefix;
+	__shared__ int s_need, s_cnt, s_base, s_cut;
+	__shared__ int wcount[LOSS_THREADS / 32];
+	__shared__ float shf[32];
+	__shared__ double shd[32];
+	const float *row = u + (size_t)blockIdx.x * V;
+	const int tid = threadIdx.x;
+
+	// radix select, 8 bits at a time from the top: the K-th largest key
+	if (tid == 0) {
+		s_prefix = 0;
+		s_need = K;
+	}
+	for (int shift = 24; shift >= 0; shift -= 8) {
+		for (int b = tid; b < 256; b += blockDim.x)
+			hist[b] = 0;
+		__syncthreads();
+		uint32_t pre = s_prefix;
+		uint32_t himask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+		for (int j = tid; j < V; j += blockDim.x) {
+			uint32_t key = f2key(row[j]);
+			if ((key & himask) == (pre & himask))
+				atomicAdd(&hist[(key >> shift) & 255u], 1u);
+		}
+		__syncthreads();
+		if (tid == 0) {
+			int need = s_need, b = 255;
+			for (; b > 0 && (int)hist[b] < need; b--)
+				need -= (int)hist[b];
+			s_prefix = pre | ((uint32_t)b << shift);
+			s_need = need; // how many with this digit (and the prefix) are still needed
+		}
+		__syncthreads();
+	}
+	const uint32_t kth = s_prefix;
+	const int need = s_need; // ties at kth to take, 1 <= need
+	if (tid == 0) {
+		s_cnt = 0;
+		s_base = 0;
+		s_cut = -1;
+	}
+	for (int i = tid; i < Kp; i += blockDim.x) {
+		sv[i] = -INFINITY;
+		si[i] = 0x7fffffff;
+	}
+	__syncthreads();
+	// everything above the threshold (K - need of them), in any order
+	for (int j = tid; j < V; j += blockDim.x)
+		if (f2key(row[j]) > kth) {
+			int slot = atomicAdd(&s_cnt, 1);
+			sv[slot] = row[j];
+			si[slot] = j;
+		}
+	__syncthreads();
+	// ties at the threshold in id order until need are taken
+	const int above = s_cnt, lane = tid & 31, wid = tid >> 5;
+	for (int j0 = 0; j0 < V; j0 += blockDim.x) {
+		int j = j0 + tid;
+		bool tie = j < V && f2key(row[j]) == kth;
+		unsigned bal = __ballot_sync(0xffffffffu, tie);
+		if (lane == 0)
+			wcount[wid] = __popc(bal);
+		__syncthreads();
+		int base = s_base, before = 0, total = 0;
+		for (int w = 0; w < (int)(blockDim.x >> 5); w++) {
+			before += w < wid ? wcount[w] : 0;
+			total += wcount[w];
+		}
+		int rank = base + before + __popc(bal & ((1u << lane) - 1u));
+		if (tie && rank < need) {
+			sv[above + rank] = row[j];
+			si[above + rank] = j;
+			if (rank == need - 1)
+				s_cut = j;
+		}
+		__syncthreads();
+		if (tid == 0)
+			s_base = base + total;
+		__syncthreads();
+		if (s_base >= need)
+			break;
+	}
+	const int cut = s_cut;
+	// row max, then the sums of exp over the selected and over the rest
+	float mx = -INFINITY;
+	for (int j = tid; j < V; j += blockDim.x)
+		mx = fmaxf(mx, row[j]);
+	mx = block_reduce(mx, op_max(), shf);
+	double srest = 0;
+	for (int j = tid; j < V; j += blockDim.x) {
+		uint32_t key = f2key(row[j]);
+		if (!(key > kth || (key == kth && j <= cut)))
+			srest += exp((double)row[j] - mx);
+	}
+	srest = block_reduce(srest, op_sumd(), shd);
+	double stop = 0;
+	for (int i = tid; i < K; i += blockDim.x)
+		stop += exp((double)sv[i] - mx);
+	stop = block_reduce(stop, op_sumd(), shd);
+	// bitonic sort of the Kp entries by (value desc, id asc)
+	for (int size = 2; size <= Kp; size <<= 1)
+		for (int stride = size >> 1; stride > 0; stride >>= 1) {
+			__syncthreads();
+			for (int i = tid; i < Kp; i += blockDim.x) {
+				int p = i ^ stride;
+				if (p <= i)
+					continue;
+				bool up = (i & size) == 0;
+				float va = sv[i], vb = sv[p];
+				int ia = si[i], ib = si[p];
+				bool swap = up ? topk_before(vb, ib, va, ia) : topk_before(va, ia, vb, ib);
+				if (swap) {
+					sv[i] = vb, si[i] = ib;
+					sv[p] = va, si[p] = ia;
+				}
+			}
+		}
+	__syncthreads();
+	double l = (double)mx + log(stop + srest);
+	size_t o = (size_t)blockIdx.x * K;
+	for (int i = tid; i < K; i += blockDim.x) {
+		ids_out[o + i] = si[i];
+		logp_out[o + i] = (float)((double)sv[i] - l);
+	}
+	if (tid == 0)
+		rest_out[blockIdx.x] = srest > 0 ? (float)(srest / (stop + srest)) : 0.0f;
+}
+
+// x [n] /= t
+__global__ void topk_div_kernel(float *x, size_t n, float t)
+{
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x)
+		x[i] /= t;
+}
+
+extern "C" void bk_cuda_teacher_topk(const float *hidden, const bk_weight *lm_head, int n,
+				     int chunk, float temperature, int k, int32_t *ids,
+				     float *logp, float *rest)
+{
+	int H = lm_head->cols, V = lm_head->rows;
+	loss_check_dims("teacher top-k", n, H, V, chunk, temperature);
+	if (k < 1 || k > V)
+		die("teacher top-k: k %d is not in [1, %d]", k, V);
+	if (n == 0)
+		return;
+	cudaStream_t st = bk_cuda_stream();
+	size_t nh = (size_t)n * H;
+	int nb = (int)(TOPK_SCRATCH / (size_t)V);
+	nb = nb < 1 ? 1 : nb > n ? n : nb;
+	__nv_bfloat16 *xb = (__nv_bfloat16 *)bk_cuda_workspace(0, nh * 2);
+	float *u = (float *)bk_cuda_workspace(1, (size_t)nb * V * sizeof(float)); // [nb,V]
+	to_bf16(xb, hidden, nh);
+	int kp = 1;
+	while (kp < k)
+		kp <<= 1;
+	size_t smem = (size_t)kp * (sizeof(float) + sizeof(int));
+	if (k <= TOPK_MAX_K && smem > 48 * 1024)
+		CUDA_CHECK(cudaFuncSetAttribute((const void *)topk_select_kernel,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						(int)smem));
+	float *hl = NULL;
+	int32_t *hi = NULL;
+	float *hp = NULL, *hr = NULL;
+	for (int r0 = 0; r0 < n; r0 += nb) {
+		int rn = n - r0 < nb ? n - r0 : nb;
+		logits_gemm(xb + (size_t)r0 * H, lm_head, rn, 0, V, 1.0f, u, V); // raw logits
+		if (k <= TOPK_MAX_K) {
+			// u = logits / T, divided as loss.c does
+			if (temperature != 1.0f) {
+				size_t cnt = (size_t)rn * V;
+				topk_div_kernel<<<grid_for(cnt), 256, 0, st>>>(u, cnt, temperature);
+				CUDA_LAUNCH_CHECK("topk_div_kernel");
+			}
+			topk_select_kernel<<<rn, LOSS_THREADS, smem, st>>>(
+				u, V, k, kp, ids + (size_t)r0 * k, logp + (size_t)r0 * k, rest + r0);
+			CUDA_LAUNCH_CHECK("topk_select_kernel");
+			continue;
+		}
+		// a very large k: loss.c on the host, on this block's raw logits
+		if (!hl) {
+			hl = (float *)host_alloc((size_t)nb * V * sizeof(float));
+			hi = (int32_t *)host_alloc((size_t)nb * k * sizeof(int32_t));
+			hp = (float *)host_alloc((size_t)nb * k * sizeof(float));
+			hr = (float *)host_alloc((size_t)nb * sizeof(float));
+		}
+		d2h(hl, u, (size_t)rn * V * sizeof(float));
+		bk_teacher_topk(NULL, NULL, hl, rn, H, V, chunk, temperature, k, hi, hp, hr);
+		h2d(ids + (size_t)r0 * k, hi, (size_t)rn * k * sizeof(int32_t));
+		h2d(logp + (size_t)r0 * k, hp, (size_t)rn * k * sizeof(float));
+		h2d(rest + r0, hr, (size_t)rn * sizeof(float));
+	}
+	free(hl), free(hi), free(hp), free(hr);
+}

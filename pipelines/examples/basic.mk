@@ -1,0 +1,24 @@
+# basic.mk - basic.yaml as a bake.mk config (make syntax, VAR = value):
+#   make -f pipelines/bake.mk CONFIG=pipelines/examples/basic.mk
+#   make -f pipelines/bake.mk CONFIG=pipelines/examples/basic.mk LR=1e-3   (re-runs bk-step only)
+NAME                 = basic
+MODEL                = models/stories260K
+TEMPLATE             = raw
+DATA                 = pipelines/examples/data/stories.txt
+SYSTEM               = Sparky the dragon lives in a big castle. Sparky loves to fly.
+NUM_TRAJECTORIES     = 4
+MAX_NEW_TOKENS       = 48
+SAMPLING_TEMPERATURE = 0.8
+TOP_P                = 0.9
+EPOCHS               = 2
+BATCH_SIZE           = 4
+GRAD_ACCUM           = 1
+LR                   = 2e-3
+SCHEDULE             = linear
+WARMUP_RATIO         = 0.05
+LORA_R               = 8
+LORA_ALPHA           = 16
+LORA_DROPOUT         = 0
+SEED                 = 1
+EVAL                 = pipelines/examples/data/sparky-qa.json
+KL_PROMPTS           = pipelines/examples/data/heldout.txt

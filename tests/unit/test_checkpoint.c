@@ -1,0 +1,194 @@
+/* test_checkpoint.c - gradient checkpointing (bk_acts_create_ckpt, gpu/model.c) on
+ * models/stories260K, host twin:
+ * (a) a packed batch of 3 sequences, LoRA on all modules with random B and dropout on:
+ *     the forward's hidden states and every LoRA gradient are the same bits with and
+ *     without checkpointing; also for an adapter on a subset of modules, for a second
+ *     backward after an adapter-off forward in between (the teacher's, exact mode), and
+ *     for a teacher forward with a shared prefix (its K/V built on checkpointed acts);
+ * (b) the activation memory: bk_acts_bytes without checkpointing minus with it is
+ *     exactly (L-1) layers' saved activations, and is printed;
+ * (c) bk-step's trainer with grad_checkpoint: 3 steps of a bake give the same adapter,
+ *     bit for bit. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/diag.h"
+#include "common/rng.h"
+#include "gpu/load.h"
+#include "gpu/train.h"
+#include "tests/harness.h"
+
+static bk_loaded_model lm;
+static const bk_model *M;
+static bk_rng rng;
+
+enum { S = 3, MAXT = 64 };
+
+typedef struct {
+	int32_t ids[MAXT], pos[MAXT], cu[S + 1];
+	bk_batch b;
+} packed;
+
+/* S sequences of the given lengths back to back, positions from `pos0` */
+static void make_batch(packed *p, const int *len, int pos0, int train, uint64_t key)
+{
+	int T = 0;
+	p->cu[0] = 0;
+	for (int s = 0; s < S; s++) {
+		for (int i = 0; i < len[s]; i++, T++) {
+			p->ids[T] = 1 + (int32_t)bk_rng_below(&rng, (uint64_t)M->cfg.V - 1);
+			p->pos[T] = pos0 + i;
+		}
+		p->cu[s + 1] = T;
+	}
+	p->b = (bk_batch){.T = T, .S = S, .ids = p->ids, .pos = p->pos, .cu_seqlens = p->cu,
+			  .train = train, .dropout_key = key};
+}
+
+static void randomize(bk_lora *lo, float scale)
+{
+	for (size_t i = 0; i < lo->n_flat; i++)
+		lo->flat[i] = ((float)bk_rng_uniform(&rng) - 0.5f) * scale;
+}
+
+/* forward + backward of one batch on acts a; hidden [T,H] and grads out */
+static void fwd_bwd(bk_acts *a, const bk_lora *lo, const bk_batch *b, const float *dh,
+		    float *hid, bk_lora *g)
+{
+	memset(g->flat, 0, g->n_flat * sizeof(float));
+	bk_model_forward(M, lo, b, NULL, a, hid);
+	bk_model_backward(M, lo, b, a, dh, g);
+}
+
+static void test_same_bits(unsigned targets, const char *what)
+{
+	const int H = M->cfg.H;
+	int len[S] = {17, 9, 23};
+	packed p, t;
+	make_batch(&p, len, 0, 1, 0x1234);
+	make_batch(&t, len, 0, 0, 0);
+	bk_lora *lo = bk_lora_create(M, 4, 8, 0.1f, targets);
+	randomize(lo, 0.2f);
+	bk_lora *g0 = bk_lora_create_like(M, lo), *g1 = bk_lora_create_like(M, lo);
+	bk_acts *a0 = bk_acts_create(M, MAXT, 4), *a1 = bk_acts_create_ckpt(M, MAXT, 4, 1);
+	size_t nh = (size_t)MAXT * H;
+	float *h0 = xmalloc(nh * 4), *h1 = xmalloc(nh * 4), *dh = xmalloc(nh * 4);
+	for (size_t i = 0; i < nh; i++)
+		dh[i] = (float)bk_rng_uniform(&rng) - 0.5f;
+
+	fwd_bwd(a0, lo, &p.b, dh, h0, g0);
+	fwd_bwd(a1, lo, &p.b, dh, h1, g1);
+	size_t nT = (size_t)p.b.T * H * 4;
+	double gn = 0;
+	for (size_t i = 0; i < g0->n_flat; i++)
+		gn += fabs(g0->flat[i]);
+	CHECK(gn > 0, "%s: gradients are not all zero", what);
+	CHECK(!memcmp(h0, h1, nT), "%s: hidden states equal with checkpointing", what);
+	CHECK(!memcmp(g0->flat, g1->flat, g0->n_flat * 4),
+	      "%s: LoRA gradients equal bit for bit with checkpointing", what);
+
+	/* exact mode's order: teacher forward (adapter off), student forward, backward */
+	bk_model_forward(M, NULL, &t.b, NULL, a0, h0);
+	bk_model_forward(M, NULL, &t.b, NULL, a1, h1);
+	CHECK(!memcmp(h0, h1, nT), "%s: teacher hidden states equal", what);
+	fwd_bwd(a0, lo, &p.b, dh, h0, g0);
+	fwd_bwd(a1, lo, &p.b, dh, h1, g1);
+	CHECK(!memcmp(g0->flat, g1->flat, g0->n_flat * 4),
+	      "%s: gradients equal after an adapter-off forward", what);
+
+	/* a shared prefix: K/V built on each kind of acts, then a teacher forward */
+	int32_t pre[7] = {1, 301, 427, 295, 433, 422, 265};
+	bk_prefix *p0 = bk_model_prefix_build(M, a0, pre, 7);
+	bk_prefix *p1 = bk_model_prefix_build(M, a1, pre, 7);
+	size_t kv = (size_t)7 * M->cfg.NKV * M->cfg.D * 4;
+	int same = 1;
+	for (int l = 0; l < M->cfg.L; l++)
+		same &= !memcmp(p0->k[l], p1->k[l], kv) && !memcmp(p0->v[l], p1->v[l], kv);
+	CHECK(same, "%s: prefix K/V equal", what);
+	packed q;
+	make_batch(&q, len, 7, 0, 0);
+	bk_model_forward(M, NULL, &q.b, p0, a0, h0);
+	bk_model_forward(M, NULL, &q.b, p1, a1, h1);
+	CHECK(!memcmp(h0, h1, (size_t)q.b.T * H * 4), "%s: prefixed forward equal", what);
+	bk_prefix_free(M, p0);
+	bk_prefix_free(M, p1);
+
+	bk_acts_free(M, a0);
+	bk_acts_free(M, a1);
+	bk_lora_free(M, lo);
+	bk_lora_free(M, g0);
+	bk_lora_free(M, g1);
+	free(h0), free(h1), free(dh);
+}
+
+static void test_bytes(void)
+{
+	const bk_llama_config *c = &M->cfg;
+	int sizes[2] = {64, 512}, R = 8;
+	for (int k = 0; k < 2; k++) {
+		int T = sizes[k];
+		bk_acts *a0 = bk_acts_create(M, T, R), *a1 = bk_acts_create_ckpt(M, T, R, 1);
+		size_t b0 = bk_acts_bytes(a0), b1 = bk_acts_bytes(a1);
+		size_t H = c->H, I = c->I, QD = (size_t)c->NH * c->D, KVD = (size_t)c->NKV * c->D;
+		/* one layer's saved activations (model.c's design note) */
+		size_t layer = (size_t)T * (3 * H + 2 * QD + 2 * KVD + 3 * I + BK_LORA_NMOD * R + 2) +
+			       (size_t)c->NH * T;
+		size_t want = (size_t)(c->L - 1) * layer * sizeof(float);
+		fprintf(stderr, "activation bytes, T = %d, r = %d, L = %d: %zu without, %zu with "
+			"--grad-checkpoint (saving %zu bytes, %.1f%%)\n", T, R, c->L, b0, b1,
+			b0 - b1, 100.0 * (double)(b0 - b1) / (double)b0);
+		CHECK(b1 < b0 && b0 - b1 == want, "T %d: saving %zu bytes, expected (L-1) layers = "
+		      "%zu", T, b0 - b1, want);
+		bk_acts_free(M, a0);
+		bk_acts_free(M, a1);
+	}
+}
+
+static void test_trainer(void)
+{
+	int32_t sys[6] = {301, 427, 295, 433, 422, 265};
+	int32_t sp[3][8], tp[3][14], rs[3][6];
+	bk_train_sample s[3];
+	for (int i = 0; i < 3; i++) {
+		int nu = 3 + 2 * i;
+		sp[i][0] = tp[i][0] = 1;
+		memcpy(tp[i] + 1, sys, sizeof sys);
+		for (int j = 0; j < nu; j++)
+			sp[i][1 + j] = tp[i][7 + j] = 3 + (int32_t)bk_rng_below(&rng, 500);
+		for (int j = 0; j < 6; j++)
+			rs[i][j] = 3 + (int32_t)bk_rng_below(&rng, 500);
+		s[i] = (bk_train_sample){sp[i], tp[i], rs[i], 1 + nu, 7 + nu, 6 - i, NULL};
+	}
+	bk_train_opts o = {.r = 4, .alpha = 8, .dropout = 0.1f, .targets = BK_LORA_ALL,
+			   .lr = 2e-3, .max_grad_norm = 1.0, .sched = BK_SCHED_CONSTANT,
+			   .temperature = 1, .seed = 11, .vocab_chunk = 100};
+	bk_trainer *t0 = bk_trainer_create(M, &o);
+	o.grad_checkpoint = 1;
+	bk_trainer *t1 = bk_trainer_create(M, &o);
+	for (int k = 0; k < 3; k++) {
+		bk_train_micro_info i0, i1;
+		bk_trainer_micro(t0, s, 3, &i0);
+		bk_trainer_micro(t1, s, 3, &i1);
+		CHECK(i0.loss == i1.loss, "step %d: loss %.17g vs %.17g", k, i0.loss, i1.loss);
+		bk_trainer_step(t0, NULL);
+		bk_trainer_step(t1, NULL);
+	}
+	CHECK(!memcmp(t0->lora->flat, t1->lora->flat, t0->lora->n_flat * 4),
+	      "trainer: 3 steps with grad_checkpoint give the same adapter bit for bit");
+	bk_trainer_free(t0);
+	bk_trainer_free(t1);
+}
+
+int main(void)
+{
+	bk_diag_init("test_checkpoint");
+	bk_rng_seed(&rng, 5);
+	lm = bk_model_load(&bk_ops_host, "models/stories260K");
+	M = lm.model;
+	test_same_bits(BK_LORA_ALL, "all modules");
+	test_same_bits((1u << BK_LORA_Q) | (1u << BK_LORA_V) | (1u << BK_LORA_DOWN), "q,v,down");
+	test_bytes();
+	test_trainer();
+	bk_model_unload(&lm);
+	return bk_test_done("test_checkpoint");
+}

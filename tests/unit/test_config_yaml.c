@@ -1,0 +1,225 @@
+/* test_config_yaml.c - the flat YAML bake config: parsing (scalars, lists, nulls, line
+ * numbers), errors with their line, overrides, and the mapping of every reference
+ * field onto the stages (mapped, noted, ignored or refused; nothing silently). */
+#include "formats/config_yaml.h"
+#include "tests/harness.h"
+
+#include <string.h>
+
+static int parse(bk_cfg *c, const char *text, char *err, size_t n)
+{
+	return bk_cfg_parse(c, text, strlen(text), "t.yaml", err, n);
+}
+
+static const bk_cfg_note *note_for(const bk_bake_plan *p, const char *key)
+{
+	for (size_t i = 0; i < p->n_notes; i++)
+		if (!strcmp(p->notes[i].key, key))
+			return &p->notes[i];
+	return NULL;
+}
+
+static void test_parse(void)
+{
+	char err[256];
+	bk_cfg c;
+	int rc = parse(&c,
+		       "# a comment\n"
+		       "model_name_or_path: models/stories260K\n"
+		       "learning_rate: 1e-4\n"
+		       "target_modules:\n  - q_proj\n  - v_proj\n"
+		       "eval_file: null\n"
+		       "system_prompt: \"You are Sparky: a dragon.\"\n"
+		       "training_prompts: [\"Hi\", 'there']\n"
+		       "empty:\n",
+		       err, sizeof err);
+	CHECK(rc == 0, "parse failed: %s", err);
+	CHECK(c.n == 7, "%zu fields", c.n);
+	const bk_cfg_field *f = bk_cfg_get(&c, "learning_rate");
+	CHECK(f && f->n == 1 && !f->is_list && !strcmp(f->v[0], "1e-4") && f->line == 3,
+	      "learning_rate");
+	f = bk_cfg_get(&c, "target_modules");
+	CHECK(f && f->is_list && f->n == 2 && !strcmp(f->v[1], "v_proj") && f->line == 4,
+	      "target_modules");
+	f = bk_cfg_get(&c, "eval_file");
+	CHECK(f && f->n == 1 && f->v[0] == NULL, "null value");
+	f = bk_cfg_get(&c, "empty");
+	CHECK(f && f->n == 1 && f->v[0] == NULL, "empty value is null");
+	f = bk_cfg_get(&c, "system_prompt");
+	CHECK(f && !strcmp(f->v[0], "You are Sparky: a dragon."), "quoted scalar");
+	f = bk_cfg_get(&c, "training_prompts");
+	CHECK(f && f->is_list && f->n == 2 && !strcmp(f->v[1], "there"), "flow list");
+	bk_cfg_set(&c, "learning_rate", "5e-5");
+	bk_cfg_set(&c, "seed", "7");
+	f = bk_cfg_get(&c, "learning_rate");
+	CHECK(f && !strcmp(f->v[0], "5e-5") && f->line == 0, "override replaces");
+	CHECK(c.n == 8 && bk_cfg_get(&c, "seed"), "override adds");
+	bk_cfg_free(&c);
+}
+
+static void test_errors(void)
+{
+	static const struct {
+		const char *text, *want;
+	} bad[] = {
+		{"a: 1\nb: [1, 2\nc: 3\n", "t.yaml:"},
+		{"a: 1\nb:\n  nested: 2\n", "t.yaml:3: a nested mapping"},
+		{"a: 1\na: 2\n", "t.yaml:2: duplicate key 'a' (first on line 1)"},
+		{"- a\n- b\n", "t.yaml:1: a list where"},
+		{"a: 1\n---\nb: 2\n", "t.yaml:2: a second YAML document"},
+		{"a: &x 1\nb: *x\n", "t.yaml:2: a YAML alias"},
+		{"a: [[1]]\n", "t.yaml:1: a list inside a list"},
+		{"a: 1\n  b: 2\n", "t.yaml:2: "},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char err[256] = "";
+		bk_cfg c;
+		int rc = parse(&c, bad[i].text, err, sizeof err);
+		CHECK(rc == -1, "case %zu accepted", i);
+		CHECK(!strncmp(err, bad[i].want, strlen(bad[i].want)), "case %zu: '%s'", i, err);
+		CHECK(!strchr(err, '\n'), "case %zu: more than one line", i);
+		bk_cfg_free(&c);
+	}
+}
+
+/* every field the reference documents, in one config */
+static const char every_field[] =
+	"model_name_or_path: models/stories260K\n"
+	"system_prompt: You are Sparky the dragon.\n"
+	"training_prompts:\n  - Once upon a time\n  - The sky was blue\n"
+	"num_trajectories: 3\n"
+	"trajectory_length: 24\n"
+	"sampling_temperature: 0.7\n"
+	"top_p: 0.95\n"
+	"temperature: 2.0\n"
+	"learning_rate: 1e-4\n"
+	"num_train_epochs: 2\n"
+	"per_device_train_batch_size: 4\n"
+	"gradient_accumulation_steps: 2\n"
+	"lr_scheduler_type: cosine\n"
+	"warmup_ratio: 0.1\n"
+	"warmup_steps: 0\n"
+	"max_grad_norm: 0.5\n"
+	"weight_decay: 0.01\n"
+	"lora_r: 8\n"
+	"lora_alpha: 16\n"
+	"lora_dropout: 0.0\n"
+	"target_modules: [q_proj, v_proj]\n"
+	"seed: 7\n"
+	"logging_steps: 5\n"
+	"save_strategy: steps\n"
+	"save_steps: 10\n"
+	"output_dir: out/x\n"
+	"eval_file: pipelines/demo/qa.json\n"
+	"held_out_file: null\n"
+	"max_seq_length: 256\n"
+	"optim: adamw_bnb_8bit\n"
+	"gradient_checkpointing: true\n"
+	"use_flash_attention: true\n"
+	"bf16: true\n"
+	"fp16: false\n"
+	"report_to: none\n"
+	"learning_rat: 3\n";
+
+static void test_mapping(void)
+{
+	char err[256];
+	bk_cfg c;
+	CHECK(parse(&c, every_field, err, sizeof err) == 0, "%s", err);
+	bk_bake_caps none = {0, 0}, all = {1, 1};
+	bk_bake_plan p;
+	bk_bake_plan_make(&p, &c, &none);
+	CHECK(!strcmp(p.model, "models/stories260K"), "model");
+	CHECK(p.prompts.n == 2 && !strcmp(p.prompts.v[1], "The sky was blue"), "prompts");
+	CHECK(p.num_trajectories == 3 && p.trajectory_length == 24, "trajectories");
+	CHECK(p.sampling_temperature == 0.7 && p.top_p == 0.95 && p.temperature == 2.0,
+	      "temperatures");
+	CHECK(p.lr == 1e-4 && p.epochs == 2 && p.batch_size == 4 && p.grad_accum == 2, "training");
+	CHECK(!strcmp(p.schedule, "cosine") && p.warmup_ratio == 0.1 && p.max_grad_norm == 0.5 &&
+		      p.weight_decay == 0.01, "schedule");
+	CHECK(p.lora_r == 8 && p.lora_alpha == 16 && p.lora_dropout == 0, "lora");
+	CHECK(!strcmp(p.target_modules, "q_proj,v_proj"), "targets '%s'", p.target_modules);
+	CHECK(p.seed == 7 && p.logging_steps == 5 && p.save_steps == 10 &&
+		      !strcmp(p.save_strategy, "steps"), "saving");
+	CHECK(!strcmp(p.output_dir, "out/x") && p.eval_file && !p.held_out_file, "outputs");
+	CHECK(p.max_seq_length == 256, "max_seq_length");
+	/* without the bk-step features: ignored with a reason, not refused */
+	const bk_cfg_note *n = note_for(&p, "optim");
+	CHECK(n && n->kind == BK_CFG_IGNORED && strstr(n->text, "8-bit") && n->line == 32, "optim");
+	n = note_for(&p, "gradient_checkpointing");
+	CHECK(n && n->kind == BK_CFG_IGNORED && strstr(n->text, "--grad-checkpoint"), "gc");
+	CHECK(!p.optim_8bit && !p.grad_checkpoint, "features off");
+	n = note_for(&p, "use_flash_attention");
+	CHECK(n && n->kind == BK_CFG_NOTE && strstr(n->text, "no effect"), "flash attention");
+	CHECK(note_for(&p, "bf16") && note_for(&p, "report_to"), "bf16, report_to noted");
+	/* the typo is unknown, and the only refusal */
+	n = note_for(&p, "learning_rat");
+	CHECK(n && n->kind == BK_CFG_UNKNOWN && n->line == 38, "unknown field");
+	CHECK(p.n_refused == 1, "%d refused", p.n_refused);
+	bk_bake_plan_free(&p);
+
+	bk_bake_plan_make(&p, &c, &all);
+	CHECK(p.optim_8bit && p.grad_checkpoint, "features on");
+	CHECK(!note_for(&p, "optim") && !note_for(&p, "gradient_checkpointing"), "no notes");
+	bk_bake_plan_free(&p);
+
+	/* overrides win */
+	bk_cfg_set(&c, "learning_rate", "5e-5");
+	bk_cfg_set(&c, "target_modules", "all-linear");
+	bk_cfg_set(&c, "num_train_epochs", "1.0");
+	bk_bake_plan_make(&p, &c, &all);
+	CHECK(p.lr == 5e-5 && !strcmp(p.target_modules, "all-linear") && p.epochs == 1,
+	      "overrides");
+	bk_bake_plan_free(&p);
+	bk_cfg_free(&c);
+}
+
+static void test_refusals(void)
+{
+	char err[256];
+	bk_cfg c;
+	CHECK(parse(&c,
+		    "model_name_or_path: meta-llama/Llama-2-7b-chat-hf\n"
+		    "system_prompt: x\n"
+		    "training_prompts: [a]\n"
+		    "lr_scheduler_type: polynomial\n"
+		    "optim: sgd\n"
+		    "target_modules: [q_proj, lm_head]\n"
+		    "num_train_epochs: 1.5\n"
+		    "load_in_4bit: true\n",
+		    err, sizeof err) == 0, "%s", err);
+	bk_bake_caps caps = {1, 1};
+	bk_bake_plan p;
+	bk_bake_plan_make(&p, &c, &caps);
+	const bk_cfg_note *n = note_for(&p, "model_name_or_path");
+	CHECK(n && n->kind == BK_CFG_UNSUPPORTED && strstr(n->text, "hub model id") && n->line == 1,
+	      "hub id");
+	static const char *const keys[] = {"lr_scheduler_type", "optim", "target_modules",
+					   "num_train_epochs", "load_in_4bit", NULL};
+	for (int i = 0; keys[i]; i++) {
+		n = note_for(&p, keys[i]);
+		CHECK(n && n->kind == BK_CFG_UNSUPPORTED, "%s refused", keys[i]);
+	}
+	CHECK(p.n_refused == 6, "%d refused", p.n_refused);
+	bk_bake_plan_free(&p);
+	bk_cfg_free(&c);
+
+	/* nothing to bake: model, system prompt and data are named as missing */
+	CHECK(parse(&c, "seed: 1\n", err, sizeof err) == 0, "%s", err);
+	bk_bake_plan_make(&p, &c, &caps);
+	CHECK(note_for(&p, "model_name_or_path") && note_for(&p, "system_prompt") &&
+		      note_for(&p, "training_prompts") && p.n_refused == 3, "missing fields");
+	CHECK(p.seed == 1 && p.lr == 5e-5 && p.num_trajectories == 4 && p.epochs == 3,
+	      "defaults");
+	bk_bake_plan_free(&p);
+	bk_cfg_free(&c);
+}
+
+int main(void)
+{
+	test_parse();
+	test_errors();
+	test_mapping();
+	test_refusals();
+	return bk_test_done("test_config_yaml");
+}
