@@ -14,6 +14,7 @@
 #include "common/hash.h"
 #include "common/rng.h"
 #include "formats/spm.h"
+#include "formats/inputs.h"
 #include "formats/stream.h"
 #include "formats/template.h"
 #include "gpu/device.h"
@@ -24,13 +25,15 @@ static const char usage[] =
 	"usage: bk-gen --model DIR [--device D] [--num-trajectories N] [--temperature T]\n"
 	"              [--top-p P] [--max-new-tokens N] [--epochs N] [--seed N]\n"
 	"              [--max-batch N] [--kv-memory BYTES] [--window N] [-v] [-o FILE]\n"
-	"              [STREAM]\n"
+	"              [--system TEXT | --system-file FILE] [STREAM]\n"
 	"Samples --num-trajectories responses per epoch from the teacher (adapter off, the\n"
 	"record's t_prompt) for every record without 'resp', and writes one record per\n"
 	"sample with resp, response, traj and epoch added; empty samples are dropped.\n"
 	"Records with 'resp' pass through once, untouched.  Output order is input order.\n"
 	"  --model DIR             HF model directory (config.json, safetensors, tokenizer.model)\n"
 	"  --device D              cpu, cuda or auto (default auto)\n"
+	"  --system TEXT           refuse a stream made with another system prompt\n"
+	"  --system-file FILE      the same, the system prompt read from FILE\n"
 	"  --num-trajectories N    samples per prompt and epoch (default 4)\n"
 	"  --temperature T         sampling temperature, 0 = greedy (default 0.8)\n"
 	"  --top-p P               nucleus mass in (0,1] (default 0.9)\n"
@@ -190,6 +193,7 @@ static void progress(const totals *t, double t0, int final)
 
 int main(int argc, char **argv)
 {
+	const char *sys_text = NULL, *sys_file = NULL;
 	gen_opts o = { .ntraj = 4, .max_new = 128, .epochs = 1, .max_batch = 64, .window = 256,
 		       .temperature = 0.8, .top_p = 0.9 };
 	const char *out_path = "-", *model = NULL, *device = "auto", *kv_memory = NULL;
@@ -206,6 +210,8 @@ int main(int argc, char **argv)
 		{"kv-memory", 0, BK_OPT_STR, &kv_memory, 0, 0},
 		{"window", 0, BK_OPT_INT, &o.window, 1, 1L << 24},
 		{"verbose", 'v', BK_OPT_FLAG, &bk_verbose, 0, 0},
+		{"system", 0, BK_OPT_STR, &sys_text, 0, 0},
+		{"system-file", 0, BK_OPT_STR, &sys_file, 0, 0},
 		{"output", 'o', BK_OPT_STR, &out_path, 0, 0},
 		{0},
 	};
@@ -229,6 +235,11 @@ int main(int argc, char **argv)
 	bk_reader *in = bk_reader_open(n ? argv[0] : "-");
 	char *tok_path = bk_path_join(model, "tokenizer.model");
 	bk_reader_expect_file(in, "tokenizer", tok_path, "tokenizer");
+	if (sys_text || sys_file) {
+		char *sys = bk_system_prompt(sys_text, sys_file, NULL, NULL, NULL);
+		bk_reader_expect_system(in, sys);
+		free(sys);
+	}
 	bk_spm *spm = bk_spm_load(tok_path);
 	free(tok_path);
 	char *tmpl_name = bk_reader_prov_str(in, "template");
@@ -238,8 +249,6 @@ int main(int argc, char **argv)
 		    bk_reader_name(in), tmpl_name);
 	free(tmpl_name);
 
-	char fp[17];
-	bk_model_fingerprint(model, fp);
 	bk_loaded_model lm = bk_model_load(ops, model);
 	const bk_model *m = lm.model;
 	bk_ids stop = { 0 };
@@ -251,7 +260,7 @@ int main(int argc, char **argv)
 	bk_gen *g = bk_gen_create(m, gops, NULL, &gc);
 
 	bk_writer *w = bk_writer_open(out_path);
-	bk_kv kv[] = { BK_KV_S("model", fp), BK_KV_I("seed", o.seed),
+	bk_kv kv[] = { BK_KV_S("model", lm.fingerprint), BK_KV_I("seed", o.seed),
 		       BK_KV_D("sampling_temperature", o.temperature), BK_KV_D("top_p", o.top_p),
 		       BK_KV_I("max_new_tokens", o.max_new), BK_KV_I("num_trajectories", o.ntraj),
 		       BK_KV_I("epochs", o.epochs) };

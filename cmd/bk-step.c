@@ -7,6 +7,7 @@
 #include "common/flags.h"
 #include "common/rng.h"
 #include "formats/peft.h"
+#include "formats/inputs.h"
 #include "formats/stream.h"
 #include "formats/teacher.h"
 #include "gpu/device.h"
@@ -28,7 +29,7 @@ static const char usage[] =
 	"               [--target-modules LIST] [--temperature T] [--seed N]\n"
 	"               [--save-steps N] [--logging-steps N] [--resume DIR]\n"
 	"               [--base-model-name NAME] [--vocab-chunk N] [--optim NAME]\n"
-	"               [--grad-checkpoint] [STREAM]\n"
+	"               [--grad-checkpoint] [--system TEXT | --system-file FILE] [STREAM]\n"
 	"Trains a LoRA adapter (the student: adapter on, no system prompt) to match the\n"
 	"teacher distribution of each record (its 'teacher' field, or the base model with\n"
 	"the system prompt when records carry none).  Writes DIR/checkpoint-N/ and\n"
@@ -36,6 +37,8 @@ static const char usage[] =
 	"  --model DIR          HF model directory (the base model)\n"
 	"  --out DIR            output directory\n"
 	"  --device D           cpu, cuda or auto (default auto)\n"
+	"  --system TEXT        refuse a stream made with another system prompt\n"
+	"  --system-file FILE   the same, the system prompt read from FILE\n"
 	"  --batch-size N       N records per micro-batch (default: bk-lens's 'batch')\n"
 	"  --grad-accum N       micro-batches per optimizer step (default 1)\n"
 	"  --epochs N           passes over a STREAM file (default 1)\n"
@@ -544,11 +547,14 @@ static void add_setting(run *R, const char *key, char *value)
 
 int main(int argc, char **argv)
 {
+	const char *sys_text = NULL, *sys_file = NULL;
 	step_opts o = {.device = "auto", .schedule = "linear", .targets = "all-linear",
 		       .grad_accum = 1, .epochs = 1, .lora_r = 64, .logging_steps = 1,
 		       .vocab_chunk = 4096, .lr = 5e-5, .max_grad_norm = 1.0, .lora_alpha = 128,
 		       .lora_dropout = 0.05, .temperature = 1.0, .optim = "adamw"};
 	bk_opt opts[] = {
+		{"system", 0, BK_OPT_STR, &sys_text, 0, 0},
+		{"system-file", 0, BK_OPT_STR, &sys_file, 0, 0},
 		{"model", 0, BK_OPT_STR, &o.model, 0, 0},
 		{"out", 0, BK_OPT_STR, &o.out, 0, 0},
 		{"device", 0, BK_OPT_STR, &o.device, 0, 0},
@@ -617,6 +623,11 @@ int main(int argc, char **argv)
 	run R = {.o = &o, .last_saved = -1};
 	R.lm = bk_model_load(ops, o.model);
 	bk_reader_expect(in, "model", R.lm.fingerprint, "model");
+	if (sys_text || sys_file) {
+		char *sys = bk_system_prompt(sys_text, sys_file, NULL, NULL, NULL);
+		bk_reader_expect_system(in, sys);
+		free(sys);
+	}
 	const msgpack_object *pt = bk_reader_prov(in, "temperature");
 	if (pt && (pt->type == MSGPACK_OBJECT_FLOAT64 || pt->type == MSGPACK_OBJECT_FLOAT32 ||
 		   pt->type == MSGPACK_OBJECT_POSITIVE_INTEGER)) {

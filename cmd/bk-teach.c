@@ -5,6 +5,7 @@
 #include "common/files.h"
 #include "common/flags.h"
 #include "common/progress.h"
+#include "formats/inputs.h"
 #include "formats/stream.h"
 #include "formats/teacher.h"
 #include "gpu/device.h"
@@ -17,12 +18,14 @@
 static const char usage[] =
 	"usage: bk-teach --model DIR [--device D] [--top-k K] [--temperature T]\n"
 	"                [--max-tokens N | --batch-size N] [--vocab-chunk N] [-o FILE] [-v]\n"
-	"                [STREAM]\n"
+	"                [--system TEXT | --system-file FILE] [STREAM]\n"
 	"Appends 'teacher' to every record: the base model's log-probs (adapter off) on\n"
 	"t_prompt + resp at each response position.  Records must carry 'resp' (run bk-gen\n"
 	"first on prompts-only data); a record without one is refused.\n"
 	"  --model DIR        HF model directory (the teacher)\n"
 	"  --device D         cpu, cuda or auto (default auto)\n"
+	"  --system TEXT      refuse a stream made with another system prompt\n"
+	"  --system-file FILE the same, the system prompt read from FILE\n"
 	"  --top-k K          keep the K most likely ids per position and the remaining mass\n"
 	"                     (default 64; 0 = the full distribution)\n"
 	"  --temperature T    KL temperature: log-probs of softmax(logits / T) (default 1.0)\n"
@@ -98,6 +101,7 @@ static void flush(group *g, bk_teach *tc, bk_writer *out, int *first, const bk_t
 
 int main(int argc, char **argv)
 {
+	const char *sys_text = NULL, *sys_file = NULL;
 	const char *model = NULL, *device = "auto", *out_path = "-";
 	long top_k = 64, max_tokens = 4096, batch_size = 0, vocab_chunk = 8192;
 	double temperature = 1.0;
@@ -109,6 +113,8 @@ int main(int argc, char **argv)
 		{"max-tokens", 0, BK_OPT_INT, &max_tokens, 1, 1L << 30},
 		{"batch-size", 0, BK_OPT_INT, &batch_size, 1, 1L << 30},
 		{"vocab-chunk", 0, BK_OPT_INT, &vocab_chunk, 1, 1L << 30},
+		{"system", 0, BK_OPT_STR, &sys_text, 0, 0},
+		{"system-file", 0, BK_OPT_STR, &sys_file, 0, 0},
 		{"output", 'o', BK_OPT_STR, &out_path, 0, 0},
 		{"verbose", 'v', BK_OPT_FLAG, &bk_verbose, 0, 0},
 		{0},
@@ -128,6 +134,11 @@ int main(int argc, char **argv)
 	bk_reader *in = bk_reader_open(npos ? argv[0] : "-");
 	char *tok = bk_path_join(model, "tokenizer.model");
 	bk_reader_expect_file(in, "tokenizer", tok, "tokenizer");
+	if (sys_text || sys_file) {
+		char *sys = bk_system_prompt(sys_text, sys_file, NULL, NULL, NULL);
+		bk_reader_expect_system(in, sys);
+		free(sys);
+	}
 	free(tok);
 	const bk_ops *ops = bk_device_select(device);
 	bk_loaded_model lm = bk_model_load(ops, model);

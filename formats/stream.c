@@ -323,6 +323,13 @@ void bk_reader_expect_file(const bk_reader *r, const char *key, const char *path
 	bk_reader_expect(r, key, hex, what);
 }
 
+void bk_reader_expect_system(const bk_reader *r, const char *text)
+{
+	char hex[17];
+	bk_hash_hex(bk_hash(text, strlen(text), 0), hex);
+	bk_reader_expect(r, "system", hex, "system prompt");
+}
+
 const char *bk_reader_name(const bk_reader *r) { return r->name; }
 uint64_t bk_reader_count(const bk_reader *r) { return r->count; }
 

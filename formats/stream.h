@@ -40,6 +40,9 @@ void bk_reader_expect(const bk_reader *r, const char *key, const char *want, con
 /* The same with want = the XXH3-64 (hex) of a file's bytes, e.g. a tokenizer.model. */
 void bk_reader_expect_file(const bk_reader *r, const char *key, const char *path,
 			   const char *what);
+/* The same for the system prompt: provenance 'system' is the hex XXH3-64 of its text
+ * (bk-tokenize); refuses a stream made with another system prompt. */
+void bk_reader_expect_system(const bk_reader *r, const char *text);
 const char *bk_reader_name(const bk_reader *r);
 uint64_t bk_reader_count(const bk_reader *r); /* records returned so far */
 void bk_reader_close(bk_reader *r);

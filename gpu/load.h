@@ -12,7 +12,7 @@
 typedef struct {
 	bk_config *cfg;
 	bk_model *model;
-	char fingerprint[17]; /* hex XXH3 of config.json + checkpoint headers and sizes */
+	char fingerprint[17]; /* hex XXH3 of config.json and every tensor (name, shape, bytes) */
 } bk_loaded_model;
 
 /* Loads DIR/config.json and its safetensors (one file or sharded), checks every
