@@ -26,4 +26,13 @@ double bk_relerr(double a, double b, double floor);
 double bk_max_relerr(const float *a, const float *b, size_t n, double floor);
 int bk_test_done(const char *name);
 
+/* Runs fn(arg) in a forked child with its stderr captured into err (NUL-terminated);
+ * returns the child's exit status, 128 + the signal when one killed it.  Leak checks
+ * are off in the child: what die() leaves allocated at exit is not a leak. */
+int bk_run_child(void (*fn)(void *), void *arg, char *err, size_t errlen);
+/* fn(arg) must die: exit status 1 and exactly one line on stderr, containing s1 and s2
+ * when they are not NULL.  Records failures with CHECK, naming what. */
+void bk_expect_die(const char *what, void (*fn)(void *), void *arg, const char *s1,
+		   const char *s2);
+
 #endif

@@ -15,16 +15,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define BK_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define BK_LSAN 1
-#endif
-#endif
-#ifdef BK_LSAN
-#include <sanitizer/lsan_interface.h>
-#endif
 
 #define STORIES "models/stories260K"
 
@@ -36,46 +26,6 @@ static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
 	return remove(p);
 }
 
-/* Run fn(arg) in a child; it must die: exit status 1 and exactly one line on stderr
- * containing each of the (up to two) strings. */
-static void expect_die(const char *what, void (*fn)(void *), void *arg, const char *s1,
-		       const char *s2)
-{
-	int fds[2];
-	if (pipe(fds))
-		BUG("pipe");
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid == 0) {
-#ifdef BK_LSAN
-		__lsan_disable(); /* what die() leaves allocated at exit is not a leak */
-#endif
-		dup2(fds[1], 2);
-		close(fds[0]);
-		fn(arg);
-		_exit(0);
-	}
-	close(fds[1]);
-	char buf[4096];
-	size_t n = 0;
-	ssize_t r;
-	while (n < sizeof buf - 1 && (r = read(fds[0], buf + n, sizeof buf - 1 - n)) > 0)
-		n += (size_t)r;
-	buf[n] = 0;
-	close(fds[0]);
-	int status;
-	waitpid(pid, &status, 0);
-	int lines = 0;
-	for (size_t i = 0; i < n; i++)
-		lines += buf[i] == '\n';
-	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1, "%s: exit status %d, stderr: %s",
-	      what, WIFEXITED(status) ? WEXITSTATUS(status) : -1, buf);
-	CHECK(lines == 1 && n && buf[n - 1] == '\n', "%s: %d lines: %s", what, lines, buf);
-	CHECK(!s1 || strstr(buf, s1), "%s: message lacks '%s': %s", what, s1, buf);
-	CHECK(!s2 || strstr(buf, s2), "%s: message lacks '%s': %s", what, s2, buf);
-	if (bk_verbose)
-		fprintf(stderr, "  %s -> %s", what, buf);
-}
 
 /* ---- the published configs ---- */
 
@@ -154,7 +104,7 @@ static void test_published(void)
 			char *want = xasprintf("architecture '%s' is not supported (supported: "
 					       "LlamaForCausalLM, MistralForCausalLM)",
 					       refused_arch[k].arch);
-			expect_die(path, load_it, path, path, want);
+			bk_expect_die(path, load_it, path, path, want);
 			free(want);
 		}
 		CHECK(known, "%s: not in this test's tables; add it", path);
@@ -253,9 +203,9 @@ static void test_refusals(void)
 		{"bad json", "{\"architectures\": [", "invalid JSON"},
 	};
 	for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
-		expect_die(cases[k].what, parse_it, (void *)cases[k].json, "x/config.json",
+		bk_expect_die(cases[k].what, parse_it, (void *)cases[k].json, "x/config.json",
 			   cases[k].must);
-	expect_die("missing file", load_it, "tests/nope", "tests/nope", NULL);
+	bk_expect_die("missing file", load_it, "tests/nope", "tests/nope", NULL);
 
 	/* defaults: kv heads = heads, head_dim = H / NH, theta 10000, untied, no bos/eos */
 	const char *text = LLAMA "}";
@@ -348,18 +298,18 @@ static void test_check_st(void)
 	struct ck k = {NULL, STORIES "/config.json"};
 	char *p = variant("missing", "model.layers.3.mlp.up_proj.weight", NULL, 0, 0, NULL);
 	k.model = p;
-	expect_die("missing tensor", check_it, &k,
+	bk_expect_die("missing tensor", check_it, &k,
 		   "tensor 'model.layers.3.mlp.up_proj.weight' is missing", "[172, 64]");
 	free(p);
 	p = variant("shape", NULL, "model.layers.1.self_attn.k_proj.weight", 64, 64, NULL);
 	k.model = p;
-	expect_die("wrong shape", check_it, &k,
+	bk_expect_die("wrong shape", check_it, &k,
 		   "tensor 'model.layers.1.self_attn.k_proj.weight' has shape [64, 64]",
 		   "needs [32, 64]");
 	free(p);
 	p = variant("extra", NULL, NULL, 0, 0, "model.layers.5.self_attn.q_proj.weight");
 	k.model = p;
-	expect_die("extra tensor", check_it, &k,
+	bk_expect_die("extra tensor", check_it, &k,
 		   "unexpected tensor 'model.layers.5.self_attn.q_proj.weight'", NULL);
 	free(p);
 	/* tied config with an lm_head.weight of the right shape: allowed, and checked */
@@ -370,7 +320,7 @@ static void test_check_st(void)
 	/* an untied config needs lm_head.weight */
 	k.model = STORIES;
 	k.config = "tests/golden/peft/tiny-model";
-	expect_die("wrong model", check_it, &k, STORIES, "model.embed_tokens.weight");
+	bk_expect_die("wrong model", check_it, &k, STORIES, "model.embed_tokens.weight");
 }
 
 /* ---- RoPE ---- */

@@ -17,16 +17,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define BK_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define BK_LSAN 1
-#endif
-#endif
-#ifdef BK_LSAN
-#include <sanitizer/lsan_interface.h>
-#endif
 
 #define GOLD "tests/golden/peft"
 
@@ -38,46 +28,6 @@ static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
 	return remove(p);
 }
 
-/* Run fn(arg) in a child; it must die: exit status 1 and exactly one line on stderr
- * containing each of the (up to two) strings. */
-static void expect_die(const char *what, void (*fn)(void *), void *arg, const char *s1,
-		       const char *s2)
-{
-	int fds[2];
-	if (pipe(fds))
-		BUG("pipe");
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid == 0) {
-#ifdef BK_LSAN
-		__lsan_disable(); /* what die() leaves allocated at exit is not a leak */
-#endif
-		dup2(fds[1], 2);
-		close(fds[0]);
-		fn(arg);
-		_exit(0);
-	}
-	close(fds[1]);
-	char buf[4096];
-	size_t n = 0;
-	ssize_t r;
-	while (n < sizeof buf - 1 && (r = read(fds[0], buf + n, sizeof buf - 1 - n)) > 0)
-		n += (size_t)r;
-	buf[n] = 0;
-	close(fds[0]);
-	int status;
-	waitpid(pid, &status, 0);
-	int lines = 0;
-	for (size_t i = 0; i < n; i++)
-		lines += buf[i] == '\n';
-	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1, "%s: exit status %d, stderr: %s",
-	      what, WIFEXITED(status) ? WEXITSTATUS(status) : -1, buf);
-	CHECK(lines == 1 && n && buf[n - 1] == '\n', "%s: %d lines: %s", what, lines, buf);
-	CHECK(!s1 || strstr(buf, s1), "%s: message lacks '%s': %s", what, s1, buf);
-	CHECK(!s2 || strstr(buf, s2), "%s: message lacks '%s': %s", what, s2, buf);
-	if (bk_verbose)
-		fprintf(stderr, "  %s -> %s", what, buf);
-}
 
 static bk_config *cfg; /* tests/golden/peft/tiny-model */
 
@@ -405,12 +355,12 @@ static void test_refusals(void)
 	};
 	for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
 		struct bad b = {with_config(cases[k].name, cases[k].key, cases[k].value), cfg};
-		expect_die(cases[k].name, load_it, &b, "adapter_config.json", cases[k].must);
+		bk_expect_die(cases[k].name, load_it, &b, "adapter_config.json", cases[k].must);
 		free((char *)b.dir);
 	}
 	/* a config r that the tensors do not have */
 	struct bad b = {with_config("r8", "r", "8"), cfg};
-	expect_die("r mismatch", load_it, &b, "lora_A.weight", "expected shape [8, 32], got [4, 32]");
+	bk_expect_die("r mismatch", load_it, &b, "lora_A.weight", "expected shape [8, 32], got [4, 32]");
 	free((char *)b.dir);
 	/* "all-linear" as a string is the seven modules */
 	b.dir = with_config("all-linear", "target_modules", "\"all-linear\"");
@@ -420,26 +370,26 @@ static void test_refusals(void)
 	free((char *)b.dir);
 	/* fewer targets than tensors: the others are extra */
 	b.dir = with_config("fewer", "target_modules", "[\"q_proj\"]");
-	expect_die("extra tensors for targets", load_it, &b, "unexpected tensor",
+	bk_expect_die("extra tensors for targets", load_it, &b, "unexpected tensor",
 		   "lora_A.weight");
 	free((char *)b.dir);
 
 	b.dir = with_tensors("missing", "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight",
 			     NULL, NULL);
-	expect_die("missing tensor", load_it, &b,
+	bk_expect_die("missing tensor", load_it, &b,
 		   "tensor 'base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight' is "
 		   "missing",
 		   "'v_proj'");
 	free((char *)b.dir);
 	b.dir = with_tensors("shape", NULL, "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight",
 			     NULL);
-	expect_die("mis-shaped tensor", load_it, &b,
+	bk_expect_die("mis-shaped tensor", load_it, &b,
 		   "'base_model.model.model.layers.0.mlp.up_proj.lora_B.weight'",
 		   "expected shape [48, 4], got [49, 4]");
 	free((char *)b.dir);
 	b.dir = with_tensors("extra", NULL, NULL,
 			     "base_model.model.model.layers.2.self_attn.q_proj.lora_A.weight");
-	expect_die("extra tensor", load_it, &b,
+	bk_expect_die("extra tensor", load_it, &b,
 		   "unexpected tensor 'base_model.model.model.layers.2.self_attn.q_proj.lora_A.weight'",
 		   NULL);
 	free((char *)b.dir);
@@ -447,12 +397,12 @@ static void test_refusals(void)
 	bk_config *stories = bk_config_load("models/stories260K");
 	b.dir = GOLD "/adapter-peft";
 	b.c = stories;
-	expect_die("other model", load_it, &b, "adapter_model.safetensors", "expected shape");
+	bk_expect_die("other model", load_it, &b, "adapter_model.safetensors", "expected shape");
 	bk_config_free(stories);
 	b.dir = "tests/nope";
 	b.c = cfg;
-	expect_die("missing dir", load_it, &b, "tests/nope/adapter_config.json", NULL);
-	expect_die("bad target flag", targets_it, "q_proj,qkv_proj", "--target_modules",
+	bk_expect_die("missing dir", load_it, &b, "tests/nope/adapter_config.json", NULL);
+	bk_expect_die("bad target flag", targets_it, "q_proj,qkv_proj", "--target_modules",
 		   "'qkv_proj'");
 }
 

@@ -14,16 +14,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define BK_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define BK_LSAN 1
-#endif
-#endif
-#ifdef BK_LSAN
-#include <sanitizer/lsan_interface.h>
-#endif
 
 #define STORIES "models/stories260K/model.safetensors"
 
@@ -37,46 +27,6 @@ static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
 
 static char *tmp_path(const char *name) { return bk_path_join(tmpdir, name); }
 
-/* Run fn(arg) in a child; it must die: exit status 1 and exactly one line on stderr
- * containing each of the (up to two) strings. */
-static void expect_die(const char *what, void (*fn)(void *), void *arg, const char *s1,
-		       const char *s2)
-{
-	int fds[2];
-	if (pipe(fds))
-		BUG("pipe");
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid == 0) {
-#ifdef BK_LSAN
-		__lsan_disable(); /* what die() leaves allocated at exit is not a leak */
-#endif
-		dup2(fds[1], 2);
-		close(fds[0]);
-		fn(arg);
-		_exit(0);
-	}
-	close(fds[1]);
-	char buf[4096];
-	size_t n = 0;
-	ssize_t r;
-	while (n < sizeof buf - 1 && (r = read(fds[0], buf + n, sizeof buf - 1 - n)) > 0)
-		n += (size_t)r;
-	buf[n] = 0;
-	close(fds[0]);
-	int status;
-	waitpid(pid, &status, 0);
-	int lines = 0;
-	for (size_t i = 0; i < n; i++)
-		lines += buf[i] == '\n';
-	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1, "%s: exit status %d, stderr: %s",
-	      what, WIFEXITED(status) ? WEXITSTATUS(status) : -1, buf);
-	CHECK(lines == 1 && n && buf[n - 1] == '\n', "%s: %d lines: %s", what, lines, buf);
-	CHECK(!s1 || strstr(buf, s1), "%s: message lacks '%s': %s", what, s1, buf);
-	CHECK(!s2 || strstr(buf, s2), "%s: message lacks '%s': %s", what, s2, buf);
-	if (bk_verbose)
-		fprintf(stderr, "  %s -> %s", what, buf);
-}
 
 /* ---- stories260K ---- */
 
@@ -237,7 +187,7 @@ static void test_corrupt(void)
 			if (stat(path, &sb) || truncate(path, sb.st_size - (off_t)cases[k].trunc))
 				BUG("truncate");
 		}
-		expect_die(cases[k].name, open_it, path, path, cases[k].must);
+		bk_expect_die(cases[k].name, open_it, path, path, cases[k].must);
 		free(path);
 	}
 	/* a header that is not padded: data unaligned, still read correctly */
@@ -256,12 +206,12 @@ static void test_corrupt(void)
 	bk_st_close(st);
 	free(path);
 
-	expect_die("read wrong shape", read_wrong_shape, NULL, "k_proj",
+	bk_expect_die("read wrong shape", read_wrong_shape, NULL, "k_proj",
 		   "expected shape [64, 64], got [32, 64]");
-	expect_die("read missing", read_missing, NULL, STORIES, "'lm_head.weight' not found");
-	expect_die("missing file", open_it, "tests/nope/none.safetensors",
+	bk_expect_die("read missing", read_missing, NULL, STORIES, "'lm_head.weight' not found");
+	bk_expect_die("missing file", open_it, "tests/nope/none.safetensors",
 		   "tests/nope/none.safetensors", NULL);
-	expect_die("dir without model", open_it, "tests", "tests", "model.safetensors");
+	bk_expect_die("dir without model", open_it, "tests", "tests", "model.safetensors");
 }
 
 /* ---- half precision ---- */
@@ -443,17 +393,17 @@ static void test_shards(void)
 	/* broken indexes */
 	write_index(index, st, split, "model-00002-of-00002.safetensors",
 		    "model-00001-of-00002.safetensors");
-	expect_die("index: shards swapped", open_it, dir, "model.safetensors.index.json",
+	bk_expect_die("index: shards swapped", open_it, dir, "model.safetensors.index.json",
 		   "but found in");
 	write_index(index, st, n - 1, "model-00001-of-00002.safetensors",
 		    "model-00002-of-00002.safetensors");
-	expect_die("index: tensor mapped to the wrong shard", open_it, dir, "index.json",
+	bk_expect_die("index: tensor mapped to the wrong shard", open_it, dir, "index.json",
 		   "shard");
 	write_index(index, st, split, "model-00001-of-00002.safetensors",
 		    "model-00003-of-00002.safetensors");
-	expect_die("index: missing shard file", open_it, dir, "model-00003-of-00002", NULL);
+	bk_expect_die("index: missing shard file", open_it, dir, "model-00003-of-00002", NULL);
 	write_index(index, st, split, "model-00001-of-00002.safetensors", "../model.safetensors");
-	expect_die("index: shard outside the directory", open_it, dir, "index.json",
+	bk_expect_die("index: shard outside the directory", open_it, dir, "index.json",
 		   "../model.safetensors");
 	/* a weight_map that misses tensors: one shard not mapped at all */
 	json_t *root = json_object(), *wm = json_object();
@@ -467,7 +417,7 @@ static void test_shards(void)
 	bk_write_file_atomic(index, text, strlen(text));
 	free(text);
 	json_decref(root);
-	expect_die("index: unmapped tensor", open_it, dir, "index.json",
+	bk_expect_die("index: unmapped tensor", open_it, dir, "index.json",
 		   "is not in the weight_map");
 	/* a mapped tensor no shard has */
 	write_index(index, st, split, "model-00001-of-00002.safetensors",
@@ -477,7 +427,7 @@ static void test_shards(void)
 			    json_string("model-00001-of-00002.safetensors"));
 	json_dump_file(root, index, 0);
 	json_decref(root);
-	expect_die("index: ghost tensor", open_it, dir, "index.json", "'ghost' is not in shard");
+	bk_expect_die("index: ghost tensor", open_it, dir, "index.json", "'ghost' is not in shard");
 	/* the same tensor in two shards */
 	bk_st_writer *w = bk_st_writer_new();
 	const bk_st_tensor *t0 = bk_st_at(st, 0);
@@ -494,7 +444,7 @@ static void test_shards(void)
 			    json_string("dup.safetensors"));
 	json_dump_file(root, index, 0);
 	json_decref(root);
-	expect_die("index: duplicate tensor", open_it, dir, t0->name, "dup.safetensors");
+	bk_expect_die("index: duplicate tensor", open_it, dir, t0->name, "dup.safetensors");
 	free(p3);
 	free(index);
 	free(dir);

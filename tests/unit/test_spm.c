@@ -15,30 +15,6 @@
 #include <unistd.h>
 
 /* Runs fn(arg) in a child with stderr captured; returns the exit status (-1: killed). */
-static int run_child(void (*fn)(const char *), const char *arg, char *err, size_t errlen)
-{
-	int fd[2];
-	if (pipe(fd))
-		BUG("pipe");
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid == 0) {
-		close(fd[0]);
-		dup2(fd[1], 2);
-		fn(arg);
-		_exit(0);
-	}
-	close(fd[1]);
-	size_t n = 0;
-	ssize_t r;
-	while (n + 1 < errlen && (r = read(fd[0], err + n, errlen - 1 - n)) > 0)
-		n += (size_t)r;
-	err[n] = '\0';
-	close(fd[0]);
-	int st;
-	waitpid(pid, &st, 0);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static int same(const int32_t *ids, size_t n, json_t *want, const char *what, const char *text)
 {
@@ -129,13 +105,15 @@ static void check_model(json_t *m, uint64_t *hash)
 	bk_spm_free(s);
 }
 
-static void load_child(const char *path)
+static void load_child(void *arg)
 {
+	const char *path = arg;
 	bk_spm_load(path);
 }
 
-static void decode_child(const char *path)
+static void decode_child(void *arg)
 {
+	const char *path = arg;
 	bk_spm *s = bk_spm_load(path);
 	int32_t bad[2] = {5, 1 << 20};
 	free(bk_spm_decode(s, bad, 2));
@@ -153,7 +131,7 @@ static void test_refusals(void)
 {
 	char err[4096];
 	/* a JSON file, an empty file, a missing file */
-	int st = run_child(load_child, "tests/golden/spm.json", err, sizeof err);
+	int st = bk_run_child(load_child, (void *)"tests/golden/spm.json", err, sizeof err);
 	CHECK(st == BK_EXIT_FAIL && strstr(err, "tests/golden/spm.json: not a sentencepiece model") &&
 		      count_lines(err) == 1,
 	      "json file: exit %d: %s", st, err);
@@ -161,15 +139,15 @@ static void test_refusals(void)
 	int fd = mkstemp(tmp);
 	CHECK(fd >= 0, "mkstemp");
 	close(fd);
-	st = run_child(load_child, tmp, err, sizeof err);
+	st = bk_run_child(load_child, tmp, err, sizeof err);
 	CHECK(st == BK_EXIT_FAIL && strstr(err, "not a sentencepiece model") && strstr(err, tmp),
 	      "empty file: exit %d: %s", st, err);
 	unlink(tmp);
-	st = run_child(load_child, "tests/data/spm/no-such.model", err, sizeof err);
+	st = bk_run_child(load_child, (void *)"tests/data/spm/no-such.model", err, sizeof err);
 	CHECK(st == BK_EXIT_FAIL && strstr(err, "tests/data/spm/no-such.model") &&
 		      count_lines(err) == 1,
 	      "missing file: exit %d: %s", st, err);
-	st = run_child(decode_child, "models/stories260K/tokenizer.model", err, sizeof err);
+	st = bk_run_child(decode_child, (void *)"models/stories260K/tokenizer.model", err, sizeof err);
 	CHECK(st == BK_EXIT_FAIL && strstr(err, "cannot decode id 1048576"),
 	      "decode of an out-of-range id: exit %d: %s", st, err);
 }

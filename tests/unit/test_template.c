@@ -17,30 +17,6 @@ static const char *goldens[] = {"llama2", "zephyr", "mistral-v0.1", "mistral-v0.
 				"gemma"};
 
 /* Runs fn(arg) in a child with stderr captured; returns the exit status (-1: killed). */
-static int run_child(void (*fn)(void *), void *arg, char *err, size_t errlen)
-{
-	int fd[2];
-	if (pipe(fd))
-		BUG("pipe");
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid == 0) {
-		close(fd[0]);
-		dup2(fd[1], 2);
-		fn(arg);
-		_exit(0);
-	}
-	close(fd[1]);
-	size_t n = 0;
-	ssize_t r;
-	while (n + 1 < errlen && (r = read(fd[0], err + n, errlen - 1 - n)) > 0)
-		n += (size_t)r;
-	err[n] = '\0';
-	close(fd[0]);
-	int st;
-	waitpid(pid, &st, 0);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static size_t count_lines(const char *s)
 {
@@ -208,7 +184,7 @@ static void test_refusals(const bk_spm *llama)
 	} cases[] = {{"chatml", "'<|im_start|>'"}, {"gemma", "'<start_of_turn>'"}};
 	for (size_t i = 0; i < 2; i++) {
 		struct refusal r = {bk_template_from_name(cases[i].tmpl), llama};
-		int st = run_child(prompt_child, &r, err, sizeof err);
+		int st = bk_run_child(prompt_child, &r, err, sizeof err);
 		CHECK(st == BK_EXIT_FAIL, "%s on the llama vocabulary: exit %d", cases[i].tmpl, st);
 		CHECK(strstr(err, cases[i].token) && strstr(err, cases[i].tmpl) &&
 			      count_lines(err) == 1,
@@ -220,7 +196,7 @@ static void test_refusals(const bk_spm *llama)
 	char *cfg = bk_path_join(dir, "tokenizer_config.json");
 	const char *json = "{\"chat_template\": \"{{ '<|start_header_id|>' }}\"}";
 	bk_write_file_atomic(cfg, json, strlen(json));
-	int st = run_child(detect_unknown, dir, err, sizeof err);
+	int st = bk_run_child(detect_unknown, dir, err, sizeof err);
 	CHECK(st == BK_EXIT_FAIL && strstr(err, "none of the known templates") &&
 		      count_lines(err) == 1,
 	      "unknown template: exit %d: %s", st, err);
