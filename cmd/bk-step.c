@@ -221,6 +221,24 @@ static void save_checkpoint(run *R)
 	save(R, name);
 }
 
+/* die() after optimizer steps: the stream ended truncated (Ctrl-C reached the whole
+ * pipeline and the upstream stage died mid-record, or it crashed) or a later record
+ * was bad.  The steps already taken are sound: save them (dropping the partial
+ * accumulation) before exiting, so no finished step is lost. */
+static run *g_run;
+static void save_on_die(void)
+{
+	run *R = g_run;
+	g_run = NULL; /* a die() inside the save must not come back here */
+	if (!R || !R->tr || R->tr->step == R->last_saved)
+		return;
+	bk_trainer_drop(R->tr);
+	save_checkpoint(R);
+	fprintf(stderr, "%s: saved the %lld steps done in %s (continue with --resume %s)\n",
+		bk_prog, (long long)R->tr->step, R->ckpts.v[R->ckpts.n - 1],
+		R->ckpts.v[R->ckpts.n - 1]);
+}
+
 static void fmt_eta(double s, char *buf, size_t n)
 {
 	long t = (long)(s + 0.5);
@@ -306,6 +324,8 @@ static void train_micro(run *R, mbatch *mb, int force_step, double epoch_pos)
  * --max-steps; returns 1 to stop */
 static int should_stop(run *R)
 {
+	if (R->total && R->tr->step >= R->total)
+		return 1; /* done: a signal now changes nothing, final/ is written */
 	if (stop_signal) {
 		bk_trainer_drop(R->tr);
 		R->step_loss = 0;
@@ -313,7 +333,7 @@ static int should_stop(run *R)
 		R->interrupted = 1;
 		return 1;
 	}
-	return R->total && R->tr->step >= R->total;
+	return 0;
 }
 
 /* ---- file: epochs with a shuffled micro-batch order ---- */
@@ -692,6 +712,8 @@ int main(int argc, char **argv)
 	add_setting(&R, "seed", xasprintf("%ld", o.seed));
 	add_setting(&R, "vocab-chunk", xasprintf("%ld", o.vocab_chunk));
 	R.prog.order_seed = (uint64_t)o.seed;
+	g_run = &R;
+	bk_die_hook = save_on_die;
 	if (o.resume) {
 		bk_trainer_resume(R.tr, R.lm.cfg, o.resume, &R.prog, R.set, R.n_set);
 		fprintf(stderr, "%s: resuming from %s at step %lld\n", bk_prog, o.resume,
@@ -742,10 +764,16 @@ int main(int argc, char **argv)
 
 	double el = now_s() - R.t0;
 	int64_t steps = R.tr->step - R.step0;
-	if (R.interrupted)
+	/* the checkpoint holding the current step: the last one saved, or the one this
+	 * run resumed from when it was stopped before its first new step */
+	const char *here = R.ckpts.n ? R.ckpts.v[R.ckpts.n - 1] : o.resume;
+	if (R.interrupted && here)
 		fprintf(stderr, "%s: interrupted by signal %d at step %lld; saved %s (continue with "
-			"--resume %s)\n", bk_prog, (int)stop_signal, (long long)R.tr->step,
-			R.ckpts.v[R.ckpts.n - 1], R.ckpts.v[R.ckpts.n - 1]);
+			"--resume %s)\n", bk_prog, (int)stop_signal, (long long)R.tr->step, here,
+			here);
+	else if (R.interrupted)
+		fprintf(stderr, "%s: interrupted by signal %d before the first step; nothing to "
+			"save\n", bk_prog, (int)stop_signal);
 	else
 		fprintf(stderr, "%s: %lld steps in %.1f s, mean loss %.4f, %.0f tokens/s; adapter "
 			"in %s\n", bk_prog, (long long)steps, el,

@@ -39,10 +39,17 @@ extern const char *bk_prog;
 			    cublasGetStatusString(s_), (int)s_, __FILE__, __LINE__);   \
 	} while (0)
 
-// after every <<<...>>>: a bad launch configuration dies here naming the kernel
+// Is BK_CUDA_SYNC=1 set?  Then every launch check also synchronises, so a fault inside
+// a kernel is reported at that kernel instead of at the next synchronising call.
+int bk_cuda_sync_launches(void);
+
+// after every <<<...>>>: a bad launch configuration dies here naming the kernel (and,
+// with BK_CUDA_SYNC=1, a fault while it ran)
 #define CUDA_LAUNCH_CHECK(kernel_name)                                                 \
 	do {                                                                           \
 		cudaError_t e_ = cudaGetLastError();                                   \
+		if (e_ == cudaSuccess && bk_cuda_sync_launches())                      \
+			e_ = cudaStreamSynchronize(bk_cuda_stream());                  \
 		if (e_ != cudaSuccess)                                                 \
 			die("cuda: launch of %s failed: %s (%s) at %s:%d", kernel_name, \
 			    cudaGetErrorName(e_), cudaGetErrorString(e_), __FILE__,    \

@@ -617,6 +617,8 @@ extern "C" void bk_cuda_teacher_logprobs(const float *hidden, const bk_weight *l
 __device__ __forceinline__ uint32_t f2key(float f)
 {
 	uint32_t b = __float_as_uint(f);
+	if (b == 0x80000000u) // -0 ranks equal to +0, as on the host (ties then by id)
+		b = 0;
 	return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 

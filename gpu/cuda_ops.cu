@@ -35,6 +35,16 @@ static void cuda_init(void)
 	});
 }
 
+int bk_cuda_sync_launches(void)
+{
+	static int v = -1; // read once: the environment does not change during a run
+	if (v < 0) {
+		const char *e = getenv("BK_CUDA_SYNC");
+		v = e && *e && strcmp(e, "0") != 0;
+	}
+	return v;
+}
+
 cudaStream_t bk_cuda_stream(void)
 {
 	cuda_init();

@@ -27,7 +27,8 @@ static int pow2_at_least(int n)
 static size_t per_block_bytes(int V)
 {
 	size_t vp = (size_t)pow2_at_least(V);
-	return (size_t)V * sizeof(double) + vp * (sizeof(double) + sizeof(int32_t)) + 64;
+	size_t b = (size_t)V * sizeof(double) + vp * (sizeof(double) + sizeof(int32_t)) + 64;
+	return (b + 15) & ~(size_t)15; // every block's region starts 16-byte aligned
 }
 
 extern "C" size_t bk_cuda_sample_work_bytes(int N, int V)

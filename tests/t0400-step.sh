@@ -123,4 +123,11 @@ test_expect_success 'records without a batch plan need --batch-size; bad flags e
 	bk-step $F --out w --warmup-ratio 0.1 --warmup-steps 2 b.bk 2>/dev/null; test $? -eq 2
 '
 
+test_expect_success 'a stream that ends truncated mid-run keeps the steps already done' '
+	size=$(stat -c %s b.bk) &&
+	head -c $((size * 2 / 3)) b.bk >cut.bk &&
+	cat cut.bk | test_must_fail bk-step $F --out tr --batch-size 2 --schedule constant >/dev/null 2>err &&
+	grep -q "stream truncated" err && grep -q "saved the .* steps done in tr/checkpoint-" err &&
+	ls tr/checkpoint-*/adapter_model.safetensors
+'
 test_done
