@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +51,10 @@ static const char usage[] =
 typedef struct {
 	long ntraj, max_new, epochs, seed, max_batch, window;
 	double temperature, top_p;
+	/* this pass over the input: epochs epoch0 .. epoch0 + pass_epochs - 1; records
+	 * with a response are written in the first pass only */
+	long epoch0, pass_epochs;
+	int skip_paired;
 } gen_opts;
 
 /* A record read but not yet written: its raw bytes and, when it is generated for,
@@ -119,8 +124,10 @@ static void emit(bk_writer *w, pending_rec *p, const gen_opts *o, const bk_spm *
 		 totals *tot)
 {
 	if (!p->generate) {
-		bk_writer_raw(w, p->raw, p->len);
-		tot->passed++;
+		if (!o->skip_paired) {
+			bk_writer_raw(w, p->raw, p->len);
+			tot->passed++;
+		}
 		return;
 	}
 	static const char *const skip[] = { "resp", "response", "traj", "epoch", "lens", NULL };
@@ -130,7 +137,7 @@ static void emit(bk_writer *w, pending_rec *p, const gen_opts *o, const bk_spm *
 	if (msgpack_unpack_next(&up, p->raw, p->len, &off) != MSGPACK_UNPACK_SUCCESS)
 		BUG("stored record does not parse");
 	int has_lens = bk_obj_get(&up.data, "lens") != NULL;
-	for (long i = 0; i < o->epochs * o->ntraj; i++) {
+	for (long i = 0; i < o->pass_epochs * o->ntraj; i++) {
 		bk_gen_result *r = &p->res[i];
 		int n_text = r->n - (r->stopped ? 1 : 0);
 		char *text = bk_spm_decode(spm, r->ids, (size_t)n_text);
@@ -147,7 +154,7 @@ static void emit(bk_writer *w, pending_rec *p, const gen_opts *o, const bk_spm *
 			bk_rec_key(w, "traj");
 			msgpack_pack_long(pk, i % o->ntraj);
 			bk_rec_key(w, "epoch");
-			msgpack_pack_long(pk, i / o->ntraj);
+			msgpack_pack_long(pk, o->epoch0 + i / o->ntraj);
 			if (has_lens) { /* bk-lens's lengths, now with the response */
 				bk_rec_key(w, "lens");
 				msgpack_pack_map(pk, 3);
@@ -169,12 +176,12 @@ static void emit(bk_writer *w, pending_rec *p, const gen_opts *o, const bk_spm *
 
 static void submit(bk_gen *g, pending_rec *p, uint64_t no, const char *id, const gen_opts *o)
 {
-	long n = o->epochs * o->ntraj;
+	long n = o->pass_epochs * o->ntraj;
 	uint64_t *keys = xmalloc((size_t)n * sizeof(*keys)), *tags = xmalloc((size_t)n * sizeof(*tags));
 	uint64_t idh = bk_hash(id, strlen(id), 0);
 	for (long i = 0; i < n; i++) {
 		keys[i] = bk_crng_key((uint64_t)o->seed, idh, (uint64_t)(i % o->ntraj),
-				      (uint64_t)(i / o->ntraj));
+				      (uint64_t)(o->epoch0 + i / o->ntraj));
 		tags[i] = no * (uint64_t)n + (uint64_t)i;
 	}
 	bk_gen_submit(g, p->t_prompt, p->n_t, (int)n, keys, tags);
@@ -266,7 +273,16 @@ int main(int argc, char **argv)
 		       BK_KV_I("epochs", o.epochs) };
 	bk_writer_header(w, in, kv, 7);
 
-	long per = o.epochs * o.ntraj;
+	/* Epoch-major over a file: one pass per epoch, so that epoch e's samples of every
+	 * record come before epoch e+1's (what bk-step's epochs expect).  A pipe cannot be
+	 * read twice: there each record's epochs come together. */
+	struct stat st_in;
+	int passes = o.epochs > 1 && n && strcmp(argv[0], "-") && stat(argv[0], &st_in) == 0 &&
+				     S_ISREG(st_in.st_mode)
+			     ? (int)o.epochs
+			     : 1;
+	o.pass_epochs = passes > 1 ? 1 : o.epochs;
+	long per = o.pass_epochs * o.ntraj;
 	ring rg = { .cap = (size_t)o.window };
 	rg.v = xcalloc(rg.cap, sizeof(*rg.v));
 	totals tot = { 0 };
@@ -276,6 +292,15 @@ int main(int argc, char **argv)
 	size_t cap = 0;
 	BK_VEC(char *) first_ids = { 0 }; /* record ids of the first window, until started */
 
+	for (int pass = 0; pass < passes; pass++) {
+	if (pass > 0) {
+		bk_reader_close(in);
+		in = bk_reader_open(argv[0]);
+		o.epoch0 = pass;
+		o.skip_paired = 1;
+		eof = 0;
+		rg.head_no = 0;
+	}
 	while (!eof || rg.n) {
 		/* read while the window has room */
 		while (!eof && rg.n < rg.cap) {
@@ -377,6 +402,7 @@ int main(int argc, char **argv)
 			progress(&tot, t0, 0);
 			last_progress = now();
 		}
+	}
 	}
 	if (tty)
 		progress(&tot, t0, 1);

@@ -29,11 +29,20 @@ test_expect_success 'a stop id ends a response and is kept as its last id; text 
 	! grep -q "</s>" g.jsonl
 '
 
-test_expect_success 'records come out in input order, epoch-major then trajectory order' '
+test_expect_success 'over a file: epoch-major passes, each in input order, then trajectory order' '
 	$G --num-trajectories 3 --epochs 2 s.bk 2>/dev/null | bk-dump >e.jsonl &&
 	bk-dump s.bk | jq -r .id | uniq >in.ids &&
-	jq -r .id e.jsonl | uniq >out.ids && test_cmp in.ids out.ids &&
+	jq -r "select(.epoch == 0) | .id" e.jsonl | uniq >out0.ids && test_cmp in.ids out0.ids &&
+	jq -r "select(.epoch == 1) | .id" e.jsonl | uniq >out1.ids && test_cmp in.ids out1.ids &&
+	jq -r .epoch e.jsonl | uniq >epochs && printf "0\\n1\\n" >want && test_cmp want epochs &&
 	jq -s -e "group_by(.id) | all(.[]; map(.epoch * 3 + .traj) as \$k | \$k == (\$k | sort))" e.jsonl
+'
+test_expect_success 'over a pipe: each record with all its epochs, the same samples as over a file' '
+	cat s.bk | $G --num-trajectories 3 --epochs 2 2>/dev/null | bk-dump >p.jsonl &&
+	bk-dump s.bk | jq -r .id | uniq >in.ids &&
+	jq -r .id p.jsonl | uniq >pout.ids && test_cmp in.ids pout.ids &&
+	jq -c "{id, epoch, traj, resp}" e.jsonl | sort >fs && jq -c "{id, epoch, traj, resp}" p.jsonl | sort >ps &&
+	test_cmp fs ps
 '
 
 test_expect_success 'same output with --max-batch 1, 8 and 64 and another --window' '
