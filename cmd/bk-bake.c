@@ -138,8 +138,35 @@ static char *log_path(const char *tool)
 
 /* Starts v[0] | v[1] | ... | v[n-1]; the last one's stdout is returned as a readable
  * fd (or goes to v[n-1].out).  stderr of each goes to logdir/TOOL.log. */
+/* Ctrl-C reaches every stage (one process group): bk-step saves a checkpoint and the
+ * others stop.  bk-bake itself keeps reading bk-step's metrics (so bk-step's writes do
+ * not fail) and waits for the stages; a SIGTERM sent to bk-bake alone is passed on.
+ * Caught signals reset to the default in the exec'd stages. */
+#define MAX_KIDS 8
+static pid_t kids[MAX_KIDS];
+static volatile sig_atomic_t n_kids, interrupted;
+static void on_interrupt(int sig)
+{
+	interrupted = sig;
+	if (sig == SIGTERM)
+		for (int i = 0; i < n_kids; i++)
+			kill(kids[i], SIGTERM);
+}
+static void catch_interrupts(void)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_interrupt;
+	sigemptyset(&sa.sa_mask);
+	sa.sa_flags = SA_RESTART;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+}
+
 static int pipe_start(cmd *v, int n)
 {
+	catch_interrupts();
+	n_kids = 0;
 	int in = -1, result = -1;
 	for (int i = 0; i < n; i++) {
 		int fds[2] = {-1, -1};
@@ -176,6 +203,10 @@ static int pipe_start(cmd *v, int n)
 		}
 		free(av);
 		v[i].pid = pid;
+		if (n_kids < MAX_KIDS) {
+			kids[n_kids] = pid;
+			n_kids = n_kids + 1;
+		}
 		if (in >= 0)
 			close(in);
 		if (fds[1] >= 0)
@@ -195,6 +226,13 @@ static void pipe_wait(cmd *v, int n)
 		while (waitpid(v[i].pid, &v[i].status, 0) < 0)
 			if (errno != EINTR)
 				die("waitpid: %s", strerror(errno));
+	n_kids = 0;
+	if (interrupted) {
+		/* the stages have stopped; bk-step said on its log which checkpoint it saved */
+		error("interrupted by signal %d; the checkpoint bk-step saved is named in its "
+		      "log (logs/bk-step.log)", (int)interrupted);
+		exit(128 + interrupted);
+	}
 	for (int i = 0; i < n; i++) {
 		int st = v[i].status;
 		if (WIFEXITED(st) && WEXITSTATUS(st) == 0)

@@ -605,6 +605,9 @@ int main(int argc, char **argv)
 	};
 	bk_diag_init(argv[0]);
 	bk_stdout_init();
+	/* not a filter: a metrics reader that goes away must not end training quietly;
+	 * the write error dies through save_on_die, which keeps the steps done */
+	signal(SIGPIPE, SIG_IGN);
 	int n = bk_flags_parse(argc, argv, opts, usage);
 	if (n > 1)
 		die_usage("too many arguments");

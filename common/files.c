@@ -142,13 +142,32 @@ bk_out *bk_out_open(const char *path)
 	}
 	struct stat st;
 	if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-		/* a device or a FIFO (-o /dev/null, -o >(cmd)): write in place, never
-		 * rename a temporary over it */
+		/* a device or a FIFO (-o /dev/null, -o /dev/stdout, -o >(cmd)): write in
+		 * place, never rename a temporary over it */
 		o->f = fopen(path, "wb");
 		if (!o->f)
 			die("%s: %s", path, strerror(errno));
 		o->direct = 1;
 		return o;
+	}
+	struct stat lst;
+	if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+		/* a symlink: write the file it points to (made if absent), keep the link */
+		char *real = realpath(path, NULL);
+		if (!real) { /* dangling: its target, relative to the link's folder */
+			char target[4096];
+			ssize_t k = readlink(path, target, sizeof target - 1);
+			if (k <= 0)
+				die("%s: %s", path, strerror(errno));
+			target[k] = 0;
+			const char *slash = strrchr(path, '/');
+			real = target[0] == '/' || !slash
+				       ? xstrdup(target)
+				       : xasprintf("%.*s/%s", (int)(slash - path), path, target);
+		}
+		free(o->path);
+		o->path = real;
+		path = real;
 	}
 	o->tmp = xasprintf("%s.tmp.%ld", path, (long)getpid());
 	track_tmp(o->tmp, 1);

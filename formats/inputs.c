@@ -612,6 +612,11 @@ char *bk_system_prompt(const char *system, const char *system_file, const char *
 			die("%s: empty system prompt", system_file);
 		return s;
 	}
+	if (corpus_format && strcmp(corpus_format, "papers") && strcmp(corpus_format, "text") &&
+	    strcmp(corpus_format, "list") && strcmp(corpus_format, "json"))
+		warn("corpus format '%s' is not papers, text, list or json: reading %s as JSON "
+		     "and pretty-printing it, as the reference tool does",
+		     corpus_format, corpus_file);
 	char *corpus = render_corpus(corpus_file, corpus_format ? corpus_format : "text");
 	if (!*corpus)
 		die("%s: empty corpus", corpus_file);

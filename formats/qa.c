@@ -51,10 +51,26 @@ static void add_row(bk_qa_set *set, json_t *row, const char *path, const char *w
 	set->v[set->n++] = qa;
 }
 
+/* JSON Lines when the first non-blank line is a whole JSON value on its own; a
+ * multi-line JSON document with a syntax error is not, and keeps jansson's message. */
+static int first_line_is_value(const char *text)
+{
+	text += strspn(text, " \t\r\n");
+	size_t n = strcspn(text, "\n");
+	json_error_t e;
+	json_t *v = json_loadb(text, n, JSON_DECODE_ANY, &e);
+	json_decref(v);
+	return v != NULL;
+}
+
 void bk_qa_load(bk_qa_set *set, const char *path)
 {
 	size_t len;
-	char *text = bk_read_file(path, &len);
+	char *file = bk_read_file(path, &len), *text = file;
+	if (len >= 3 && !memcmp(text, "\xef\xbb\xbf", 3)) { /* a UTF-8 byte-order mark */
+		text += 3;
+		len -= 3;
+	}
 	json_error_t err;
 	json_t *root = json_loadb(text, len, 0, &err);
 	char where[64];
@@ -77,7 +93,7 @@ void bk_qa_load(bk_qa_set *set, const char *path)
 			add_row(set, row, path, where);
 		}
 		json_decref(root);
-	} else if (err.line > 1 || strstr(err.text, "end of file expected")) {
+	} else if (first_line_is_value(text)) {
 		/* JSON Lines */
 		char *line = text, *next;
 		for (long ln = 1; line && *line; line = next, ln++) {
@@ -96,7 +112,7 @@ void bk_qa_load(bk_qa_set *set, const char *path)
 	} else {
 		die("%s: line %d: column %d: %s", path, err.line, err.column, err.text);
 	}
-	free(text);
+	free(file);
 	if (!set->n)
 		die("%s: no evaluation samples", path);
 }

@@ -18,6 +18,8 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #define BK_MAGIC "bakery-stream"
@@ -50,13 +52,26 @@ static void fill(bk_reader *r)
 		r->cap = r->cap * 2 > r->len + READ_CHUNK ? r->cap * 2 : r->len + READ_CHUNK;
 		r->buf = xrealloc(r->buf, r->cap);
 	}
-	size_t n = fread(r->buf + r->len, 1, r->cap - r->len, r->f);
-	r->len += n;
-	if (n == 0) {
-		if (ferror(r->f))
+	/* read(2) returns what a pipe holds now, so a record is handled as soon as it
+	 * has arrived (fread would wait for the whole 64 KiB: no overlap of stages);
+	 * streams without a descriptor (fmemopen) use fread */
+	size_t n;
+	int fd = fileno(r->f);
+	if (fd >= 0) {
+		ssize_t k;
+		while ((k = read(fd, r->buf + r->len, r->cap - r->len)) < 0 && errno == EINTR)
+			;
+		if (k < 0)
 			die("%s: read error: %s", r->name, strerror(errno));
-		r->eof = 1;
+		n = (size_t)k;
+	} else {
+		n = fread(r->buf + r->len, 1, r->cap - r->len, r->f);
+		if (n == 0 && ferror(r->f))
+			die("%s: read error: %s", r->name, strerror(errno));
 	}
+	r->len += n;
+	if (n == 0)
+		r->eof = 1;
 }
 
 static uint64_t be(const unsigned char *p, int k)
@@ -449,6 +464,7 @@ char *bk_rec_str_opt(const bk_reader *r, const msgpack_object *rec, const char *
 struct bk_writer {
 	bk_out *out;
 	FILE *f;
+	int flush_each; /* a pipe or terminal: hand each record on at once */
 	msgpack_sbuffer body;
 	msgpack_packer pk;
 	uint32_t nfields;
@@ -462,6 +478,8 @@ bk_writer *bk_writer_open(const char *path)
 	bk_writer *w = xcalloc(1, sizeof *w);
 	w->out = bk_out_open(path);
 	w->f = bk_out_file(w->out);
+	struct stat st;
+	w->flush_each = fstat(fileno(w->f), &st) == 0 && !S_ISREG(st.st_mode);
 	msgpack_sbuffer_init(&w->body);
 	msgpack_packer_init(&w->pk, &w->body, msgpack_sbuffer_write);
 	w->xx = XXH3_createState();
@@ -582,6 +600,8 @@ static void emit_record(bk_writer *w, const char *hdr, size_t hn, const char *bo
 	XXH3_64bits_update(w->xx, hdr, hn);
 	XXH3_64bits_update(w->xx, body, bn);
 	w->count++;
+	if (w->flush_each && fflush(w->f) != 0)
+		die("%s: write error: %s", bk_out_path(w->out), strerror(errno));
 }
 
 void bk_rec_end(bk_writer *w)

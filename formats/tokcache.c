@@ -8,11 +8,14 @@
 #include "common/files.h"
 #include "common/hash.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <string.h>
 #include <xxhash.h>
 
-#define MAGIC "BKTOKC01"
+#define MAGIC "BKTOKC02" /* 02: keys carry BK_TOKCACHE_CODE (below) */
 #define HDR 24
 #define ENT 24
 
@@ -86,6 +89,28 @@ static int index_body(bk_tokcache *c, uint64_t n)
 	return off == c->len;
 }
 
+/* Version of the code that turns texts into ids (templates, the sentencepiece shim):
+ * part of every key, so a change of that code never serves ids made by the old one.
+ * Bump it with any change to formats/template.c or formats/spm.cc that changes ids. */
+#define BK_TOKCACHE_CODE "bakery-0.1.0/templates-1"
+
+/* mkdir -p that reports failure instead of dying (it is only a cache) */
+static int try_mkdir_p(const char *path)
+{
+	char *p = xstrdup(path);
+	int ok = 1;
+	for (char *s = p + 1; ok && *s; s++) {
+		if (*s != '/')
+			continue;
+		*s = 0;
+		ok = mkdir(p, 0777) == 0 || errno == EEXIST;
+		*s = '/';
+	}
+	ok = ok && (mkdir(p, 0777) == 0 || errno == EEXIST);
+	free(p);
+	return ok;
+}
+
 bk_tokcache *bk_tokcache_open(uint64_t tokenizer_hash)
 {
 	bk_tokcache *c = xcalloc(1, sizeof *c);
@@ -93,7 +118,12 @@ bk_tokcache *bk_tokcache_open(uint64_t tokenizer_hash)
 	const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
 	char *dir = xdg && *xdg ? xasprintf("%s/bakery", xdg)
 				: xasprintf("%s/.cache/bakery", home && *home ? home : "/tmp");
-	bk_mkdir_p(dir);
+	if (!try_mkdir_p(dir)) {
+		warn("cache directory %s: %s; tokenizing without the cache", dir, strerror(errno));
+		free(dir);
+		free(c);
+		return NULL;
+	}
 	char hex[17];
 	bk_hash_hex(tokenizer_hash, hex);
 	c->path = xasprintf("%s/tokenize-%s.cache", dir, hex);
@@ -131,6 +161,7 @@ uint64_t bk_tokcache_key(uint64_t tokenizer_hash, const char *tmpl, const char *
 	if (!st)
 		die("out of memory");
 	XXH3_64bits_reset_withSeed(st, tokenizer_hash);
+	XXH3_64bits_update(st, BK_TOKCACHE_CODE, sizeof BK_TOKCACHE_CODE);
 	const char *parts[4] = {tmpl, system, user, response};
 	for (int i = 0; i < 4; i++) {
 		/* a presence byte and the length make the encoding unambiguous */
@@ -200,13 +231,19 @@ size_t bk_tokcache_close(bk_tokcache *c)
 		for (size_t off = 0; off < c->len; n++)
 			off += ENT + 4 * ((size_t)rd32(c->buf + off + 8) + rd32(c->buf + off + 12) +
 					  rd32(c->buf + off + 16));
-		bk_out *o = bk_out_open(c->path);
-		FILE *f = bk_out_file(o);
-		fwrite(MAGIC, 1, 8, f);
-		fwrite(&c->tok_hash, 8, 1, f);
-		fwrite(&n, 8, 1, f);
-		fwrite(c->buf, 1, c->len, f);
-		bk_out_commit(o);
+		/* temporary + rename by hand: a failure here is a warning, not an error (the
+		 * output the cache served is already written) */
+		char *tmp = xasprintf("%s.tmp.%ld", c->path, (long)getpid());
+		FILE *f = fopen(tmp, "wb");
+		int ok = f && fwrite(MAGIC, 1, 8, f) == 8 && fwrite(&c->tok_hash, 8, 1, f) == 1 &&
+			 fwrite(&n, 8, 1, f) == 1 && fwrite(c->buf, 1, c->len, f) == c->len;
+		ok = (f && fclose(f) == 0) && ok;
+		if (!ok || rename(tmp, c->path) != 0) {
+			warn("%s: cannot write the cache (%s); the next run tokenizes again", c->path,
+			     strerror(errno));
+			unlink(tmp);
+		}
+		free(tmp);
 	}
 	free(c->buf);
 	free(c->slot);

@@ -18,6 +18,7 @@ typedef struct {
 	int has_resp;
 } bk_tokcache_entry;
 
+/* NULL (after one warning) when the cache directory cannot be made: run without it. */
 bk_tokcache *bk_tokcache_open(uint64_t tokenizer_hash);
 uint64_t bk_tokcache_key(uint64_t tokenizer_hash, const char *tmpl, const char *system,
 			 const char *user, const char *response);

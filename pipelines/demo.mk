@@ -45,7 +45,8 @@ $(OUT)/metrics.bk: $(OUT)/teach.bk
 $(OUT)/results.json: $(OUT)/metrics.bk $(D)/qa.json $(D)/heldout.txt
 	bk-eval --model $(MODEL) $(DEV) --adapter $(OUT)/adapter/final \
 	    --system-file $(D)/system.txt --eval $(D)/qa.json --kl-prompts $(D)/heldout.txt \
-	    --max-new-tokens 60 --show 2 -o $@ 2>$(OUT)/examples.txt
+	    --max-new-tokens 60 --show 2 -o $@ 2>$(OUT)/examples.txt || \
+	    { cat $(OUT)/examples.txt >&2; exit 1; }
 
 # the loss curve: a PNG with gnuplot when it is installed, always a text plot
 $(OUT)/loss.txt: $(OUT)/metrics.bk
