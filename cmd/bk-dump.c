@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char usage[] =
 	"usage: bk-dump [--header] [FILE]\n"
@@ -236,6 +237,9 @@ int main(int argc, char **argv)
 	if (strcmp(out, "-") && !do_from)
 		die_usage("--output is for --from-json");
 	const char *path = n ? argv[0] : "-";
+	struct stat st;
+	if (fstat(1, &st) == 0 && !S_ISREG(st.st_mode))
+		setvbuf(stdout, NULL, _IOLBF, 0); /* to jq, less, a terminal: line by line */
 	if (do_from)
 		from_json(path, out);
 	else if (do_stats)

@@ -50,6 +50,11 @@ test_expect_success 'a damaged cache file is ignored with a warning' '
 	cmp cold.bk again.bk && grep -q "ignoring it" err
 '
 
+test_expect_success 'an unusable cache directory is a warning, not an error' '
+	XDG_CACHE_HOME=/proc/no-such-dir bk-tokenize --tokenizer "$L" --template llama2 --system "Be brief." \
+		"$DATA/pipe/pairs.json" >nc2.bk 2>err && cmp cold.bk nc2.bk && grep -q "without the cache" err
+'
+
 test_expect_success '--max-seq-length cuts sequences and responses' '
 	bk-tokenize --tokenizer "$L" --template zephyr --system "You are a dragon." --max-seq-length 24 "$DATA/pipe/pairs.json" 2>/dev/null |
 	bk-dump | jq -e -s "all(.[]; (.t_prompt|length) + (.resp|length) <= 24)"

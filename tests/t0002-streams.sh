@@ -90,6 +90,16 @@ test_expect_success '-o to a device or a FIFO writes in place (never renames ove
 	mkfifo fifo && { bk-dump <fifo >fifo.jsonl & } && bk-lens -q -o fifo s.bk && wait &&
 	test $(wc -l <fifo.jsonl) -eq 6 && test -p fifo
 '
+test_expect_success '-o through a symlink writes its target and keeps the link' '
+	ln -s real.bk link.bk && bk-lens -q -o link.bk s.bk && test -L link.bk && test -s real.bk &&
+	bk-lens -q -o link.bk s.bk && test -L link.bk && bk-dump link.bk >/dev/null
+'
+test_expect_success 'a reader sees each record as it arrives, not after 64 KiB' '
+	for i in 1 2 3 4 5 6 7 8; do cat "$DATA/pipe/stories.txt"; done >m.txt &&
+	bk-tokenize --model "$M" m.txt -o m.bk 2>/dev/null &&
+	{ head -c 1500 m.bk; sleep 4; tail -c +1501 m.bk; } | bk-dump | { timeout 2 head -1 >first; } &&
+	test -s first
+'
 test_expect_success '--stats prints counts and a histogram' '
 	bk-dump --stats s.bk >st && grep -q "^records: 6" st && grep -q "^t_prompt: 6 records" st
 '

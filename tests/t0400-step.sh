@@ -130,4 +130,9 @@ test_expect_success 'a stream that ends truncated mid-run keeps the steps alread
 	grep -q "stream truncated" err && grep -q "saved the .* steps done in tr/checkpoint-" err &&
 	ls tr/checkpoint-*/adapter_model.safetensors
 '
+test_expect_success 'a metrics reader that goes away does not end training quietly' '
+	{ bk-step $F --out sp --batch-size 2 --epochs 3 --schedule constant b.bk 2>sperr; echo $? >rc; } |
+		head -c 10 >/dev/null &&
+	test "$(cat rc)" -eq 1 && grep -q "saved the .* steps done in sp/checkpoint-" sperr
+'
 test_done
