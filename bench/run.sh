@@ -75,8 +75,12 @@ ht=$("$PWD/$BUILD/bench/bench_train" 288 6 6 6 768 32000 16 4 256 3)
 hr=$(sed 's/.*r=16: \([0-9]*\) tokens.*/\1/' <<<"$ht")
 if python3 -c "import torch, transformers, peft" 2>/dev/null; then
 	pt=$(python3 bench/torch_train.py 288 6 6 6 768 32000 16 4 256 3 2>/dev/null | tail -1)
-	pr=$(sed 's/.*PEFT: \([0-9]*\) tokens.*/\1/' <<<"$pt")
-	row "train step, 15M Llama shape, 4 x 256 tokens, LoRA r=16 all 7: host twin" "$hr tokens/s" "$(printf '%.2fx torch+PEFT (%s tokens/s, %s)' "$(echo "$hr / $pr" | bc -l)" "$pr" "$(sed 's/ + PEFT.*//' <<<"$pt")")"
+	pr=$(grep -o '[0-9]* tokens/s' <<<"$pt" | head -1 | cut -d' ' -f1)
+	if [ -n "$pr" ] && [ "$pr" -gt 0 ]; then
+		row "train step, 15M Llama shape, 4 x 256 tokens, LoRA r=16 all 7: host twin" "$hr tokens/s" "$(printf '%.2fx torch+PEFT on the same cores (%s tokens/s, %s)' "$(echo "$hr / $pr" | bc -l)" "$pr" "$(grep -o 'torch [^ ]*' <<<"$pt" | head -1)")"
+	else
+		row "train step, 15M Llama shape, 4 x 256 tokens, LoRA r=16 all 7: host twin" "$hr tokens/s" "torch run gave no number: $pt"
+	fi
 else
 	row "train step, 15M Llama shape, 4 x 256 tokens, LoRA r=16 all 7: host twin" "$hr tokens/s" "torch not installed: no side-by-side ratio"
 fi
