@@ -71,8 +71,8 @@ t0=$(now); "$B/bk-step" --model "$T/m15" --device cpu --out "$T/ma" --batch-size
 row "bk-step 15M random Llama, r=16, batch 8 (top-k teacher)" "$(rate "$(ntok "$T/mt.bk" '(.s_prompt|length) + (.resp|length)')" "$t0" "$t1") tokens/s" "student tokens"
 
 # host twin training step vs torch + PEFT, same shape and step, same machine
-ht=$("$PWD/$BUILD/bench/bench_train" 288 6 6 6 768 32000 16 4 256 3)
-hr=$(sed 's/.*r=16: \([0-9]*\) tokens.*/\1/' <<<"$ht")
+ht=$("$PWD/$BUILD/bench/bench_step" --device cpu 288 6 6 6 768 32000 16 4 256 3)
+hr=$(sed 's/.*tokens_per_s=\([0-9]*\) .*/\1/' <<<"$ht")
 if python3 -c "import torch, transformers, peft" 2>/dev/null; then
 	pt=$(python3 bench/torch_train.py 288 6 6 6 768 32000 16 4 256 3 2>/dev/null | tail -1)
 	pr=$(grep -o '[0-9]* tokens/s' <<<"$pt" | head -1 | cut -d' ' -f1)

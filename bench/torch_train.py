@@ -1,4 +1,4 @@
-"""torch_train.py - the same step as bench_train.c / tests/gpu/bench_step.c written with
+"""torch_train.py - the same step as bench/bench_step.c written with
 HF transformers + PEFT (teacher forward without grad, student forward and backward,
 full-logits KL over the response rows, torch AdamW), on a random Llama of the same
 shape.  --device cpu (default): fp32 on the CPU.  --device cuda: base weights in bf16

@@ -33,7 +33,7 @@ bad() { fail=1; echo "run.sh: FAIL: $*"; }
 # ---- build ----
 log "build ($BUILD, sm_90)"
 NVFLAGS="-O2 -std=c++17 -I. -arch=sm_90 -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings"
-if ! make BUILD=$BUILD CUDA=1 NVCCFLAGS="$NVFLAGS" -j"$(nproc)" >"$W/build.log" 2>&1; then
+if ! make BUILD=$BUILD CUDA=1 NVCCFLAGS="$NVFLAGS" -j"$(nproc)" all "$BUILD/bench/bench_step" >"$W/build.log" 2>&1; then
 	tail -40 "$W/build.log"
 	echo "run.sh: the CUDA build failed" >&2
 	exit 1
@@ -150,7 +150,7 @@ kv() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
 declare -A tps mem
 for mode in plain ckpt; do
 	opt=; [ $mode = ckpt ] && opt=--grad-checkpoint
-	out=$(timeout 300 "$B/tests/gpu/bench_step" --device cuda $opt $SHAPE 3 2>&1 | tail -1)
+	out=$(timeout 300 "$B/bench/bench_step" --device cuda $opt $SHAPE 3 2>&1 | tail -1)
 	echo "$mode: $out"
 	if grep -q 'not-available' <<<"$out"; then
 		row "bakery step, grad checkpointing" "not available" ""

@@ -71,11 +71,6 @@ int main(int argc, char **argv)
 	    NKV = atoi(argv[a + 3]), I = atoi(argv[a + 4]), V = atoi(argv[a + 5]),
 	    R = atoi(argv[a + 6]), S = atoi(argv[a + 7]), LEN = atoi(argv[a + 8]),
 	    steps = argc - a > 9 ? atoi(argv[a + 9]) : 3, D = H / NH;
-	if (ckpt) {
-		/* bk_acts has no checkpointing switch in this tree (gpu/model.h) */
-		printf("bench_step device=%s grad_checkpoint=not-available\n", device);
-		return 0;
-	}
 	const bk_ops *ops = bk_device_select(device);
 	bk_rng rng;
 	bk_rng_seed(&rng, 1);
@@ -131,7 +126,7 @@ int main(int argc, char **argv)
 			sample_of[n] = s;
 		}
 	bk_batch b = { T, S, ids, pos, cu, 1, 7 };
-	bk_acts *acts = bk_acts_create(m, T, R);
+	bk_acts *acts = bk_acts_create_ckpt(m, T, R, ckpt); /* per-layer recompute when ckpt */
 	bk_lora *lo = bk_lora_create(m, R, 2.0f * R, 0.0f, BK_LORA_ALL);
 	bk_lora *gr = bk_lora_create_like(m, lo);
 	bk_lora_init_peft(m, lo, 1);
