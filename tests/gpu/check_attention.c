@@ -30,6 +30,7 @@
 
 #include "common/diag.h"
 #include "common/rng.h"
+#include "formats/safetensors.h"
 #include "gpu/cuda.h"
 #include "gpu/loss.h"
 #include "gpu/ops.h"
@@ -37,22 +38,6 @@
 #ifndef BK_HAVE_CUDA
 #error "check_attention needs a CUDA build (BK_HAVE_CUDA)"
 #endif
-
-/* gpu/cuda_loss.cu: the row and loss ops with the signatures of ops.h */
-void bk_cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int N, int T, int H);
-void bk_cuda_scatter_rows(float *dst, const float *src, const int32_t *rows, int N, int T, int H);
-double bk_cuda_kl_exact(const float *hidden, const bk_weight *lm_head,
-			const float *teacher_hidden, const float *teacher_logp,
-			const int32_t *sample_of, int n, int n_samples, int chunk,
-			float temperature, float *d_hidden, float *row_kl);
-double bk_cuda_kl_topk(const float *hidden, const bk_weight *lm_head, const int32_t *topk_ids,
-		       const float *topk_logp, const float *rest, const int32_t *sample_of,
-		       int n, int n_samples, int k, int chunk, float temperature,
-		       float *d_hidden, float *row_kl);
-void bk_cuda_teacher_topk(const float *hidden, const bk_weight *lm_head, int n, int chunk,
-			  float temperature, int k, int32_t *ids, float *logp, float *rest);
-void bk_cuda_teacher_logprobs(const float *hidden, const bk_weight *lm_head, int n, int chunk,
-			      float temperature, float *logp);
 
 #define PAD 16
 #define SENTINEL 12345.625f
@@ -75,16 +60,8 @@ static float *hrand(size_t n, float scale)
 	return x;
 }
 
-/* nearest bf16, ties to even (finite inputs) */
-static float bf16_round(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	u &= 0xffff0000u;
-	memcpy(&f, &u, 4);
-	return f;
-}
+/* nearest bf16, ties to even, as the GPU's weight upload rounds */
+static float bf16_round(float f) { return bk_bf16_to_f32(bk_f32_to_bf16(f)); }
 
 static float *hrand_bf16(size_t n, float scale)
 {

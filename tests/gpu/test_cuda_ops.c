@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "common/diag.h"
+#include "formats/safetensors.h"
 #include "common/rng.h"
 #include "gpu/cuda.h"
 #include "gpu/ops.h"
@@ -49,16 +50,8 @@ static float *hrand(size_t n, float scale)
 	return x;
 }
 
-/* round to the nearest bf16, ties to even, as __float2bfloat16_rn (finite inputs) */
-static float bf16_round(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	u &= 0xffff0000u;
-	memcpy(&f, &u, 4);
-	return f;
-}
+/* round to the nearest bf16, ties to even, as __float2bfloat16_rn */
+static float bf16_round(float f) { return bk_bf16_to_f32(bk_f32_to_bf16(f)); }
 static float *hrand_bf16(size_t n, float scale)
 {
 	float *x = hrand(n, scale);
