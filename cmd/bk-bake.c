@@ -77,6 +77,18 @@ static void arg2(cmd *c, const char *flag, const char *value)
 	arg(c, "%s", value);
 }
 
+/* a flag and its number: "--lr" 2e-3 */
+static void arg_long(cmd *c, const char *flag, long v)
+{
+	arg(c, "%s", flag);
+	arg(c, "%ld", v);
+}
+static void arg_num(cmd *c, const char *flag, double v)
+{
+	arg(c, "%s", flag);
+	arg(c, "%g", v);
+}
+
 static void cmd_free(cmd *c)
 {
 	for (size_t i = 0; i < c->a.n; i++)
@@ -400,13 +412,10 @@ static void build_step(bake *b, const bk_bake_plan *p, int64_t total, int64_t pe
 	cmd_init(c, "bk-step");
 	add_model(c, p);
 	arg2(c, "--out", p->output_dir);
-	arg(c, "--batch-size");
-	arg(c, "%ld", b->paired ? p->batch_size : p->batch_size * p->num_trajectories);
-	arg(c, "--grad-accum");
-	arg(c, "%ld", p->grad_accum);
+	arg_long(c, "--batch-size", b->paired ? p->batch_size : p->batch_size * p->num_trajectories);
+	arg_long(c, "--grad-accum", p->grad_accum);
 	if (b->paired) {
-		arg(c, "--epochs");
-		arg(c, "%ld", p->epochs);
+		arg_long(c, "--epochs", p->epochs);
 	} else {
 		arg(c, "--max-steps");
 		if (total > 0)
@@ -414,33 +423,22 @@ static void build_step(bake *b, const bk_bake_plan *p, int64_t total, int64_t pe
 		else
 			arg(c, "STEPS");
 	}
-	arg(c, "--lr");
-	arg(c, "%g", p->lr);
+	arg_num(c, "--lr", p->lr);
 	arg2(c, "--schedule", p->schedule);
 	if (p->warmup_steps > 0) {
-		arg(c, "--warmup-steps");
-		arg(c, "%ld", p->warmup_steps);
+		arg_long(c, "--warmup-steps", p->warmup_steps);
 	} else if (p->warmup_ratio > 0) {
-		arg(c, "--warmup-ratio");
-		arg(c, "%g", p->warmup_ratio);
+		arg_num(c, "--warmup-ratio", p->warmup_ratio);
 	}
-	arg(c, "--weight-decay");
-	arg(c, "%g", p->weight_decay);
-	arg(c, "--max-grad-norm");
-	arg(c, "%g", p->max_grad_norm);
-	arg(c, "--lora-r");
-	arg(c, "%ld", p->lora_r);
-	arg(c, "--lora-alpha");
-	arg(c, "%g", p->lora_alpha);
-	arg(c, "--lora-dropout");
-	arg(c, "%g", p->lora_dropout);
+	arg_num(c, "--weight-decay", p->weight_decay);
+	arg_num(c, "--max-grad-norm", p->max_grad_norm);
+	arg_long(c, "--lora-r", p->lora_r);
+	arg_num(c, "--lora-alpha", p->lora_alpha);
+	arg_num(c, "--lora-dropout", p->lora_dropout);
 	arg2(c, "--target-modules", p->target_modules);
-	arg(c, "--temperature");
-	arg(c, "%g", p->temperature);
-	arg(c, "--seed");
-	arg(c, "%ld", p->seed);
-	arg(c, "--logging-steps");
-	arg(c, "%ld", p->logging_steps);
+	arg_num(c, "--temperature", p->temperature);
+	arg_long(c, "--seed", p->seed);
+	arg_long(c, "--logging-steps", p->logging_steps);
 	long save = 0;
 	if (!strcmp(p->save_strategy, "steps"))
 		save = p->save_steps;
@@ -475,8 +473,7 @@ static void build(bake *b, const bk_bake_plan *p, int paired, int64_t prompts)
 	arg2(c, "--model", p->model);
 	add_system(c, p, b->tmpl_file);
 	if (p->max_seq_length) {
-		arg(c, "--max-seq-length");
-		arg(c, "%ld", p->max_seq_length);
+		arg_long(c, "--max-seq-length", p->max_seq_length);
 	}
 	for (int i = 0; i < p->prompts.n; i++)
 		arg2(c, "--prompt", p->prompts.v[i]);
@@ -492,37 +489,27 @@ static void build(bake *b, const bk_bake_plan *p, int paired, int64_t prompts)
 	c = &b->lens;
 	cmd_init(c, "bk-lens");
 	arg2(c, "--max-tokens", "0");
-	arg(c, "--max-batch");
-	arg(c, "%ld", p->batch_size);
+	arg_long(c, "--max-batch", p->batch_size);
 	arg2(c, "--window", "1048576");
-	arg(c, "--seed");
-	arg(c, "%ld", p->seed);
+	arg_long(c, "--seed", p->seed);
 	arg(c, "-q");
 	arg(c, "%s", b->tokens);
 
 	c = &b->gen;
 	cmd_init(c, "bk-gen");
 	add_model(c, p);
-	arg(c, "--num-trajectories");
-	arg(c, "%ld", p->num_trajectories);
-	arg(c, "--temperature");
-	arg(c, "%g", p->sampling_temperature);
-	arg(c, "--top-p");
-	arg(c, "%g", p->top_p);
-	arg(c, "--max-new-tokens");
-	arg(c, "%ld", p->trajectory_length);
-	arg(c, "--epochs");
-	arg(c, "%ld", p->epochs);
-	arg(c, "--seed");
-	arg(c, "%ld", p->seed);
+	arg_long(c, "--num-trajectories", p->num_trajectories);
+	arg_num(c, "--temperature", p->sampling_temperature);
+	arg_num(c, "--top-p", p->top_p);
+	arg_long(c, "--max-new-tokens", p->trajectory_length);
+	arg_long(c, "--epochs", p->epochs);
+	arg_long(c, "--seed", p->seed);
 
 	c = &b->teach;
 	cmd_init(c, "bk-teach");
 	add_model(c, p);
-	arg(c, "--top-k");
-	arg(c, "%ld", p->top_k);
-	arg(c, "--temperature");
-	arg(c, "%g", p->temperature);
+	arg_long(c, "--top-k", p->top_k);
+	arg_num(c, "--temperature", p->temperature);
 	if (paired) {
 		arg(c, "%s", b->tokens);
 		arg2(c, "-o", b->teach_file);
@@ -543,8 +530,7 @@ static void build(bake *b, const bk_bake_plan *p, int paired, int64_t prompts)
 		arg2(c, "--held-out", p->held_out_file);
 	if (p->kl_prompts)
 		arg2(c, "--kl-prompts", p->kl_prompts);
-	arg(c, "--temperature");
-	arg(c, "%g", p->temperature);
+	arg_num(c, "--temperature", p->temperature);
 	char *rj = bk_path_join(od, "results.json");
 	arg2(c, "-o", rj);
 	free(rj);

@@ -113,6 +113,18 @@ static void check_dims(const char *what, int n, int h, int v, int chunk, float t
 		die("%s: temperature %g is not a positive number", what, (double)temperature);
 }
 
+/* the batch loss sum_r w[r] kl[r]; row_kl (if not NULL) gets each row's KL */
+static double weighted_loss(const float *w, const double *kl, int n, float *row_kl)
+{
+	double loss = 0;
+	for (int r = 0; r < n; r++) {
+		loss += w[r] * kl[r];
+		if (row_kl)
+			row_kl[r] = (float)kl[r];
+	}
+	return loss;
+}
+
 double bk_loss_kl_exact(const float *hidden, const float *lm_head, const float *teacher_hidden,
 			const float *teacher_logp, const int32_t *sample_of, int n, int n_samples,
 			int h, int v, int chunk, float temperature, float *d_hidden, float *row_kl)
@@ -175,12 +187,7 @@ double bk_loss_kl_exact(const float *hidden, const float *lm_head, const float *
 			backward_chunk(us, lm_head, n, h, c0, cn, temperature, c0 == 0, d_hidden);
 	}
 
-	double loss = 0;
-	for (int r = 0; r < n; r++) {
-		loss += w[r] * kl[r];
-		if (row_kl)
-			row_kl[r] = (float)kl[r];
-	}
+	double loss = weighted_loss(w, kl, n, row_kl);
 	free(w), free(us), free(ut), free(ms), free(ss), free(mt), free(st), free(kl);
 	return loss;
 }
@@ -332,12 +339,7 @@ double bk_loss_kl_topk(const float *hidden, const float *lm_head, const int32_t 
 		}
 	}
 
-	double loss = 0;
-	for (int r = 0; r < n; r++) {
-		loss += w[r] * kl[r];
-		if (row_kl)
-			row_kl[r] = (float)kl[r];
-	}
+	double loss = weighted_loss(w, kl, n, row_kl);
 	free(w), free(order), free(p), free(tu), free(prest), free(ptot), free(us), free(cur);
 	free(mr), free(sr), free(lse), free(kl);
 	return loss;
