@@ -2,6 +2,7 @@
 #include "files.h"
 #include "diag.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -235,6 +236,27 @@ void bk_stdout_close(void)
 	}
 	if (fclose(stdout) != 0 && errno != EPIPE)
 		die("write error on standard output: %s", strerror(errno));
+}
+
+int bk_remove_flat_dir(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return errno == ENOENT ? 0 : -1;
+	struct dirent *e;
+	int rc = 0;
+	while ((e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		char *p = bk_path_join(dir, e->d_name);
+		if (unlink(p) != 0 && errno != ENOENT)
+			rc = -1;
+		free(p);
+	}
+	closedir(d);
+	if (rmdir(dir) != 0 && errno != ENOENT)
+		rc = -1;
+	return rc;
 }
 
 void bk_mkdir_p(const char *path)

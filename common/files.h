@@ -38,6 +38,10 @@ void bk_write_file_atomic(const char *path, const void *data, size_t len);
 void bk_stdout_init(void);
 void bk_stdout_close(void);
 
+/* Removes a flat directory (regular files only, as checkpoints are) and its files;
+ * 0 when done or absent, -1 with errno set otherwise (never dies: safe in cleanup). */
+int bk_remove_flat_dir(const char *dir);
+
 /* mkdir -p; dies on failure. */
 void bk_mkdir_p(const char *path);
 int bk_file_exists(const char *path);

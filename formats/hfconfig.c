@@ -261,6 +261,17 @@ int bk_config_max_seq(const bk_config *c)
 	return c->max_pos;
 }
 
+const char *bk_config_check_len(const bk_config *c, long n, const char *what, char *buf,
+				size_t size)
+{
+	long max = bk_config_max_seq(c);
+	if (max <= 0 || n <= max)
+		return NULL;
+	snprintf(buf, size, "%s of %ld tokens is longer than the model's context of %ld "
+		 "positions", what, n, max);
+	return buf;
+}
+
 /* ---- checkpoint check ---- */
 
 typedef struct {

@@ -51,6 +51,12 @@ void bk_config_free(bk_config *c);
 
 /* Longest sequence whose attention is exact here: min(max_pos, sliding_window). */
 int bk_config_max_seq(const bk_config *c);
+/* The one context-length check of every stage that runs the model (bk-tokenize
+ * --model, bk-gen, bk-teach, bk-step, bk-eval): NULL when a sequence of n tokens fits,
+ * else a message in buf, e.g. "teacher sequence of 1927 tokens is longer than the
+ * model's context of 512 positions" (what = "teacher sequence"). */
+const char *bk_config_check_len(const bk_config *c, long n, const char *what, char *buf,
+				size_t size);
 
 /* Check a checkpoint against the config: every expected tensor present with the right
  * shape, nothing else (rotary_emb.inv_freq buffers ignored; lm_head.weight allowed

@@ -5,7 +5,9 @@
 #include "common/diag.h"
 #include "common/files.h"
 
+#include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -508,7 +510,14 @@ void bk_st_read_f32(const bk_st *st, const char *name, int ndim, const int64_t *
 		bk_shape_str(t->ndim, t->shape, got, sizeof got);
 		die("%s: tensor '%s': expected shape %s, got %s", t->file, name, want, got);
 	}
-	bk_convert_to_f32(t->dtype, t->data, (size_t)bk_st_numel(t), out);
+	size_t n = (size_t)bk_st_numel(t);
+	bk_convert_to_f32(t->dtype, t->data, n, out);
+	/* a NaN or inf weight poisons every output: refuse it here, where it is named,
+	 * not later as NaN log-probs or skipped steps */
+	for (size_t i = 0; i < n; i++)
+		if (!isfinite(out[i]))
+			die("%s: tensor '%s': non-finite value (%s) at index %zu", t->file, name,
+			    isnan(out[i]) ? "nan" : "inf", i);
 }
 
 /* ---- writer ---- */
@@ -641,7 +650,7 @@ void bk_st_writer_write(bk_st_writer *w, const char *path)
 		if (w->t.v[i].nbytes)
 			ok = fwrite(w->t.v[i].data, 1, w->t.v[i].nbytes, f) == w->t.v[i].nbytes;
 	if (!ok)
-		die("%s: write error", path);
+		die("%s: write error: %s", bk_out_path(o), strerror(errno));
 	free(hdr);
 	bk_out_commit(o);
 }

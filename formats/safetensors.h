@@ -53,7 +53,8 @@ const char *bk_st_meta(const bk_st *st, const char *key);
 int64_t bk_st_numel(const bk_st_tensor *t);
 
 /* Copy a tensor into fp32 (out: product(shape) floats), checking it exists and has
- * the expected shape; dies naming the tensor, expected and actual shape. */
+ * the expected shape and only finite values; dies naming the tensor (and the expected
+ * and actual shape, or the first NaN/inf). */
 void bk_st_read_f32(const bk_st *st, const char *name, int ndim, const int64_t *shape,
 		    float *out);
 /* Convert n elements of dtype dt at src (any alignment) to fp32. */

@@ -7,7 +7,10 @@
  *  2. The current record's objects point into buf; buf is only compacted or grown in
  *     fill(), which runs before parsing the next record.
  *  3. The header is deep-copied (own sbuffer + zone) and lives until close.
- *  4. After the trailer only EOF is accepted. */
+ *  4. After the trailer only EOF is accepted.
+ *  5. A regular file is verified whole (every record parses, count and checksum of the
+ *     trailer) when it is opened, before the caller sees its header: only a pipe can
+ *     fail after records were handed on. */
 #include "stream.h"
 #include "common/diag.h"
 #include "common/files.h"
@@ -182,11 +185,26 @@ static int next_object(bk_reader *r, const char *what)
 	}
 }
 
+/* A regular file is read whole once before it is used (invariant 5): a damaged file
+ * is reported as damaged before any record (or header field) of it is acted on. */
+static void verify_file(FILE *f, const char *path)
+{
+	bk_reader *r = bk_reader_from_file(f, path);
+	while (bk_reader_next(r))
+		;
+	bk_reader_close(r);
+	if (lseek(fileno(f), 0, SEEK_SET) != 0)
+		die("%s: %s", path, strerror(errno));
+}
+
 bk_reader *bk_reader_open(const char *path)
 {
 	FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
 	if (!f)
 		die("%s: %s", path, strerror(errno));
+	struct stat st;
+	if (f != stdin && fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode))
+		verify_file(f, path);
 	bk_reader *r = bk_reader_from_file(f, strcmp(path, "-") ? path : "stdin");
 	r->own = f != stdin;
 	return r;
@@ -469,6 +487,8 @@ struct bk_writer {
 	msgpack_packer pk;
 	uint32_t nfields;
 	int in_record, header_done;
+	int optional, dead; /* bk_writer_optional; the reader went away */
+	const char *optional_what;
 	uint64_t count;
 	XXH3_state_t *xx;
 };
@@ -489,10 +509,21 @@ bk_writer *bk_writer_open(const char *path)
 	return w;
 }
 
+static void write_failed(bk_writer *w)
+{
+	if (w->optional && errno == EPIPE) {
+		w->dead = 1;
+		warn("%s: the reader of the %s went away; going on without it",
+		     bk_out_path(w->out), w->optional_what);
+		return;
+	}
+	die("%s: write error: %s", bk_out_path(w->out), strerror(errno));
+}
+
 static void put(bk_writer *w, const void *p, size_t n)
 {
-	if (n && fwrite(p, 1, n, w->f) != n)
-		die("%s: write error: %s", bk_out_path(w->out), strerror(errno));
+	if (!w->dead && n && fwrite(p, 1, n, w->f) != n)
+		write_failed(w);
 }
 
 void bk_pack_strn(msgpack_packer *pk, const char *s, size_t n)
@@ -600,9 +631,17 @@ static void emit_record(bk_writer *w, const char *hdr, size_t hn, const char *bo
 	XXH3_64bits_update(w->xx, hdr, hn);
 	XXH3_64bits_update(w->xx, body, bn);
 	w->count++;
-	if (w->flush_each && fflush(w->f) != 0)
-		die("%s: write error: %s", bk_out_path(w->out), strerror(errno));
+	if (!w->dead && w->flush_each && fflush(w->f) != 0)
+		write_failed(w);
 }
+
+void bk_writer_optional(bk_writer *w, const char *what)
+{
+	w->optional = 1;
+	w->optional_what = what;
+}
+
+int bk_writer_dead(const bk_writer *w) { return w->dead; }
 
 void bk_rec_end(bk_writer *w)
 {
@@ -650,6 +689,8 @@ void bk_writer_close(bk_writer *w)
 	bk_pack_str(&w->pk, "xxh3");
 	bk_pack_str(&w->pk, hex);
 	put(w, w->body.data, w->body.size);
+	if (w->dead) /* nobody reads it: the flush would only fail again */
+		clearerr(w->f);
 	bk_out_commit(w->out);
 	msgpack_sbuffer_destroy(&w->body);
 	XXH3_freeState(w->xx);

@@ -103,6 +103,11 @@ void bk_rec_end(bk_writer *w);
 void bk_writer_raw(bk_writer *w, const char *data, size_t len);
 /* Writes the trailer and commits the file.  Frees w. */
 void bk_writer_close(bk_writer *w);
+/* A stream that is a view, not the job (bk-step's metrics): when its reader goes away
+ * (EPIPE; SIGPIPE must be ignored) the writer warns once, naming what, and drops
+ * everything after instead of dying. */
+void bk_writer_optional(bk_writer *w, const char *what);
+int bk_writer_dead(const bk_writer *w); /* the reader of an optional stream went away */
 uint64_t bk_writer_count(const bk_writer *w);
 
 /* Packing helpers. */

@@ -392,24 +392,8 @@ void bk_trainer_drop(bk_trainer *t)
 /* removes a flat directory of ours (files only) if it exists */
 static void remove_dir(const char *dir)
 {
-	DIR *d = opendir(dir);
-	if (!d) {
-		if (errno == ENOENT)
-			return;
-		die("%s: %s", dir, strerror(errno));
-	}
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		char *p = bk_path_join(dir, e->d_name);
-		if (unlink(p) != 0)
-			die("%s: %s", p, strerror(errno));
-		free(p);
-	}
-	closedir(d);
-	if (rmdir(dir) != 0)
-		die("%s: %s", dir, strerror(errno));
+	if (bk_remove_flat_dir(dir) != 0)
+		die("%s: cannot remove: %s", dir, strerror(errno));
 }
 
 /* n floats of a device buffer into a new host array */

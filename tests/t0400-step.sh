@@ -110,9 +110,11 @@ test_expect_success 'a stream made with another model is refused' '
 test_expect_success 'a decaying schedule over a pipe needs --max-steps' '
 	cat b.bk | test_must_fail bk-step $F --out z 2>err >/dev/null && grep -q "max-steps" err &&
 	cat b.bk | bk-step $F --out z --max-steps 2 2>/dev/null | bk-dump | jq -s -e ".[-1].final == \"z/final\"" &&
+	cat b.bk | test_must_fail bk-step $F --out z --max-steps 2 2>err >/dev/null &&
+	grep -q "already holds another run" err &&
 	nb=$(bk-dump b.bk | jq -s "map(.batch) | unique | length") &&
 	cat b.bk | bk-step $F --out z2 --schedule constant 2>/dev/null | bk-dump | jq -s -e --argjson n $nb "length == \$n + 1" &&
-	cat b.bk | test_must_fail bk-step $F --out z --epochs 2 2>/dev/null
+	{ cat b.bk | bk-step $F --out z3 --epochs 2 2>/dev/null; test $? -eq 2; }
 '
 
 test_expect_success 'records without a batch plan need --batch-size; bad flags exit 2' '
@@ -126,13 +128,88 @@ test_expect_success 'records without a batch plan need --batch-size; bad flags e
 test_expect_success 'a stream that ends truncated mid-run keeps the steps already done' '
 	size=$(stat -c %s b.bk) &&
 	head -c $((size * 2 / 3)) b.bk >cut.bk &&
-	cat cut.bk | test_must_fail bk-step $F --out tr --batch-size 2 --schedule constant >/dev/null 2>err &&
+	{ cat cut.bk | bk-step $F --out tr --batch-size 2 --schedule constant >/dev/null 2>err; test $? -eq 1; } &&
 	grep -q "stream truncated" err && grep -q "saved the .* steps done in tr/checkpoint-" err &&
+	test $(grep -c "error" err) -eq 1 &&
 	ls tr/checkpoint-*/adapter_model.safetensors
 '
-test_expect_success 'a metrics reader that goes away does not end training quietly' '
+test_expect_success 'a metrics reader that goes away stops the metrics, not the training' '
 	{ bk-step $F --out sp --batch-size 2 --epochs 3 --schedule constant b.bk 2>sperr; echo $? >rc; } |
 		head -c 10 >/dev/null &&
-	test "$(cat rc)" -eq 1 && grep -q "saved the .* steps done in sp/checkpoint-" sperr
+	test "$(cat rc)" -eq 0 && test -f sp/final/adapter_model.safetensors &&
+	test $(grep -c "reader of the metrics stream went away" sperr) -eq 1 &&
+	jq -e ".step == $(jq .step sp/final/trainer_state.json)" sp/final/trainer_state.json >/dev/null &&
+	bk-step $F --out sp2 --batch-size 2 --epochs 3 --schedule constant b.bk 2>/dev/null | bk-dump | head -1 >/dev/null &&
+	test -f sp2/final/adapter_model.safetensors &&
+	cmp sp/final/adapter_model.safetensors sp2/final/adapter_model.safetensors
+'
+test_expect_success 'a refused --resume saves nothing and names the flag that differs' '
+	bk-step $F --out rs --epochs 2 --save-steps 2 b.bk >/dev/null 2>&1 &&
+	c=$(latest rs) && ls rs >before &&
+	test_must_fail bk-step $F --out rs --epochs 2 --save-steps 2 --lora-r 16 --resume $c b.bk 2>err >/dev/null &&
+	grep -q -- "--lora-r 16 differs from the checkpoint.s 8" err &&
+	test_must_fail bk-step $F --out rs --epochs 2 --save-steps 2 --optim adamw8bit --resume $c b.bk 2>err >/dev/null &&
+	grep -q -- "--optim adamw8bit differs from the checkpoint.s adamw" err &&
+	test_must_fail bk-step $F --out rs --epochs 2 --save-steps 2 --lr 1e-3 --resume $c b.bk 2>err >/dev/null &&
+	grep -q -- "--lr 0.001 differs from the checkpoint.s 0.002" err &&
+	test_must_fail bk-step $F --out rs --epochs 2 --save-steps 2 --resume rs/nope b.bk 2>err >/dev/null &&
+	bk-teach --model "$M" --device cpu --top-k 8 b.bk 2>/dev/null >tk.bk &&
+	test_must_fail bk-step $F --out rs --epochs 2 --save-steps 2 --resume $c tk.bk 2>err >/dev/null &&
+	grep -q "top-k teacher field; the checkpoint was trained on records without" err &&
+	bk-step $F --out rt --max-steps 2 --save-steps 1 tk.bk >/dev/null 2>&1 &&
+	test_must_fail bk-step $F --out rt --max-steps 2 --resume rt/checkpoint-1 b.bk 2>err >/dev/null &&
+	grep -q "the stream has records without a teacher field" err &&
+	ls rs >after && test_cmp before after && ! test -d rs/checkpoint-0 && ! test -d rt/checkpoint-0
+'
+
+test_expect_success '--out is checked before training; --overwrite; --save-total-limit' '
+	: >afile && test_must_fail bk-step $F --out afile b.bk 2>err >/dev/null &&
+	grep -q "afile: exists and is not a directory" err &&
+	test_must_fail bk-step $F --out afile/sub b.bk 2>err >/dev/null && grep -q -i "not a directory" err &&
+	bk-step $F --out ov --epochs 2 --save-steps 1 b.bk >/dev/null 2>&1 &&
+	n1=$(ls -d ov/checkpoint-* | wc -l) && test $n1 -gt 3 &&
+	test_must_fail bk-step $F --out ov --max-steps 1 b.bk 2>err >/dev/null &&
+	grep -q "already holds another run" err &&
+	bk-step $F --out ov --overwrite --max-steps 1 --save-steps 1 b.bk >/dev/null 2>&1 &&
+	test "$(ls ov)" = "$(printf "checkpoint-1\nfinal")" &&
+	bk-step $F --out lim --epochs 2 --save-steps 1 --save-total-limit 2 b.bk 2>/dev/null | bk-dump | tail -1 >last &&
+	test $(ls -d lim/checkpoint-* | wc -l) -eq 2 && test -d lim/final &&
+	jq -e ".checkpoints | length == 2" last >/dev/null &&
+	for d in $(jq -r ".checkpoints[]" last); do test -d $d || return 1; done
+'
+
+test_expect_success 'a damaged input file is refused before the first step, as damage' '
+	size=$(stat -c %s b.bk) && cp b.bk dmg.bk &&
+	printf "\377" | dd of=dmg.bk bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null &&
+	test_must_fail bk-step $F --out dm dmg.bk 2>err >/dev/null && grep -q "stream corrupt" err &&
+	! test -e dm &&
+	off=$(grep -abo "tokenizer" b.bk | head -1 | cut -d: -f1) && cp b.bk dmh.bk &&
+	printf "0" | dd of=dmh.bk bs=1 seek=$((off + 12)) conv=notrunc 2>/dev/null && ! cmp -s b.bk dmh.bk &&
+	test_must_fail bk-step $F --out dm dmh.bk 2>err >/dev/null && grep -q "stream corrupt" err
+'
+
+test_expect_success 'non-finite weights are refused at load, naming the tensor' '
+	cp -r "$M" nan && st=nan/model.safetensors &&
+	n=$(od -An -tu8 -N8 $st | tr -d " ") &&
+	off=$(dd if=$st bs=1 skip=8 count=$n 2>/dev/null | jq ".[\"model.norm.weight\"].data_offsets[0]") &&
+	printf "\000\000\300\177" | dd of=$st bs=1 seek=$((8 + n + off + 8)) conv=notrunc 2>/dev/null &&
+	test_must_fail bk-step --model nan --device cpu --out nn b.bk 2>err >/dev/null &&
+	grep -q "tensor .model.norm.weight.: non-finite value (nan) at index 2" err && ! test -e nn &&
+	test_must_fail bk-teach --model nan --device cpu b.bk 2>err >/dev/null && grep -q "non-finite" err
+'
+
+test_expect_success 'sequences longer than the model context are refused (exact mode)' '
+	w=$(for i in $(seq 300); do printf "the dragon flew over the hill and "; done) &&
+	printf "[{\"prompt\": \"Tell me.\", \"response\": \"%s\"}]" "$w" >long.json &&
+	bk-tokenize --model "$M" --system "Sparky is a dragon." long.json 2>/dev/null >long.bk &&
+	test_must_fail bk-step $F --out ln --batch-size 1 long.bk 2>err >/dev/null &&
+	grep -q "sequence of [0-9]* tokens is longer than the model.s context of 512 positions" err
+'
+
+test_expect_success 'without a terminal, a plain progress line every --log-every seconds' '
+	bk-step $F --out pl --epochs 2 --log-every 0.000001 b.bk 2>err >/dev/null &&
+	test $(grep -c "^bk-step: step [0-9]*/[0-9]*  loss" err) -gt 2 &&
+	bk-step $F --out pl2 --epochs 2 --log-every 0 b.bk 2>err >/dev/null &&
+	! grep -q "^bk-step: step " err && grep -q "^bk-step: [0-9]* steps in" err
 '
 test_done
