@@ -58,11 +58,13 @@ typedef struct {
 	const char *system;
 	bk_ids stop;
 	long max_batch, show, max_new;
+	const bk_config *cfg;
 } evaluator;
 
 /* greedy answers for n prompts; returns malloc'd texts */
-static char **answer(const evaluator *ev, const char *const *questions, size_t n, int with_system,
-		     int with_adapter, long max_new, int32_t ***ids_out, int **n_out)
+static char **answer(const evaluator *ev, const char *src, const char *const *questions,
+		     size_t n, int with_system, int with_adapter, long max_new, int32_t ***ids_out,
+		     int **n_out)
 {
 	bk_ids *p = xcalloc(n, sizeof *p);
 	const int32_t **prompts = xmalloc(n * sizeof *prompts);
@@ -71,9 +73,14 @@ static char **answer(const evaluator *ev, const char *const *questions, size_t n
 		bk_template_prompt(ev->tmpl, ev->spm, with_system ? ev->system : NULL, questions[i], &p[i]);
 		prompts[i] = p[i].v;
 		lens[i] = (int)p[i].n;
+		char buf[160];
+		const char *msg = bk_config_check_len(ev->cfg, lens[i] + 1,
+						      "prompt plus one new token", buf, sizeof buf);
+		if (msg)
+			die("%s: prompt %zu: %s", src, i + 1, msg);
 	}
 	bk_gen_config gc = {.max_batch = (int)ev->max_batch, .max_new = (int)max_new,
-			    .max_seq = 0, .sample = {0.0f, 1.0f}, .stop = ev->stop.v,
+			    .max_seq = bk_config_max_seq(ev->cfg), .sample = {0.0f, 1.0f}, .stop = ev->stop.v,
 			    .n_stop = (int)ev->stop.n};
 	int32_t **ids = xmalloc(n * sizeof *ids);
 	int *nids = xmalloc(n * sizeof *nids);
@@ -127,7 +134,7 @@ static json_t *score_set(const evaluator *ev, const char *path, json_t *examples
 			json_object_set_new(res, "baked_accuracy", json_null());
 			continue;
 		}
-		char **a = answer(ev, q, set.n, c == 1, c == 2, ev->max_new, NULL, NULL);
+		char **a = answer(ev, path, q, set.n, c == 1, c == 2, ev->max_new, NULL, NULL);
 		size_t correct = 0;
 		for (size_t i = 0; i < set.n; i++) {
 			int ok = bk_qa_correct(a[i], &set.v[i]);
@@ -212,7 +219,8 @@ int main(int argc, char **argv)
 		bk_lora_from_adapter(lm.model, lora, ad);
 		bk_adapter_free(ad);
 	}
-	evaluator ev = {lm.model, bk_gen_ops_for(ops), lora, spm, tmpl, system, {0}, o.max_batch, o.show, o.max_new};
+	evaluator ev = {lm.model, bk_gen_ops_for(ops), lora, spm, tmpl, system, {0}, o.max_batch,
+			o.show, o.max_new, lm.cfg};
 	bk_model_stop_ids(lm.cfg, tmpl, spm, &ev.stop);
 	bk_ids sys_ids = {0};
 	bk_spm_encode(spm, system, strlen(system), &sys_ids.v, &sys_ids.n);
@@ -235,7 +243,7 @@ int main(int argc, char **argv)
 		/* the teacher's own greedy responses are the positions the KL is taken on */
 		int32_t **resp;
 		int *nresp;
-		char **t = answer(&ev, q, ds.n, 1, 0, o.kl_tokens, &resp, &nresp);
+		char **t = answer(&ev, o.kl_prompts, q, ds.n, 1, 0, o.kl_tokens, &resp, &nresp);
 		bk_eval_seq *seqs = xcalloc(ds.n, sizeof *seqs);
 		bk_ids *tp = xcalloc(ds.n, sizeof *tp), *sp = xcalloc(ds.n, sizeof *sp);
 		for (size_t i = 0; i < ds.n; i++) {

@@ -334,9 +334,12 @@ int main(int argc, char **argv)
 				if (ids[t] < 0 || ids[t] >= m->cfg.V)
 					bk_reader_die(in, "field 't_prompt': id %d is not in [0,%d)",
 						      ids[t], m->cfg.V);
-			if (gc.max_seq > 0 && p->n_t >= gc.max_seq)
-				bk_reader_die(in, "field 't_prompt' of %d tokens leaves no room for new "
-						  "tokens under the model's %d positions", p->n_t, gc.max_seq);
+			char lbuf[160];
+			const char *lmsg = bk_config_check_len(lm.cfg, p->n_t + 1,
+							       "teacher prompt plus one new token",
+							       lbuf, sizeof lbuf);
+			if (lmsg)
+				bk_reader_die(in, "%s", lmsg);
 			p->t_prompt = xmalloc((size_t)p->n_t * sizeof(int32_t));
 			memcpy(p->t_prompt, ids, (size_t)p->n_t * sizeof(int32_t));
 			p->res = xcalloc((size_t)per, sizeof(*p->res));

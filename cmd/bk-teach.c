@@ -143,7 +143,7 @@ int main(int argc, char **argv)
 	const bk_ops *ops = bk_device_select(device);
 	bk_loaded_model lm = bk_model_load(ops, model);
 	bk_reader_expect(in, "model", lm.fingerprint, "model");
-	int V = lm.cfg->vocab_size, max_seq = bk_config_max_seq(lm.cfg);
+	int V = lm.cfg->vocab_size;
 	if (top_k > V)
 		die_usage("--top-k %ld is larger than the vocabulary (%d)", top_k, V);
 	float *owned_head;
@@ -174,9 +174,11 @@ int main(int argc, char **argv)
 		size_t nr = bk_rec_ids(in, rec, "resp", &rp, &rcap);
 		if (!na)
 			bk_reader_die(in, "key 't_prompt' is empty");
-		if ((long)(na + nr) > max_seq)
-			bk_reader_die(in, "t_prompt + resp is %zu tokens, longer than the model's %d",
-				      na + nr, max_seq);
+		char lbuf[160];
+		const char *lmsg = bk_config_check_len(lm.cfg, (long)(na + nr), "teacher sequence",
+						       lbuf, sizeof lbuf);
+		if (lmsg)
+			bk_reader_die(in, "%s", lmsg);
 		for (size_t i = 0; i < na + nr; i++) {
 			int32_t id = i < na ? tp[i] : rp[i - na];
 			if (id < 0 || id >= V)

@@ -4,6 +4,7 @@
 #include "common/flags.h"
 #include "common/progress.h"
 #include "common/hash.h"
+#include "formats/hfconfig.h"
 #include "formats/inputs.h"
 #include "formats/spm.h"
 #include "formats/stream.h"
@@ -170,6 +171,13 @@ int main(int argc, char **argv)
 		tmpl = BK_TMPL_RAW;
 	}
 	bk_template_check(tmpl, spm);
+	bk_config *cfg = NULL; /* --model: its context length is checked per sample */
+	if (o.model) {
+		char *cp = bk_path_join(o.model, "config.json");
+		if (bk_file_exists(cp))
+			cfg = bk_config_load(cp);
+		free(cp);
+	}
 	const char *tmpl_name = bk_template_name(tmpl);
 	uint64_t tok_hash = bk_spm_file_hash(spm);
 	bk_tokcache *cache = o.no_cache ? NULL : bk_tokcache_open(tok_hash);
@@ -226,6 +234,15 @@ int main(int argc, char **argv)
 			}
 		}
 		truncate_sample(&t, &s, &r, (size_t)o.max_seq);
+		if (cfg) { /* the model's context, as every stage that runs it checks */
+			char lbuf[160];
+			const char *lmsg = bk_config_check_len(
+				cfg, (long)(t.n + (resp ? r.n : 1)),
+				resp ? "teacher sequence" : "teacher prompt plus one new token", lbuf,
+				sizeof lbuf);
+			if (lmsg)
+				die("sample %zu: %s (--max-seq-length cuts sequences)", i + 1, lmsg);
+		}
 		if (resp && r.n == 0) {
 			dropped++;
 			continue;
@@ -279,6 +296,8 @@ int main(int argc, char **argv)
 	free(tok_path);
 	free(o.prompts.v);
 	bk_spm_free(spm);
+	if (cfg)
+		bk_config_free(cfg);
 	bk_dataset_free(&ds);
 	bk_stdout_close();
 	return 0;

@@ -198,12 +198,22 @@ test_expect_success 'non-finite weights are refused at load, naming the tensor' 
 	test_must_fail bk-teach --model nan --device cpu b.bk 2>err >/dev/null && grep -q "non-finite" err
 '
 
-test_expect_success 'sequences longer than the model context are refused (exact mode)' '
+test_expect_success 'one context-length check: every stage that runs the model refuses a sequence past it' '
 	w=$(for i in $(seq 300); do printf "the dragon flew over the hill and "; done) &&
 	printf "[{\"prompt\": \"Tell me.\", \"response\": \"%s\"}]" "$w" >long.json &&
-	bk-tokenize --model "$M" --system "Sparky is a dragon." long.json 2>/dev/null >long.bk &&
+	printf "%s\n" "$w" >long.txt &&
+	test_must_fail bk-tokenize --model "$M" --system "Sparky." long.json 2>err >/dev/null &&
+	grep -q "sample 1: teacher sequence of [0-9]* tokens is longer than the model.s context of 512 positions" err &&
+	test_must_fail bk-tokenize --model "$M" long.txt 2>err >/dev/null && grep -q "model.s context" err &&
+	bk-tokenize --tokenizer "$M/tokenizer.model" --system "Sparky." long.json 2>/dev/null >long.bk &&
 	test_must_fail bk-step $F --out ln --batch-size 1 long.bk 2>err >/dev/null &&
-	grep -q "sequence of [0-9]* tokens is longer than the model.s context of 512 positions" err
+	grep -q "record 1: student sequence of [0-9]* tokens is longer than the model.s context" err &&
+	test_must_fail bk-teach --model "$M" --device cpu long.bk 2>err >/dev/null &&
+	grep -q "record 1: teacher sequence of [0-9]* tokens is longer than the model.s context" err &&
+	bk-tokenize --tokenizer "$M/tokenizer.model" long.txt 2>/dev/null >longp.bk &&
+	test_must_fail bk-gen --model "$M" --device cpu longp.bk 2>err >/dev/null && grep -q "model.s context" err &&
+	test_must_fail bk-eval --model "$M" --device cpu --system "Sparky." --kl-prompts long.txt 2>err >/dev/null &&
+	grep -q "long.txt: prompt 1: prompt plus one new token of [0-9]* tokens is longer" err
 '
 
 test_expect_success 'without a terminal, a plain progress line every --log-every seconds' '
