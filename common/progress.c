@@ -1,5 +1,6 @@
-/* progress.c - the '\r' progress line of progress.h.  Writes only to stderr and
- * only when it is a terminal; never changes what a tool computes or outputs. */
+/* progress.c - the progress line of progress.h: '\r'-redrawn on a terminal, a plain
+ * line every BK_LOG_EVERY seconds elsewhere.  Writes only to stderr; never changes
+ * what a tool computes or outputs. */
 #include "common/progress.h"
 #include "common/diag.h"
 
@@ -19,6 +20,13 @@ void bk_progress_start(bk_progress *p, const char *what, uint64_t total)
 {
 	const char *env = getenv("BK_PROGRESS");
 	p->on = env && *env ? atoi(env) != 0 : isatty(2);
+	const char *ev = getenv("BK_LOG_EVERY");
+	p->every = 0;
+	if (!p->on && !(env && *env)) {
+		char *end = NULL;
+		double e = ev && *ev ? strtod(ev, &end) : 30;
+		p->every = (end && *end) || !(e >= 0) ? 30 : e;
+	}
 	p->drawn = 0;
 	p->what = what;
 	p->total = total;
@@ -53,6 +61,12 @@ static void draw(bk_progress *p, uint64_t done, uint64_t tokens, double t)
 	if (tokens)
 		snprintf(tok, sizeof tok, ", %llu tokens, %.0f tokens/s", (unsigned long long)tokens,
 			 dt > 0 ? (double)tokens / dt : 0.0);
+	if (!p->on) { /* a plain line for a log */
+		fprintf(stderr, "%s: %llu%s %s%s%s\n", bk_prog, (unsigned long long)done, tot,
+			p->what, tok, eta);
+		p->last = t;
+		return;
+	}
 	fprintf(stderr, "\r%s: %llu%s %s%s%s   ", bk_prog, (unsigned long long)done, tot, p->what,
 		tok, eta);
 	fflush(stderr);
@@ -62,10 +76,10 @@ static void draw(bk_progress *p, uint64_t done, uint64_t tokens, double t)
 
 void bk_progress_update(bk_progress *p, uint64_t done, uint64_t tokens)
 {
-	if (!p->on)
+	if (!p->on && !(p->every > 0))
 		return;
 	double t = mono_s();
-	if (t - p->last < 0.25)
+	if (p->on ? t - p->last < 0.25 : t - (p->last ? p->last : p->t0) < p->every)
 		return;
 	draw(p, done, tokens, t);
 }

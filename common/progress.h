@@ -1,6 +1,7 @@
 /* progress.h - one progress line on stderr for long-running tools: records done,
  * tokens/s and an ETA when the total is known, redrawn with '\r' at most ~4 times a
- * second, and only when stderr is a terminal (a pipe or a log file stays quiet).
+ * second when stderr is a terminal; otherwise (a log file, nohup, a batch system)
+ * printed as a plain line every BK_LOG_EVERY seconds (default 30; 0 = never).
  * Not a logger: final summaries are the tool's own fprintf/note. */
 #ifndef BK_PROGRESS_H
 #define BK_PROGRESS_H
@@ -9,6 +10,7 @@
 
 typedef struct {
 	int on;           /* drawing at all: stderr is a terminal and BK_PROGRESS != 0 */
+	double every;     /* not a terminal: a plain line every this many seconds (0: none) */
 	int drawn;        /* a line is on the screen (bk_progress_end ends it) */
 	const char *what; /* unit of "done", e.g. "records" */
 	uint64_t total;   /* expected "done" at the end; 0 = unknown (no ETA) */
@@ -16,7 +18,8 @@ typedef struct {
 } bk_progress;
 
 /* Starts the clock.  BK_PROGRESS=0 in the environment turns drawing off, =1 forces it
- * on (tests); otherwise it is on iff isatty(2). */
+ * on (tests); otherwise it is on iff isatty(2).  When it is off because stderr is not
+ * a terminal, BK_LOG_EVERY (seconds, default 30) paces plain lines. */
 void bk_progress_start(bk_progress *p, const char *what, uint64_t total);
 /* The time since bk_progress_start, in seconds. */
 double bk_progress_elapsed(const bk_progress *p);

@@ -220,6 +220,10 @@ test_expect_success 'without a terminal, a plain progress line every --log-every
 	bk-step $F --out pl --epochs 2 --log-every 0.000001 b.bk 2>err >/dev/null &&
 	test $(grep -c "^bk-step: step [0-9]*/[0-9]*  loss" err) -gt 2 &&
 	bk-step $F --out pl2 --epochs 2 --log-every 0 b.bk 2>err >/dev/null &&
-	! grep -q "^bk-step: step " err && grep -q "^bk-step: [0-9]* steps in" err
+	! grep -q "^bk-step: step " err && grep -q "^bk-step: [0-9]* steps in" err &&
+	BK_LOG_EVERY=0.000001 bk-teach --model "$M" --device cpu --top-k 8 b.bk 2>err >/dev/null &&
+	test $(grep -c "^bk-teach: [0-9]* records, [0-9]* tokens" err) -gt 2 &&
+	BK_LOG_EVERY=0 bk-teach --model "$M" --device cpu --top-k 8 b.bk 2>err >/dev/null &&
+	! grep -q "^bk-teach: [0-9]* records," err
 '
 test_done
