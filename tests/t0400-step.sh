@@ -226,4 +226,16 @@ test_expect_success 'without a terminal, a plain progress line every --log-every
 	BK_LOG_EVERY=0 bk-teach --model "$M" --device cpu --top-k 8 b.bk 2>err >/dev/null &&
 	! grep -q "^bk-teach: [0-9]* records," err
 '
+# a full disk: needs a small tmpfs (root with mount rights); skipped, and said so, without
+if mkdir -p small && mount -t tmpfs -o size=300k tmpfs small 2>/dev/null; then
+	trap 'umount "$TEST_TMP/small" 2>/dev/null; rm -rf "$TEST_TMP"' EXIT
+	test_expect_success 'a full disk: one line with errno, no temporary left, no retry' '
+		test_must_fail bk-step $F --lora-r 64 --out small/run --epochs 2 b.bk 2>err >/dev/null &&
+		grep -q "write error: No space left on device" err &&
+		test -z "$(ls small/run)"
+	'
+	umount small
+else
+	echo "ok - # skip a full disk (no tmpfs mount here)"
+fi
 test_done
