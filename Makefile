@@ -14,7 +14,8 @@ NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>
 CUDA    ?= $(if $(NVCC),1,0)
 
 DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libxxhash-dev libsentencepiece-dev \
-                libjansson-dev libopenblas-openmp-dev libyaml-dev gnuplot-nox clang jq man-db groff-base
+                libjansson-dev libopenblas-openmp-dev libyaml-dev gnuplot-nox clang jq man-db groff-base \
+                libopenmpi-dev openmpi-bin
 
 WARN     := -Wall -Wextra -Werror
 OPT      ?= -O2
@@ -25,6 +26,14 @@ CPPFLAGS += -D_GNU_SOURCE -I. -I/usr/include/x86_64-linux-gnu/openblas-openmp
 CFLAGS   += -std=c11 $(OPT) -g $(WARN) -fopenmp
 CXXFLAGS += -std=c++17 $(OPT) -g $(WARN)
 LDLIBS   += -lmsgpackc -lxxhash -lsentencepiece -ljansson -lyaml -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lstdc++ -lm -fopenmp
+
+# MPI (data-parallel bk-step, common/dist.c) when OpenMPI's pkg-config file is found;
+# MPI=0 builds without it (a launch of several ranks is then refused)
+MPI ?= $(shell pkg-config --exists ompi-c 2>/dev/null && echo 1 || echo 0)
+ifeq ($(MPI),1)
+MPI_CPPFLAGS := $(shell pkg-config --cflags ompi-c) -DBK_HAVE_MPI=1
+MPI_LIBS     := $(shell pkg-config --libs ompi-c)
+endif
 
 BUILD := build
 ifneq ($(filter asan,$(MAKECMDGOALS)),)
@@ -71,6 +80,10 @@ $(BUILD)/obj/%.o: %.cc
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -DBK_HAVE_CUDA=1 -MMD -MP -c $< -o $@
+
+# only common/dist.c sees mpi.h, only bk-step links libmpi
+$(BUILD)/obj/common/dist.o: CPPFLAGS += $(MPI_CPPFLAGS)
+$(BUILD)/bin/bk-step: LDLIBS += $(MPI_LIBS)
 
 $(BUILD)/libbakery.a: $(LIB_OBJ)
 	@rm -f $@

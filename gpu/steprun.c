@@ -3,6 +3,7 @@
  * signals, metrics, the final save and the summary. */
 #include "gpu/steprun.h"
 #include "common/diag.h"
+#include "common/dist.h"
 #include "common/files.h"
 #include "common/progress.h"
 #include "common/rng.h"
@@ -64,6 +65,8 @@ static const char *kind_words(const char *kind)
 
 struct run {
 	const bk_step_opts *o;
+	bk_dist dist;            /* data-parallel ranks (invariant 8): rank 0 writes */
+	float *gbuf;             /* host copy of the gradients for the reduction */
 	bk_loaded_model lm;
 	bk_trainer *tr;
 	bk_writer *w;
@@ -84,6 +87,7 @@ struct run {
 	int64_t last_saved;
 	double last_line;         /* when the last plain progress line was printed */
 	char *saving;             /* the temporary of a save in progress (invariant 3) */
+	int stop_agreed;          /* data parallel: a stop all ranks agreed on */
 	BK_VEC(char *) ckpts;     /* checkpoint-* written by this run, still present */
 	BK_VEC(char *) stale;     /* --overwrite: another run's checkpoints, removed at
 				   * this run's first save */
@@ -292,6 +296,10 @@ static void rotate(run *R)
 static void save(run *R, const char *name)
 {
 	const bk_step_opts *o = R->o;
+	if (R->dist.rank > 0) { /* rank 0 alone writes (invariant 8) */
+		R->last_saved = R->tr->step;
+		return;
+	}
 	char *dir = bk_path_join(o->out, name);
 	R->prog.elapsed = R->elapsed0 + (now_s() - R->t0);
 	/* SIGINT/SIGTERM wait until the checkpoint is complete; the first atomic write
@@ -353,7 +361,8 @@ static void on_die(void)
 		bk_remove_flat_dir(R->saving);
 		return;
 	}
-	if (!R->tr || R->tr->step == R->step0 || R->tr->step == R->last_saved)
+	if (!R->tr || R->tr->step == R->step0 || R->tr->step == R->last_saved ||
+	    R->dist.rank > 0)
 		return;
 	bk_trainer_drop(R->tr);
 	save_checkpoint(R);
@@ -410,6 +419,9 @@ static _Noreturn void differs(const char *dir, const char *key, const char *give
 	if (!strcmp(key, "warmup-steps"))
 		die("--resume %s: --warmup-steps/--warmup-ratio give %s warmup steps, the "
 		    "checkpoint's %s", dir, given, was);
+	if (!strcmp(key, "ranks"))
+		die("--resume %s: this run has %s data-parallel ranks, the checkpoint's had %s "
+		    "(resume with the same mpirun -np)", dir, given, was);
 	if (!strcmp(key, "teacher"))
 		die("--resume %s: the stream has %s; the checkpoint was trained on %s", dir,
 		    kind_words(given), kind_words(was));
@@ -540,6 +552,8 @@ static void progress_line(run *R, double loss, double t)
 {
 	int64_t step = R->tr->step;
 	int plain = !R->tty;
+	if (R->dist.rank > 0)
+		return;
 	if (plain && (R->o->log_every <= 0 || t - R->last_line < R->o->log_every))
 		return;
 	char eta[32] = "?";
@@ -553,9 +567,38 @@ static void progress_line(run *R, double loss, double t)
 	R->last_line = t;
 }
 
+/* data parallel: the step's gradients, micro-batch count, loss, records, tokens and
+ * stop requests summed over the ranks in rank order, so every rank takes the same
+ * step (invariant 8) */
+static void reduce_step(run *R)
+{
+	bk_trainer *tr = R->tr;
+	const bk_ops *ops = tr->m->ops;
+	size_t n = tr->grads->n_flat;
+	if (!R->gbuf)
+		R->gbuf = xmalloc(n * sizeof(float));
+	ops->download(R->gbuf, tr->grads->flat, n * sizeof(float));
+	bk_dist_sum_f32(&R->dist, R->gbuf, n);
+	ops->upload(tr->grads->flat, R->gbuf, n * sizeof(float));
+	double c[5] = {tr->n_micro, R->step_loss, (double)R->step_records,
+		       (double)R->step_tokens, stop_signal ? 1 : 0};
+	bk_dist_sum_f64(&R->dist, c, 5);
+	tr->n_micro = (int)c[0];
+	R->step_loss = c[1];
+	R->step_records = (int64_t)c[2];
+	R->step_tokens = (int64_t)c[3];
+	/* every rank stops after this step if any was asked to; a signal that arrives
+	 * later counts at the next step, so no rank waits in a reduction alone */
+	R->stop_agreed = c[4] > 0;
+	if (R->stop_agreed && !stop_signal)
+		stop_signal = SIGTERM;
+}
+
 /* ends the optimizer step: AdamW, progress, metrics record, progress line, save */
 static void finish_step(run *R, double epoch_pos)
 {
+	if (R->dist.size > 1)
+		reduce_step(R);
 	int n_micro = R->tr->n_micro;
 	double lr, norm = bk_trainer_step(R->tr, &lr), loss = R->step_loss / n_micro;
 	bk_train_progress *p = &R->prog;
@@ -600,9 +643,8 @@ static void finish_step(run *R, double epoch_pos)
 		save_checkpoint(R);
 }
 
-/* one micro-batch of mb->n records; steps when the accumulation is full or when
- * force_step (the last micro-batch of an epoch or of the stream) */
-static void train_micro(run *R, mbatch *mb, int force_step, double epoch_pos)
+/* forward + backward of one micro-batch of mb->n records into the accumulation */
+static void micro_only(run *R, mbatch *mb)
 {
 	for (int i = 0; i < mb->n; i++) {
 		slot *s = &mb->v[i];
@@ -614,6 +656,13 @@ static void train_micro(run *R, mbatch *mb, int force_step, double epoch_pos)
 	R->step_loss += info.loss;
 	R->step_records += mb->n;
 	R->step_tokens += info.tokens;
+}
+
+/* one micro-batch; steps when the accumulation is full or when force_step (the last
+ * micro-batch of the stream) */
+static void train_micro(run *R, mbatch *mb, int force_step, double epoch_pos)
+{
+	micro_only(R, mb);
 	if (R->tr->n_micro >= R->o->grad_accum || force_step)
 		finish_step(R, epoch_pos);
 }
@@ -624,7 +673,7 @@ static int should_stop(run *R)
 {
 	if (R->total && R->tr->step >= R->total)
 		return 1; /* done: a signal now changes nothing, final/ is written */
-	if (stop_signal) {
+	if (R->dist.size > 1 ? R->stop_agreed : stop_signal != 0) {
 		bk_trainer_drop(R->tr);
 		R->step_loss = 0;
 		R->step_records = R->step_tokens = 0;
@@ -780,19 +829,35 @@ static void train_file(run *R, bk_reader *in, file_index *fx, int64_t n_epochs)
 	msgpack_unpacked up;
 	msgpack_unpacked_init(&up);
 	int stop = 0;
+	/* a step is a window of N x G micro-batches (N ranks, G = --grad-accum); rank r
+	 * trains micro-batches r, r+N, ... of it (invariant 8; N = 1: all of them) */
+	size_t N = (size_t)R->dist.size, win = N * (size_t)o->grad_accum;
+	R->tr->micro_base = R->dist.rank;
+	R->tr->micro_stride = R->dist.size;
 	for (int64_t ep = R->prog.epoch; ep < n_epochs && !stop; ep++) {
 		plan_epoch(fx, o, R->prog.order_seed, ep, order, bounds);
-		for (size_t b = (size_t)R->prog.micro_in_epoch; b < nmb && !stop; b++) {
-			mb.n = 0;
-			for (size_t k = bounds[b]; k < bounds[b + 1]; k++) {
-				size_t i = order[k], pos = 0;
-				if (msgpack_unpack_next(&up, (const char *)fx->map.data + fx->off.v[i],
-							fx->len.v[i], &pos) != MSGPACK_UNPACK_SUCCESS)
-					BUG("indexed record %zu does not parse", i);
-				load_slot(R, in, &up.data, mb_slot(&mb, mb.n));
-				mb.n++;
+		size_t b = (size_t)R->prog.micro_in_epoch;
+		while (b < nmb && !stop) {
+			size_t e = nmb - b > win ? b + win : nmb;
+			for (size_t j = b + (size_t)R->dist.rank; j < e && !stop; j += N) {
+				mb.n = 0;
+				for (size_t k = bounds[j]; k < bounds[j + 1]; k++) {
+					size_t i = order[k], pos = 0;
+					if (msgpack_unpack_next(&up, (const char *)fx->map.data +
+								     fx->off.v[i],
+								fx->len.v[i], &pos) != MSGPACK_UNPACK_SUCCESS)
+						BUG("indexed record %zu does not parse", i);
+					load_slot(R, in, &up.data, mb_slot(&mb, mb.n));
+					mb.n++;
+				}
+				micro_only(R, &mb);
+				if (N == 1) /* one process: a signal drops the partial step */
+					stop = should_stop(R);
 			}
-			train_micro(R, &mb, b + 1 == nmb, (double)ep + (double)(b + 1) / (double)nmb);
+			if (stop)
+				break;
+			finish_step(R, (double)ep + (double)e / (double)nmb);
+			b = e;
 			stop = should_stop(R);
 		}
 		if (!stop || (!R->interrupted && R->prog.micro_in_epoch == (int64_t)nmb)) {
@@ -889,6 +954,7 @@ static void add_settings(run *R, int is_file, size_t nrec, int64_t warmup)
 	/* the flags that change the result must not change on --resume */
 	add_setting(R, "model", xstrdup(R->lm.fingerprint));
 	add_setting(R, "input", xstrdup(is_file ? "file" : "pipe"));
+	add_setting(R, "ranks", xasprintf("%d", R->dist.size)); /* before what it changes */
 	add_setting(R, "records", is_file ? xasprintf("%zu", nrec) : xstrdup("-"));
 	add_setting(R, "batch-size", o->batch_size ? xasprintf("%ld", o->batch_size)
 						   : xstrdup("bk-lens"));
@@ -930,10 +996,14 @@ static void write_final_record(run *R, const char *final)
 int bk_step_run(const bk_step_opts *o)
 {
 	run R = {.o = o, .last_saved = -1};
+	bk_dist_init(&R.dist);
 	int is_file = strcmp(o->input, "-") != 0;
 	struct stat sb;
 	if (is_file && stat(o->input, &sb) == 0 && !S_ISREG(sb.st_mode))
 		is_file = 0; /* a FIFO or /dev/stdin: read once, like a pipe */
+	if (R.dist.size > 1 && !is_file)
+		die("%d ranks need a STREAM file that every rank reads (a launcher gives standard "
+		    "input to rank 0 only)", R.dist.size);
 	if (!is_file && o->epochs > 1)
 		die_usage("--epochs %ld needs a STREAM file; a pipe is read once (bk-gen "
 			  "--epochs makes fresh trajectories per epoch)", o->epochs);
@@ -952,7 +1022,8 @@ int bk_step_run(const bk_step_opts *o)
 		size_t nmb = micro_per_epoch(&fx, o);
 		if (!nmb)
 			die("%s: no records to train on", o->input);
-		int64_t spe = (int64_t)((nmb + (size_t)o->grad_accum - 1) / (size_t)o->grad_accum);
+		size_t win = (size_t)o->grad_accum * (size_t)R.dist.size; /* invariant 8 */
+		int64_t spe = (int64_t)((nmb + win - 1) / win);
 		n_epochs = o->max_steps ? (o->max_steps + spe - 1) / spe : o->epochs;
 		R.total = o->max_steps ? o->max_steps : o->epochs * spe;
 	} else {
@@ -981,8 +1052,9 @@ int bk_step_run(const bk_step_opts *o)
 		bk_trainer_reserve(R.tr, fx.max_T);
 	if (o->resume) {
 		bk_trainer_resume(R.tr, R.lm.cfg, o->resume, &R.prog, R.set, R.n_set);
-		fprintf(stderr, "%s: resuming from %s at step %lld\n", bk_prog, o->resume,
-			(long long)R.tr->step);
+		if (!R.dist.rank)
+			fprintf(stderr, "%s: resuming from %s at step %lld\n", bk_prog, o->resume,
+				(long long)R.tr->step);
 		R.last_saved = R.tr->step;
 	}
 	R.step0 = R.tr->step;
@@ -990,7 +1062,7 @@ int bk_step_run(const bk_step_opts *o)
 	g_run = &R;
 	bk_die_hook = on_die;
 
-	R.w = bk_writer_open("-");
+	R.w = bk_writer_open(R.dist.rank ? "/dev/null" : "-"); /* rank 0 writes metrics */
 	bk_writer_optional(R.w, "metrics stream");
 	bk_kv kv[] = {BK_KV_S("model", R.lm.fingerprint), BK_KV_D("temperature", o->temperature),
 		      BK_KV_D("lr", o->lr), BK_KV_S("schedule", o->schedule),
@@ -1016,7 +1088,7 @@ int bk_step_run(const bk_step_opts *o)
 		die("all %lld %s had a non-finite gradient norm: no update was applied, nothing "
 		    "saved", (long long)steps, plural(steps, "step", "steps"));
 	}
-	if (applied < steps)
+	if (applied < steps && !R.dist.rank)
 		warn("%lld of %lld steps were skipped (non-finite gradient norm)",
 		     (long long)(steps - applied), (long long)steps);
 	if (!R.interrupted && steps == 0 && !o->resume)
@@ -1033,6 +1105,8 @@ int bk_step_run(const bk_step_opts *o)
 	bk_writer_close(R.w);
 
 	double el = now_s() - R.t0;
+	if (R.dist.rank > 0)
+		goto done; /* rank 0 speaks for the run */
 	/* the checkpoint holding the current step: the last one saved, or the one this
 	 * run resumed from when it was stopped before its first new step */
 	const char *here = R.ckpts.n ? R.ckpts.v[R.ckpts.n - 1] : o->resume;
@@ -1049,7 +1123,11 @@ int bk_step_run(const bk_step_opts *o)
 			"in %s\n", bk_prog, (long long)steps, plural(steps, "step", "steps"), el,
 			R.tr->step ? R.prog.loss_sum / (double)R.tr->step : 0.0,
 			R.prog.elapsed > 0 ? (double)R.prog.tokens / R.prog.elapsed : 0.0, final);
+	if (R.dist.size > 1)
+		fprintf(stderr, "%s: %d data-parallel ranks\n", bk_prog, R.dist.size);
+done:
 	free(final);
+	free(R.gbuf);
 	for (size_t i = 0; i < R.ckpts.n; i++)
 		free(R.ckpts.v[i]);
 	free(R.ckpts.v);
@@ -1067,5 +1145,7 @@ int bk_step_run(const bk_step_opts *o)
 		bk_unmap(&fx.map);
 		free(fx.off.v), free(fx.len.v), free(fx.group.v);
 	}
+	bk_dist_barrier(&R.dist); /* rank 0's final/ is complete when any rank exits */
+	bk_dist_finish(&R.dist);
 	return 0;
 }

@@ -29,7 +29,15 @@
  *     step, or after a signal the checkpoint holding every step taken (nothing when
  *     the signal came before the first step).  A stream with no records to train on
  *     is an error.  A run whose
- *     every step was skipped (non-finite gradients) writes nothing and exits 1. */
+ *     every step was skipped (non-finite gradients) writes nothing and exits 1.
+ *  8. Data parallel (mpirun -np N, common/dist.h): every rank reads the same STREAM
+ *     file and plans the same epochs; a step is a window of N x G micro-batches of
+ *     which rank r trains r, r+N, ...; gradients, counts, losses and stop requests
+ *     are summed in rank order before clipping and AdamW, so all ranks hold the same
+ *     adapter and N ranks with G equal one process with N x G within fp32 rounding of
+ *     the sum order.  Rank 0 alone writes checkpoints, metrics and progress; a
+ *     resume needs the same N (the setting 'ranks'); a die() on any rank aborts the
+ *     job. */
 #ifndef BK_STEPRUN_H
 #define BK_STEPRUN_H
 

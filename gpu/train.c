@@ -273,10 +273,15 @@ void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
 	}
 	int T = pack(t, s, idx, ns, 0);
 	bk_trainer_reserve(t, T);
+	/* the micro-batch's number in its step, 1-based, over all ranks (invariant 4);
+	 * n_micro was counted above */
+	uint64_t micro = 1 + (uint64_t)t->micro_base +
+			 (uint64_t)(t->micro_stride > 0 ? t->micro_stride : 1) *
+				 (uint64_t)(t->n_micro - 1);
 	bk_batch sb = {.T = T, .S = ns, .ids = t->ids, .pos = t->pos, .cu_seqlens = t->cu,
 		       .train = t->o.dropout > 0,
 		       .dropout_key = bk_crng_key(t->o.seed, (uint64_t)t->step,
-						  (uint64_t)t->n_micro, 0x64726f70 /* "drop" */)};
+						  micro, 0x64726f70 /* "drop" */)};
 	bk_model_forward(m, t->lora, &sb, NULL, t->acts, t->hid);
 	gather_rows(t, t->hrows_d, N, T);
 
@@ -615,7 +620,9 @@ void bk_trainer_resume(bk_trainer *t, const bk_config *cfg, const char *dir,
 		die("%s: key 'settings' is missing or not an object", path);
 	for (int i = 0; i < n_settings; i++) {
 		json_t *v = json_object_get(st, settings[i].key);
-		const char *was = json_is_string(v) ? json_string_value(v) : "(none)";
+		if (!json_is_string(v)) /* a checkpoint from before the setting existed */
+			continue;
+		const char *was = json_string_value(v);
 		if (strcmp(was, settings[i].value))
 			die("%s: the checkpoint was trained with %s %s, given %s", dir,
 			    settings[i].key, was, settings[i].value);

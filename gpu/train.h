@@ -22,7 +22,8 @@
  *     one absmax per block of each LoRA tensor (adamw8bit: blocks never straddle two
  *     tensors; tensor i's blocks start at opt.tensors[i].block0).
  *  4. Everything random is a pure function of (seed, step, micro index): the LoRA init
- *     (seed) and the dropout mask key of micro-batch i of step s; so a run resumed
+ *     (seed) and the dropout mask key of micro-batch i of step s (i counted over all
+ *     data-parallel ranks: micro_base, micro_stride); so a run resumed
  *     from a checkpoint at a step boundary repeats the uninterrupted run bit for bit.
  *  5. The gradient norm is summed in a fixed order (ops->grad_sumsq), so the clipping
  *     coefficient does not depend on thread scheduling. */
@@ -90,6 +91,11 @@ typedef struct bk_trainer {
 	float *hid, *dhid;     /* [acts_T,H] device: final hidden states, their gradient */
 	int64_t step;          /* invariant 1 */
 	int n_micro;           /* invariant 2 */
+	/* data-parallel ranks (gpu/steprun.c): this rank's micro-batch k of a step is
+	 * micro-batch micro_base + micro_stride * k of the whole step, and that index keys
+	 * its dropout mask (invariant 4), so N ranks draw the masks one process would
+	 * (defaults 0 and 1) */
+	int micro_base, micro_stride;
 	/* host scratch, grown as needed */
 	int32_t *ids, *pos, *cu, *sample_of, *rows;
 	size_t cap_T, cap_S, cap_N;
@@ -161,7 +167,8 @@ void bk_trainer_save(const bk_trainer *t, const bk_config *cfg, const char *base
 		     const bk_train_progress *p, const bk_train_setting *settings,
 		     int n_settings, const char *dir);
 /* Loads a checkpoint into t (adapter, optimizer moments, step) and p; dies naming
- * the directory and the setting when a setting differs from the given one, or when
+ * the directory and the setting when a setting it holds differs from the given one
+ * (one it does not hold, from an older bakery, is not compared), or when
  * its optimizer (optim, optim_block) is not the trainer's. */
 void bk_trainer_resume(bk_trainer *t, const bk_config *cfg, const char *dir,
 		       bk_train_progress *p, const bk_train_setting *settings,
