@@ -56,12 +56,19 @@ FUZZ    := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 LIB_OBJ := $(LIB_C:%.c=$(BUILD)/obj/%.o) $(LIB_CXX:%.cc=$(BUILD)/obj/%.o)
 ifeq ($(CUDA),1)
 CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-NVCCFLAGS  ?= -O2 -std=c++17 -I. -gencode arch=compute_80,code=sm_80 \
-              -gencode arch=compute_86,code=sm_86 -gencode arch=compute_90,code=sm_90 \
-              -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
-CPPFLAGS   += -DBK_HAVE_CUDA=1
+# SASS for sm_80/86/90 plus compute_90 PTX, which the driver JIT-compiles on newer GPUs
+CUDA_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_86,code=sm_86 \
+              -gencode arch=compute_90,code=[sm_90,compute_90]
+NVCCFLAGS  ?= -O2 -std=c++17 -I. $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
+CPPFLAGS   += -DBK_HAVE_CUDA=1 -I$(CUDA_HOME)/include
 LIB_OBJ    += $(LIB_CU:%.cu=$(BUILD)/obj/%.o)
-LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
+# cuBLAS under lib64, lib or targets/x86_64-linux/lib of whichever toolkit was found
+CUDA_LIBDIR ?= $(patsubst %/,%,$(dir $(firstword $(wildcard $(addsuffix /libcublas.so,\
+              $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib $(CUDA_HOME)/targets/x86_64-linux/lib)))))
+ifeq ($(CUDA_LIBDIR),)
+$(error CUDA=1 but no libcublas.so under $(CUDA_HOME)/lib64, lib or targets/x86_64-linux/lib: set CUDA_LIBDIR or build with CUDA=0)
+endif
+LDLIBS     += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublas -lcudart
 endif
 
 BINS := $(CMDS:%=$(BUILD)/bin/%)
@@ -118,6 +125,7 @@ demo: all
 	@$(MAKE) --no-print-directory -f pipelines/demo.mk BIN=$(CURDIR)/$(BUILD)/bin
 
 BENCHBINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
+all: $(BENCHBINS) # tests/gpu/pack.sh and the GPU dry run (tests/t0990) use them
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BUILD)/libbakery.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $< $(BUILD)/libbakery.a $(LDLIBS) -o $@

@@ -1,18 +1,24 @@
 /* bench_gen.c - the generation benchmark of tests/gpu/run.sh on a TinyLlama-1.1B-shaped
  * random model (22 layers, hidden 2048, intermediate 5632, 32 heads, 4 KV heads, vocab
  * 32000; random bf16 weights written as a safetensors model directory with config.json
- * and the llama2 tokenizer in a temporary directory): 256 prompts x 4 trajectories x 128
- * new tokens (prompt = BOS + 199-token shared system prompt + 30-token user message,
- * temperature 0.8, top-p 0.9, no stop ids), through the engine of gpu/gen.h on the GPU.
- * Reports tokens/s, and the decode step at batch 1, 2, 4, 8 and the full batch: step
- * time and the fraction of the copy bandwidth (cudaMemcpy device to device, measured
- * here) that its bytes (bf16 weights + the KV cache rows read) make.  With --hf, runs
- * bench/hf_generate.py on the same model directory (one prompt at a time, as the
- * reference tool does, on a few prompts; and batched) and prints the ratios.
- * Not a correctness check (check_gen is).  Needs a GPU.
- * Usage: bench_gen [--quick] [--hf] [--keep DIR]   (--quick: 2 layers, 64 prompts)
+ * and the llama2 tokenizer; the LM head at 8/sqrt(H), so next-token distributions are
+ * peaked as a trained model's rather than flat), through the engine of gpu/gen.h.
+ * Prompts: BOS + a 199-token shared system prompt + a 30-token user message.
+ *   greedy rows (bandwidth): batch 1, 8 and 64 (that many prompts, one sample each, 64
+ *     new tokens, all decoding together): tokens/s, decode step time, and the fraction
+ *     of the device-to-device copy bandwidth measured in the same run that the step's
+ *     bytes (bf16 linears + LM head + the KV rows read) make;
+ *   sampling rows (temperature 0.8, top-p 0.9): batch 64 as above, then the whole job,
+ *     256 prompts x 4 trajectories x 128 new tokens at up to 256 in flight.
+ * Each row also gives the allocator's peak memory.  One "bench_gen: mode=... batch=..."
+ * line per row for tests/gpu/run.sh; tests/gpu/hf_gen.py does the same rows with HF.
+ * Not a correctness check (check_gen is).
+ * Usage: bench_gen [--device cuda|cpu] [--quick] [--tiny] [--keep DIR]
+ *   --quick: 2 layers, 64 prompts;  --tiny: a 2-layer H=64 model and 8 prompts (the
+ *   host twin in the dry run of tests/gpu/run.sh);  --keep DIR: write the model there
+ *   (with prompts.txt, one line of token ids per prompt) and keep it
  *        bench_gen --write-only DIR   (the 2-layer model directory, loaded back on the
- *        host to check it; no GPU needed) */
+ *        host to check it) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +36,7 @@
 #include "gpu/gen.h"
 #include "gpu/load.h"
 
-enum { H = 2048, I = 5632, NH = 32, NKV = 4, HD = 64, V = 32000, SYS = 199, USER = 30 };
+static int H = 2048, I = 5632, NH = 32, NKV = 4, HD = 64, V = 32000, SYS = 199, USER = 30;
 
 static double now(void)
 {
@@ -91,7 +97,7 @@ static void write_model(const char *dir, int L)
 	} while (0)
 	ADD(xstrdup("model.embed_tokens.weight"), V, H, 0.02f, 0);
 	ADD(xstrdup("model.norm.weight"), 1, H, 0, 1);
-	ADD(xstrdup("lm_head.weight"), V, H, 0.02f, 0);
+	ADD(xstrdup("lm_head.weight"), V, H, 8.0f / sqrtf((float)H), 0);
 	for (int l = 0; l < L; l++) {
 		static const char *const mods[] = { "self_attn.q_proj", "self_attn.k_proj",
 						    "self_attn.v_proj", "self_attn.o_proj",
@@ -117,17 +123,51 @@ static void write_model(const char *dir, int L)
 	free(names.v);
 }
 
+static void sync_dev(const bk_ops *ops)
+{
+#ifdef BK_HAVE_CUDA
+	if (ops == &bk_ops_cuda)
+		bk_cuda_sync();
+#else
+	(void)ops;
+#endif
+}
+
+static void reset_peak(const bk_ops *ops)
+{
+#ifdef BK_HAVE_CUDA
+	if (ops == &bk_ops_cuda)
+		bk_cuda_mem_reset_peak();
+#else
+	(void)ops;
+#endif
+}
+
+static double peak_gib(const bk_ops *ops)
+{
+	size_t cur = 0, peak = 0;
+#ifdef BK_HAVE_CUDA
+	if (ops == &bk_ops_cuda)
+		bk_cuda_mem_stats(&cur, &peak);
+#else
+	(void)ops;
+#endif
+	(void)cur;
+	return (double)peak / 1073741824.0;
+}
+
 /* bytes/s of a device-to-device copy (read + write counted), best of a few */
 static double copy_bandwidth(const bk_ops *ops)
 {
-	size_t n = (size_t)1 << 30;
+	size_t n = ops == &bk_ops_host ? (size_t)1 << 26 : (size_t)1 << 30;
 	void *a = ops->alloc(n), *b = ops->alloc(n);
+	ops->zero(a, n);
 	double best = 0;
 	for (int i = 0; i < 6; i++) {
-		bk_cuda_sync();
+		sync_dev(ops);
 		double t0 = now();
 		ops->copy(b, a, n);
-		bk_cuda_sync();
+		sync_dev(ops);
 		double bw = 2.0 * (double)n / (now() - t0);
 		best = i > 0 && bw > best ? bw : best; /* the first is a warm-up */
 	}
@@ -144,10 +184,10 @@ typedef struct {
 
 /* n prompts x ntraj samples of max_new tokens with max_batch in flight */
 static run_result run(const bk_model *m, int32_t **prompts, int plen, int n, int ntraj,
-		      int max_new, int max_batch)
+		      int max_new, int max_batch, int greedy)
 {
 	bk_gen_config cfg = { .max_batch = max_batch, .max_new = max_new, .max_seq = 2048,
-			      .sample = { 0.8f, 0.9f }, .n_stop = 0 };
+			      .sample = { greedy ? 0.0f : 0.8f, 0.9f }, .n_stop = 0 };
 	bk_gen *g = bk_gen_create(m, bk_gen_ops_for(m->ops), NULL, &cfg);
 	double t0 = now();
 	bk_gen_set_prefix(g, prompts[0], 1 + SYS);
@@ -185,10 +225,22 @@ static double weight_bytes(int L)
 	return 2.0 * (per_layer * L + (double)V * H); /* bf16; the lm head, not the embedding */
 }
 
+/* one "bench_gen: mode=..." row */
+static void report(const char *mode, int batch, const char *what, const run_result *rr,
+		   double wb, double bw, const bk_ops *ops)
+{
+	double bytes = wb + rr->kv_bytes_step, frac = rr->step_s > 0 ? bytes / rr->step_s / bw : 0;
+	printf("bench_gen: mode=%s batch=%d tokens_per_s=%.1f step_ms=%.3f bytes_per_step_gb=%.3f "
+	       "bw_fraction=%.3f peak_gib=%.2f new_tokens=%llu wall_s=%.2f (%s)\n",
+	       mode, batch, rr->tokens_per_s, 1e3 * rr->step_s, bytes / 1e9, frac, peak_gib(ops),
+	       (unsigned long long)rr->new_tokens, rr->wall, what);
+	fflush(stdout);
+}
+
 int main(int argc, char **argv)
 {
 	bk_diag_init(argv[0]);
-	int quick = 0, hf = 0;
+	int quick = 0, tiny = 0;
 	if (argc == 3 && !strcmp(argv[1], "--write-only")) {
 		mkdir(argv[2], 0755);
 		write_model(argv[2], 2);
@@ -198,19 +250,28 @@ int main(int argc, char **argv)
 		bk_model_unload(&lm);
 		return 0;
 	}
-	const char *keep = NULL;
+	const char *keep = NULL, *device = "cuda";
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--quick"))
 			quick = 1;
-		else if (!strcmp(argv[i], "--hf"))
-			hf = 1;
+		else if (!strcmp(argv[i], "--tiny"))
+			tiny = 1;
+		else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+			device = argv[++i];
 		else if (!strcmp(argv[i], "--keep") && i + 1 < argc)
 			keep = argv[++i];
 		else
-			die_usage("usage: bench_gen [--quick] [--hf] [--keep DIR]");
+			die_usage("usage: bench_gen [--device cuda|cpu] [--quick] [--tiny] [--keep DIR]");
 	}
-	const bk_ops *ops = bk_device_select("cuda");
-	int L = quick ? 2 : 22, NP = quick ? 64 : 256, NT = 4, NEW = 128, MB = 256;
+	const bk_ops *ops = bk_device_select(device);
+	int L = quick || tiny ? 2 : 22, NP = quick ? 64 : 256, NT = 4, NEW = 128, MB = 256,
+	    GNEW = 64;
+	static const int gbatch[] = { 1, 8, 64 };
+	int ngb = 3;
+	if (tiny) {
+		H = 64, I = 128, NH = 4, NKV = 2, HD = 16, V = 512, SYS = 12, USER = 6;
+		NP = 8, NT = 2, NEW = 8, MB = 16, GNEW = 8, ngb = 2;
+	}
 	char tmpl[] = "/tmp/bk-bench-gen.XXXXXX";
 	const char *dir = keep;
 	if (!dir) {
@@ -225,16 +286,16 @@ int main(int argc, char **argv)
 	fprintf(stderr, "bench_gen: wrote a %d-layer model to %s in %.1f s\n", L, dir, now() - t0);
 	t0 = now();
 	bk_loaded_model lm = bk_model_load(ops, dir);
-	fprintf(stderr, "bench_gen: loaded in %.1f s\n", now() - t0);
+	fprintf(stderr, "bench_gen: loaded on %s in %.1f s\n", ops->name, now() - t0);
 
 	/* prompts: BOS, the shared system prompt, a user message */
 	bk_rng r;
 	bk_rng_seed(&r, 7);
 	int plen = 1 + SYS + USER;
 	int32_t **prompts = xmalloc((size_t)NP * sizeof(*prompts));
-	int32_t sys[SYS];
+	int32_t *sys = xmalloc((size_t)SYS * sizeof(*sys));
 	for (int j = 0; j < SYS; j++)
-		sys[j] = 3 + (int32_t)bk_rng_below(&r, V - 3);
+		sys[j] = 3 + (int32_t)bk_rng_below(&r, (uint64_t)V - 3);
 	char *pf = xasprintf("%s/prompts.txt", dir);
 	FILE *f = fopen(pf, "w");
 	if (!f)
@@ -242,68 +303,52 @@ int main(int argc, char **argv)
 	for (int i = 0; i < NP; i++) {
 		prompts[i] = xmalloc((size_t)plen * sizeof(int32_t));
 		prompts[i][0] = 1;
-		memcpy(prompts[i] + 1, sys, sizeof(sys));
+		memcpy(prompts[i] + 1, sys, (size_t)SYS * sizeof(*sys));
 		for (int j = 0; j < USER; j++)
-			prompts[i][1 + SYS + j] = 3 + (int32_t)bk_rng_below(&r, V - 3);
+			prompts[i][1 + SYS + j] = 3 + (int32_t)bk_rng_below(&r, (uint64_t)V - 3);
 		for (int j = 0; j < plen; j++)
 			fprintf(f, "%d%c", prompts[i][j], j + 1 < plen ? ' ' : '\n');
 	}
 	if (fclose(f))
 		die("%s: write failed", pf);
+	/* the rows, for tests/gpu/hf_gen.py: mode batch prompts trajectories new max_batch */
+	char *jf = xasprintf("%s/rows.txt", dir);
+	f = fopen(jf, "w");
+	if (!f)
+		die("%s: cannot write", jf);
+	for (int k = 0; k < ngb; k++)
+		fprintf(f, "greedy %d %d 1 %d %d\n", gbatch[k], gbatch[k], GNEW, gbatch[k]);
+	int sb = tiny ? 8 : 64;
+	fprintf(f, "sampled %d %d 1 %d %d\nsampled %d %d %d %d %d\n", sb, sb, GNEW, sb, MB, NP, NT,
+		NEW, MB);
+	if (fclose(f))
+		die("%s: write failed", jf);
 
 	double bw = copy_bandwidth(ops), wb = weight_bytes(L);
-	printf("copy bandwidth (cudaMemcpy device to device, read + write): %.0f GB/s\n", bw / 1e9);
-	printf("weights read per decode step (bf16 linears + lm head): %.2f GB\n", wb / 1e9);
+	printf("copy bandwidth (device to device, read + write counted): %.0f GB/s; weights read per "
+	       "decode step (bf16 linears + LM head): %.3f GB\n", bw / 1e9, wb / 1e9);
 
 	/* warm-up (first-touch allocations, clocks) */
-	run(lm.model, prompts, plen, 2, 1, 8, 2);
-	printf("| batch | decode step ms | weights+KV GB/step | fraction of copy bandwidth |\n");
-	static const int batches[] = { 1, 2, 4, 8 };
-	double frac8 = 0;
-	for (size_t k = 0; k < sizeof(batches) / sizeof(batches[0]); k++) {
-		int b = batches[k];
-		run_result rr = run(lm.model, prompts, plen, b, 1, 64, b);
-		double bytes = wb + rr.kv_bytes_step, frac = bytes / rr.step_s / bw;
-		printf("| %d | %.3f | %.3f | %.1f%% |\n", b, 1e3 * rr.step_s, bytes / 1e9, 100 * frac);
-		if (b == 8)
-			frac8 = frac;
+	run(lm.model, prompts, plen, 2, 1, 8, 2, 1);
+	for (int k = 0; k < ngb; k++) {
+		int b = gbatch[k];
+		reset_peak(ops);
+		run_result rr = run(lm.model, prompts, plen, b, 1, GNEW, b, 1);
+		char what[96];
+		snprintf(what, sizeof what, "%d prompts x 1 x %d new tokens, greedy", b, GNEW);
+		report("greedy", b, what, &rr, wb, bw, ops);
 	}
-	run_result rr = run(lm.model, prompts, plen, NP, NT, NEW, MB);
-	double bytes = wb + rr.kv_bytes_step, frac = bytes / rr.step_s / bw;
-	printf("| %d | %.3f | %.3f | %.1f%% |\n", MB, 1e3 * rr.step_s, bytes / 1e9, 100 * frac);
-	printf("bakery: %d prompts x %d trajectories x %d new tokens, max batch %d: %llu new tokens "
-	       "in %.2f s = %.0f tokens/s (prefix of %d tokens built %llu time(s), used by %llu "
-	       "prompts; %llu steps, %llu pure decode steps; kv blocks peak %d)\n",
-	       NP, NT, NEW, MB, (unsigned long long)rr.new_tokens, rr.wall, rr.tokens_per_s,
-	       rr.st.prefix_len, (unsigned long long)rr.st.prefix_builds,
-	       (unsigned long long)rr.st.prefix_hits, (unsigned long long)rr.st.steps,
-	       (unsigned long long)rr.decode_steps, rr.st.kv_blocks_peak);
+	reset_peak(ops);
+	run_result rs = run(lm.model, prompts, plen, sb, 1, GNEW, sb, 0);
+	char what[128];
+	snprintf(what, sizeof what, "%d prompts x 1 x %d new tokens, T 0.8 top-p 0.9", sb, GNEW);
+	report("sampled", sb, what, &rs, wb, bw, ops);
+	reset_peak(ops);
+	run_result rr = run(lm.model, prompts, plen, NP, NT, NEW, MB, 0);
+	snprintf(what, sizeof what, "the job: %d prompts x %d x %d new tokens, T 0.8 top-p 0.9, "
+		 "prefix built %llu time(s)", NP, NT, NEW, (unsigned long long)rr.st.prefix_builds);
+	report("sampled", MB, what, &rr, wb, bw, ops);
 	bk_model_unload(&lm);
-
-	double hf1 = 0, hfb = 0;
-	if (hf) {
-		char *cmd = xasprintf("timeout 900 python3 bench/hf_generate.py --model %s --prompts %s "
-				      "--new %d --traj %d --single 2 2>&1 | tail -2", dir, pf, NEW, NT);
-		FILE *p = popen(cmd, "r");
-		char line[512];
-		while (p && fgets(line, sizeof(line), p)) {
-			fputs(line, stdout);
-			sscanf(line, "hf single tokens_per_s=%lf", &hf1);
-			char *b = strstr(line, "batched tokens_per_s=");
-			if (b)
-				sscanf(b, "batched tokens_per_s=%lf", &hfb);
-		}
-		if (p)
-			pclose(p);
-		free(cmd);
-	}
-	if (hf1 > 0 && hfb > 0)
-		printf("bakery %.0f tokens/s = %.1fx HF one at a time (%.1f, target >= 50x), %.2fx HF "
-		       "batched (%.0f, target >= 3x)\n", rr.tokens_per_s, rr.tokens_per_s / hf1, hf1,
-		       rr.tokens_per_s / hfb, hfb);
-	printf("bench_gen: tokens_per_s=%.0f decode_bw_fraction_b8=%.3f decode_bw_fraction_b%d=%.3f "
-	       "hf_single=%.1f hf_batched=%.0f prefix_builds=%llu\n", rr.tokens_per_s, frac8, MB, frac,
-	       hf1, hfb, (unsigned long long)rr.st.prefix_builds);
 	if (!keep) {
 		char *cmd = xasprintf("rm -rf '%s'", dir);
 		if (system(cmd) != 0)
@@ -311,6 +356,8 @@ int main(int argc, char **argv)
 		free(cmd);
 	}
 	free(pf);
+	free(jf);
+	free(sys);
 	for (int i = 0; i < NP; i++)
 		free(prompts[i]);
 	free(prompts);
