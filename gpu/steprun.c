@@ -993,6 +993,31 @@ static void write_final_record(run *R, const char *final)
 	bk_rec_end(R->w);
 }
 
+/* one GPU per rank of a machine: the local rank's entry of CUDA_VISIBLE_DEVICES (or
+ * GPU local_rank when it is unset), set before the CUDA runtime starts */
+static void pick_gpu(int local_rank)
+{
+	const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+	char buf[32];
+	if (!vis || !*vis) {
+		snprintf(buf, sizeof buf, "%d", local_rank);
+		setenv("CUDA_VISIBLE_DEVICES", buf, 1);
+		return;
+	}
+	const char *p = vis;
+	for (int i = 0; i < local_rank && p; i++) {
+		p = strchr(p, ',');
+		if (p)
+			p++;
+	}
+	if (!p)
+		return; /* fewer GPUs than ranks: the launcher's choice stands */
+	size_t n = strcspn(p, ",");
+	char *one = xstrndup(p, n);
+	setenv("CUDA_VISIBLE_DEVICES", one, 1);
+	free(one);
+}
+
 int bk_step_run(const bk_step_opts *o)
 {
 	run R = {.o = o, .last_saved = -1};
@@ -1004,6 +1029,8 @@ int bk_step_run(const bk_step_opts *o)
 	if (R.dist.size > 1 && !is_file)
 		die("%d ranks need a STREAM file that every rank reads (a launcher gives standard "
 		    "input to rank 0 only)", R.dist.size);
+	if (R.dist.size > 1)
+		pick_gpu(R.dist.local_rank);
 	if (!is_file && o->epochs > 1)
 		die_usage("--epochs %ld needs a STREAM file; a pipe is read once (bk-gen "
 			  "--epochs makes fresh trajectories per epoch)", o->epochs);
