@@ -3,6 +3,7 @@
 #include "common/files.h"
 #include "common/flags.h"
 #include "formats/msgjson.h"
+#include "formats/shard.h"
 #include "formats/stream.h"
 
 #include <errno.h>
@@ -13,12 +14,16 @@ static const char usage[] =
 	"usage: bk-dump [--header] [FILE]\n"
 	"       bk-dump --stats [FILE]\n"
 	"       bk-dump --from-json [-o FILE] [JSONL]\n"
+	"       bk-dump --merge REF [-o FILE] SHARD ...\n"
 	"Prints a bakery stream as JSON Lines, one record per line (bin payloads as\n"
 	"{\"$bin\": base64}); --from-json turns such lines back into a stream.\n"
 	"  --header       print the stream header as the first line\n"
 	"  --stats        print the record count, token-length histograms and the header\n"
 	"  --from-json    read JSON Lines, write a stream\n"
-	"  -o, --output FILE  output file for --from-json (default stdout)\n"
+	"  --merge REF    merge the streams of bk-gen/bk-teach --shard I/N (all N of one\n"
+	"                 stage) into the stream the unsharded stage writes; REF is the\n"
+	"                 stream the shards read (it gives the order)\n"
+	"  -o, --output FILE  output file for --from-json and --merge (default stdout)\n"
 	"  -v, --verbose\n";
 
 static void print_json(json_t *j)
@@ -218,11 +223,12 @@ static void from_json(const char *path, const char *out)
 int main(int argc, char **argv)
 {
 	int header = 0, do_stats = 0, do_from = 0;
-	const char *out = "-";
+	const char *out = "-", *merge_ref = NULL;
 	bk_opt opts[] = {
 		{"header", 0, BK_OPT_FLAG, &header, 0, 0},
 		{"stats", 0, BK_OPT_FLAG, &do_stats, 0, 0},
 		{"from-json", 0, BK_OPT_FLAG, &do_from, 0, 0},
+		{"merge", 0, BK_OPT_STR, &merge_ref, 0, 0},
 		{"output", 'o', BK_OPT_STR, &out, 0, 0},
 		{"verbose", 'v', BK_OPT_FLAG, &bk_verbose, 0, 0},
 		{0},
@@ -230,12 +236,21 @@ int main(int argc, char **argv)
 	bk_diag_init(argv[0]);
 	bk_stdout_init();
 	int n = bk_flags_parse(argc, argv, opts, usage);
+	if (merge_ref) {
+		if (header || do_stats || do_from)
+			die_usage("--merge excludes --header, --stats and --from-json");
+		if (n < 1)
+			die_usage("--merge REF needs the shard streams");
+		bk_shard_merge(merge_ref, (const char *const *)argv, n, out);
+		bk_stdout_close();
+		return 0;
+	}
 	if (n > 1)
 		die_usage("too many arguments");
 	if (do_stats + do_from > 1)
 		die_usage("--stats and --from-json exclude each other");
 	if (strcmp(out, "-") && !do_from)
-		die_usage("--output is for --from-json");
+		die_usage("--output is for --from-json and --merge");
 	const char *path = n ? argv[0] : "-";
 	struct stat st;
 	if (fstat(1, &st) == 0 && !S_ISREG(st.st_mode))

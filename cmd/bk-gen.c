@@ -26,7 +26,7 @@ static const char usage[] =
 	"usage: bk-gen --model DIR [--device D] [--num-trajectories N] [--temperature T]\n"
 	"              [--top-p P] [--max-new-tokens N] [--epochs N] [--seed N]\n"
 	"              [--max-batch N] [--kv-memory BYTES] [--window N] [-v] [-o FILE]\n"
-	"              [--system TEXT | --system-file FILE] [STREAM]\n"
+	"              [--shard I/N] [--system TEXT | --system-file FILE] [STREAM]\n"
 	"Samples --num-trajectories responses per epoch from the teacher (adapter off, the\n"
 	"record's t_prompt) for every record without 'resp', and writes one record per\n"
 	"sample with resp, response, traj and epoch added; empty samples are dropped.\n"
@@ -46,7 +46,9 @@ static const char usage[] =
 	"                          free memory; on the host, as needed)\n"
 	"  --window N              records held to restore input order (default 256)\n"
 	"  -v, --verbose           report the shared prefix, steps and tokens/s\n"
-	"  -o, --output FILE       write to FILE (atomically) instead of stdout\n";
+	"  -o, --output FILE       write to FILE (atomically) instead of stdout\n"
+	"  --shard I/N             only the records of shard I of N (by record id; merge\n"
+	"                          the shards with bk-dump --merge)\n";
 
 typedef struct {
 	long ntraj, max_new, epochs, seed, max_batch, window;

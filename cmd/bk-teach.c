@@ -6,6 +6,7 @@
 #include "common/flags.h"
 #include "common/progress.h"
 #include "formats/inputs.h"
+#include "formats/shard.h"
 #include "formats/stream.h"
 #include "formats/teacher.h"
 #include "gpu/device.h"
@@ -18,7 +19,7 @@
 static const char usage[] =
 	"usage: bk-teach --model DIR [--device D] [--top-k K] [--temperature T]\n"
 	"                [--max-tokens N | --batch-size N] [--vocab-chunk N] [-o FILE] [-v]\n"
-	"                [--system TEXT | --system-file FILE] [STREAM]\n"
+	"                [--shard I/N] [--system TEXT | --system-file FILE] [STREAM]\n"
 	"Appends 'teacher' to every record: the base model's log-probs (adapter off) on\n"
 	"t_prompt + resp at each response position.  Records must carry 'resp' (run bk-gen\n"
 	"first on prompts-only data); a record without one is refused.\n"
@@ -34,6 +35,8 @@ static const char usage[] =
 	"  --batch-size N     batches of N records in arrival order, ignoring 'batch'\n"
 	"  --vocab-chunk N    LM-head columns per pass (default 8192)\n"
 	"  -o, --output FILE  write to FILE (atomically) instead of stdout\n"
+	"  --shard I/N        only the records of shard I of N (by record id; merge the\n"
+	"                     shards with bk-dump --merge)\n"
 	"  -v, --verbose      report the prefix, forwards, tokens and speed\n";
 
 /* the records of one batch: raw bytes (re-read for the output) and their ids */
@@ -102,7 +105,7 @@ static void flush(group *g, bk_teach *tc, bk_writer *out, int *first, const bk_t
 int main(int argc, char **argv)
 {
 	const char *sys_text = NULL, *sys_file = NULL;
-	const char *model = NULL, *device = "auto", *out_path = "-";
+	const char *model = NULL, *device = "auto", *out_path = "-", *shard_spec = NULL;
 	long top_k = 64, max_tokens = 4096, batch_size = 0, vocab_chunk = 8192;
 	double temperature = 1.0;
 	bk_opt opts[] = {
@@ -117,6 +120,7 @@ int main(int argc, char **argv)
 		{"system-file", 0, BK_OPT_STR, &sys_file, 0, 0},
 		{"output", 'o', BK_OPT_STR, &out_path, 0, 0},
 		{"verbose", 'v', BK_OPT_FLAG, &bk_verbose, 0, 0},
+		{"shard", 0, BK_OPT_STR, &shard_spec, 0, 0},
 		{0},
 	};
 	bk_diag_init(argv[0]);
@@ -126,6 +130,9 @@ int main(int argc, char **argv)
 		die_usage("too many arguments");
 	if (!model)
 		die_usage("--model DIR is required");
+	bk_shard shard = {0, 0};
+	if (shard_spec)
+		shard = bk_shard_parse("--shard", shard_spec);
 	if (bk_flag_given("max-tokens") && bk_flag_given("batch-size"))
 		die_usage("give --max-tokens or --batch-size, not both");
 	if (!(temperature > 0) || temperature > 1e6)
@@ -153,8 +160,10 @@ int main(int argc, char **argv)
 
 	bk_writer *out = bk_writer_open(out_path);
 	bk_kv kv[] = {BK_KV_S("model", lm.fingerprint), BK_KV_D("temperature", temperature),
-		      BK_KV_I("top_k", top_k)};
-	bk_writer_header(out, in, kv, 3);
+		      BK_KV_I("top_k", top_k), BK_KV_S("shard", NULL)};
+	char shard_buf[32];
+	kv[3].s = bk_shard_str(&shard, shard_buf, sizeof shard_buf);
+	bk_writer_header(out, in, kv, shard.n ? 4 : 3);
 
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -166,6 +175,8 @@ int main(int argc, char **argv)
 	bk_progress pg;
 	bk_progress_start(&pg, "records", 0);
 	while ((rec = bk_reader_next(in))) {
+		if (!bk_shard_owns(&shard, in, rec))
+			continue; /* another shard's record */
 		bk_progress_update(&pg, bk_writer_count(out), bk_teach_stats_get(tc)->tokens);
 		if (!bk_obj_get(rec, "resp"))
 			bk_reader_die(in, "key 'resp' is missing: bk-teach needs responses (run "
