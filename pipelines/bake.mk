@@ -1,13 +1,21 @@
 # bake.mk - a bake as a make recipe: every stage writes a file named by a content hash
 # of its input and its options, so a change re-runs only the stages it touches:
 #   runs/NAME/tokens-H.bk    bk-tokenize            (data, system prompt, tokenizer, template)
-#   runs/NAME/gen-H.bk       bk-lens | bk-gen        (+ batch, trajectories, sampling, epochs, seed)
+#   runs/NAME/lens-H.bk      bk-lens                (+ batch plan, seed)
+#   runs/NAME/gen-H.bk       bk-gen                 (+ trajectories, sampling, epochs, seed)
 #   runs/NAME/teach-H.bk     bk-teach               (+ KL temperature, top-k)
 #   runs/NAME/adapter-H/     bk-step (final/ = the adapter; metrics-H.bk its metrics)
 #   runs/NAME/results-H.json bk-eval (when EVAL, HELD_OUT or KL_PROMPTS is set)
 #   runs/NAME/loss-H.txt     bk-plot (and loss-H.png with gnuplot)
 # Changing LR re-runs only bk-step; SAMPLING_TEMPERATURE re-runs from bk-gen; deleting
 # gen-*.bk re-runs from bk-gen.  make -j runs evaluation and plotting side by side.
+# SHARDS=N runs bk-gen and bk-teach as N independent shard targets
+#   runs/NAME/gen-H.IofN.bk, teach-H.IofN.bk  (make -j N, or one cluster job each:
+#   make -f pipelines/bake.mk SHARDS=N runs/NAME/teach-H.IofN.bk)
+# merged by bk-dump --merge into the same gen-H.bk / teach-H.bk an unsharded run
+# writes (so SHARDS is not part of any hash).  NPROC=N runs bk-step as N data-parallel
+# ranks under $(MPIRUN) $(MPIRUN_NP) (default mpirun -np N; on Slurm MPIRUN=srun
+# MPIRUN_NP=--ntasks=N): N ranks x GRAD_ACCUM micro-batches per step.
 #   make -f pipelines/bake.mk                               (the defaults: Sparky, stories260K)
 #   make -f pipelines/bake.mk CONFIG=pipelines/examples/basic.mk LR=1e-3
 #   make -f pipelines/bake.mk CONFIG=... print               (the stage files and hashes)
@@ -55,6 +63,10 @@ EVAL                 ?=
 HELD_OUT             ?=
 KL_PROMPTS           ?=
 STEP_EXTRA           ?=
+SHARDS               ?= 1
+NPROC                ?= 1
+MPIRUN               ?= mpirun
+MPIRUN_NP            ?= -np $(NPROC)
 
 export PATH := $(abspath $(BIN)):$(PATH)
 # OpenMP threads that spin while waiting starve the other stages on a small machine
@@ -101,20 +113,28 @@ EVAL_OPTS  = --model $(MODEL) $(if $(TEMPLATE),--template $(TEMPLATE)) $(SYS_ARG
              $(if $(EVAL),--eval $(EVAL)) $(if $(HELD_OUT),--held-out $(HELD_OUT)) \
              $(if $(KL_PROMPTS),--kl-prompts $(KL_PROMPTS)) --temperature $(KL_TEMPERATURE)
 
-# each stage's hash: the hash of its input stage + its own options (+ its files)
+# each stage's hash: the hash of its input stage + its own options (+ its files);
+# bk-gen reads the plan as a file (epoch-major samples: every epoch's records before
+# the next epoch's), marked "file" in its hash
 H_TOK   := $(call hash,$(MODEL_ID) $(TOK_OPTS),$(DATA) $(SYS_FILES))
-H_GEN   := $(call hash,$(H_TOK) $(MODEL_ID) $(LENS_OPTS) $(GEN_OPTS))
+H_LENS  := $(call hash,$(H_TOK) $(LENS_OPTS))
+H_GEN   := $(call hash,$(H_LENS) $(MODEL_ID) $(GEN_OPTS) file)
 H_TEACH := $(call hash,$(H_GEN) $(TEACH_OPTS))
-H_STEP  := $(call hash,$(H_TEACH) $(STEP_OPTS))
+H_STEP  := $(call hash,$(H_TEACH) $(STEP_OPTS) $(if $(filter-out 1,$(NPROC)),ranks $(NPROC)))
 H_EVAL  := $(call hash,$(H_STEP) $(EVAL_OPTS),$(EVAL) $(HELD_OUT) $(KL_PROMPTS))
 
 TOKENS  := $(OUT)/tokens-$(H_TOK).bk
+LENS    := $(OUT)/lens-$(H_LENS).bk
 GEN     := $(OUT)/gen-$(H_GEN).bk
 TEACH   := $(OUT)/teach-$(H_TEACH).bk
 ADAPTER := $(OUT)/adapter-$(H_STEP)
 METRICS := $(OUT)/metrics-$(H_STEP).bk
 RESULTS := $(OUT)/results-$(H_EVAL).json
 LOSS    := $(OUT)/loss-$(H_STEP).txt
+SHARD_IDS    := $(shell seq 0 $$(( $(SHARDS) - 1 )))
+GEN_SHARDS   := $(foreach i,$(SHARD_IDS),$(OUT)/gen-$(H_GEN).$(i)of$(SHARDS).bk)
+TEACH_SHARDS := $(foreach i,$(SHARD_IDS),$(OUT)/teach-$(H_TEACH).$(i)of$(SHARDS).bk)
+STEP_RUN     := $(if $(filter-out 1,$(NPROC)),$(MPIRUN) $(MPIRUN_NP)) bk-step
 
 .PHONY: all adapter eval plot print clean
 all: adapter plot $(if $(EVAL)$(HELD_OUT)$(KL_PROMPTS),eval)
@@ -127,16 +147,36 @@ $(TOKENS): $(DATA) $(SYS_FILES)
 	@mkdir -p $(OUT)
 	bk-tokenize $(TOK_OPTS) -o $@ $(DATA)
 
-# the batch plan (B prompts a batch, shuffled) and the teacher's trajectories
-$(GEN): $(TOKENS)
-	bk-lens $(LENS_OPTS) $< | bk-gen --model $(MODEL) --device $(DEVICE) $(GEN_OPTS) -o $@
+# the batch plan (B prompts a batch, shuffled)
+$(LENS): $(TOKENS)
+	bk-lens $(LENS_OPTS) $< -o $@
+
+ifeq ($(SHARDS),1)
+# the teacher's trajectories and its distributions
+$(GEN): $(LENS)
+	bk-gen --model $(MODEL) --device $(DEVICE) $(GEN_OPTS) $< -o $@
 
 $(TEACH): $(GEN)
 	bk-teach --model $(MODEL) --device $(DEVICE) $(TEACH_OPTS) $< -o $@
+else
+# shard I of N of each teacher stage: independent targets
+$(OUT)/gen-$(H_GEN).%of$(SHARDS).bk: $(LENS)
+	bk-gen --model $(MODEL) --device $(DEVICE) $(GEN_OPTS) --shard $*/$(SHARDS) $< -o $@
+
+$(OUT)/teach-$(H_TEACH).%of$(SHARDS).bk: $(OUT)/gen-$(H_GEN).%of$(SHARDS).bk
+	bk-teach --model $(MODEL) --device $(DEVICE) $(TEACH_OPTS) --shard $*/$(SHARDS) $< -o $@
+
+# the unsharded streams, record for record
+$(GEN): $(GEN_SHARDS) $(LENS)
+	bk-dump --merge $(LENS) -o $@ $(GEN_SHARDS)
+
+$(TEACH): $(TEACH_SHARDS) $(LENS)
+	bk-dump --merge $(LENS) -o $@ $(TEACH_SHARDS)
+endif
 
 $(METRICS): $(TEACH)
 	rm -rf $(ADAPTER)
-	bk-step --model $(MODEL) --device $(DEVICE) --out $(ADAPTER) $(STEP_OPTS) $< >$@
+	$(STEP_RUN) --model $(MODEL) --device $(DEVICE) --out $(ADAPTER) $(STEP_OPTS) $< >$@
 
 $(RESULTS): $(METRICS) $(EVAL) $(HELD_OUT) $(KL_PROMPTS)
 	bk-eval $(EVAL_OPTS) --device $(DEVICE) --adapter $(ADAPTER)/final -o $@
@@ -145,7 +185,8 @@ $(LOSS): $(METRICS)
 	pipelines/bk-plot $< $(basename $@).png >$@
 
 print:
-	@printf '%s\n' $(TOKENS) $(GEN) $(TEACH) $(ADAPTER) $(METRICS) $(RESULTS) $(LOSS)
+	@printf '%s\n' $(TOKENS) $(LENS) $(GEN) $(TEACH) $(ADAPTER) $(METRICS) $(RESULTS) $(LOSS) \
+		$(if $(filter-out 1,$(SHARDS)),$(GEN_SHARDS) $(TEACH_SHARDS))
 
 clean:
 	rm -rf $(OUT)

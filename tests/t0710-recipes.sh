@@ -10,8 +10,8 @@ ran() { grep -oE "^(bk-[a-z]+|pipelines/bk-plot) " "$1" | sed "s, $,," | sed 's,
 
 test_expect_success 'a first bake.mk run runs every stage' '
 	$MK >out 2>&1 && cat out &&
-	test "$(ran out)" = "bk-lens bk-plot bk-step bk-teach bk-tokenize " &&
-	ls runs/t/tokens-*.bk runs/t/gen-*.bk runs/t/teach-*.bk runs/t/metrics-*.bk runs/t/loss-*.txt &&
+	test "$(ran out)" = "bk-gen bk-lens bk-plot bk-step bk-teach bk-tokenize " &&
+	ls runs/t/tokens-*.bk runs/t/lens-*.bk runs/t/gen-*.bk runs/t/teach-*.bk runs/t/metrics-*.bk runs/t/loss-*.txt &&
 	test -f runs/t/adapter-*/final/adapter_model.safetensors
 '
 
@@ -27,13 +27,31 @@ test_expect_success 'changing LR re-runs only bk-step (and the plot of its metri
 
 test_expect_success 'changing the sampling temperature re-runs from bk-gen' '
 	$MK SAMPLING_TEMPERATURE=0.5 >out 2>&1 && cat out &&
-	test "$(ran out)" = "bk-lens bk-plot bk-step bk-teach " && grep -q "bk-gen .*--temperature 0.5" out
+	test "$(ran out)" = "bk-gen bk-plot bk-step bk-teach " && grep -q "bk-gen .*--temperature 0.5" out
 '
 
 test_expect_success 'deleting gen-*.bk re-runs from bk-gen, not bk-tokenize' '
 	rm runs/t/gen-*.bk &&
 	$MK SAMPLING_TEMPERATURE=0.5 >out 2>&1 && cat out &&
-	grep -q "| bk-gen " out && test "$(ran out)" = "bk-lens bk-plot bk-step bk-teach "
+	grep -q "^bk-gen " out && test "$(ran out)" = "bk-gen bk-plot bk-step bk-teach "
+'
+
+test_expect_success 'SHARDS=2: shard targets, merged into the unsharded teach file' '
+	$MK NAME=s SHARDS=2 >out 2>&1 && cat out &&
+	grep -q "^bk-gen .*--shard 1/2 " out && grep -q "^bk-teach .*--shard 0/2 " out &&
+	grep -q "^bk-dump --merge " out &&
+	ls runs/s/gen-*.0of2.bk runs/s/teach-*.1of2.bk &&
+	f=$(ls runs/s/teach-*.bk | grep -v "of2.bk$") && test -f runs/t/$(basename $f) &&
+	bk-dump $f >a && bk-dump runs/t/$(basename $f) >b && test_cmp a b &&
+	a=$(ls -d runs/s/adapter-*) && test -d runs/t/$(basename $a)
+'
+
+test_expect_success 'NPROC=2: bk-step runs as two MPI ranks' '
+	if ! ldd "$BK_BIN/bk-step" | grep -q libmpi; then echo "skip: no MPI"; exit 0; fi &&
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	$MK NAME=s SHARDS=2 NPROC=2 MPIRUN="mpirun --oversubscribe" >out 2>&1 && cat out &&
+	grep -q "^mpirun --oversubscribe -np 2 bk-step " out && test "$(ran out)" = "bk-plot " &&
+	test $(ls -d runs/s/adapter-* | wc -l) = 2
 '
 
 test_expect_success 'a CONFIG file sets the variables; the command line wins over it' '
