@@ -5,7 +5,7 @@
 #include "common/progress.h"
 #include "formats/inputs.h"
 #include "formats/qa.h"
-#include "formats/spm.h"
+#include "formats/tokenizer.h"
 #include "formats/template.h"
 #include "gpu/device.h"
 #include "gpu/eval.h"
@@ -27,7 +27,7 @@ static const char usage[] =
 	"(discrete) and base + adapter without it (baked): keyword accuracy of greedy\n"
 	"answers on Q&A files, and the mean per-token KL(teacher || student) on\n"
 	"held-out prompts.  Writes results.json to -o (default stdout).\n"
-	"  --model DIR          HF model directory (tokenizer.model, template detected)\n"
+	"  --model DIR          HF model directory (tokenizer.json or .model, template detected)\n"
 	"  --adapter DIR        PEFT adapter to evaluate as 'baked' (else only base)\n"
 	"  --device D           cpu, cuda or auto (default auto)\n"
 	"  --template NAME      chat template instead of the detected one\n"
@@ -53,7 +53,7 @@ typedef struct {
 	const bk_model *m;
 	const bk_gen_ops *gops;
 	const bk_lora *lora;
-	const bk_spm *spm;
+	const bk_tok *spm;
 	int tmpl;
 	const char *system;
 	bk_ids stop;
@@ -88,7 +88,7 @@ static char **answer(const evaluator *ev, const char *src, const char *const *qu
 		   prompts, lens, (int)n, NULL, ids, nids);
 	char **texts = xmalloc(n * sizeof *texts);
 	for (size_t i = 0; i < n; i++)
-		texts[i] = bk_spm_decode(ev->spm, ids[i], (size_t)nids[i]);
+		texts[i] = bk_tok_decode(ev->spm, ids[i], (size_t)nids[i]);
 	for (size_t i = 0; i < n; i++)
 		free(p[i].v);
 	free(p);
@@ -205,8 +205,8 @@ int main(int argc, char **argv)
 		die_usage("no system prompt: give --system, --system-file or --corpus");
 
 	const bk_ops *ops = bk_device_select(o.device);
-	char *tok_path = bk_path_join(o.model, "tokenizer.model");
-	bk_spm *spm = bk_spm_load(tok_path);
+	char *tok_path = bk_tok_file(o.model);
+	bk_tok *spm = bk_tok_open(tok_path);
 	int tmpl = o.template_name ? bk_template_from_name(o.template_name) : bk_template_detect(o.model);
 	if (tmpl < 0)
 		die_usage("unknown template '%s' (known: %s)", o.template_name, bk_template_names());
@@ -223,7 +223,7 @@ int main(int argc, char **argv)
 			o.show, o.max_new, lm.cfg};
 	bk_model_stop_ids(lm.cfg, tmpl, spm, &ev.stop);
 	bk_ids sys_ids = {0};
-	bk_spm_encode(spm, system, strlen(system), &sys_ids.v, &sys_ids.n);
+	bk_tok_encode(spm, system, strlen(system), &sys_ids.v, &sys_ids.n);
 
 	json_t *res = json_pack("{s:s, s:s?, s:s, s:I}", "model", o.model, "adapter", o.adapter,
 				"template", bk_template_name(tmpl), "system_prompt_tokens",
@@ -299,7 +299,7 @@ int main(int argc, char **argv)
 	if (lora)
 		bk_lora_free(lm.model, lora);
 	bk_model_unload(&lm);
-	bk_spm_free(spm);
+	bk_tok_free(spm);
 	free(tok_path);
 	free(system);
 	bk_stdout_close();

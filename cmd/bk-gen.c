@@ -14,7 +14,7 @@
 #include "common/flags.h"
 #include "common/hash.h"
 #include "common/rng.h"
-#include "formats/spm.h"
+#include "formats/tokenizer.h"
 #include "formats/inputs.h"
 #include "formats/stream.h"
 #include "formats/template.h"
@@ -31,7 +31,7 @@ static const char usage[] =
 	"record's t_prompt) for every record without 'resp', and writes one record per\n"
 	"sample with resp, response, traj and epoch added; empty samples are dropped.\n"
 	"Records with 'resp' pass through once, untouched.  Output order is input order.\n"
-	"  --model DIR             HF model directory (config.json, safetensors, tokenizer.model)\n"
+	"  --model DIR             HF model directory (config.json, safetensors, tokenizer.json or .model)\n"
 	"  --device D              cpu, cuda or auto (default auto)\n"
 	"  --system TEXT           refuse a stream made with another system prompt\n"
 	"  --system-file FILE      the same, the system prompt read from FILE\n"
@@ -122,7 +122,7 @@ static char *strip(char *s)
 	return b;
 }
 
-static void emit(bk_writer *w, pending_rec *p, const gen_opts *o, const bk_spm *spm,
+static void emit(bk_writer *w, pending_rec *p, const gen_opts *o, const bk_tok *spm,
 		 totals *tot)
 {
 	if (!p->generate) {
@@ -142,7 +142,7 @@ static void emit(bk_writer *w, pending_rec *p, const gen_opts *o, const bk_spm *
 	for (long i = 0; i < o->pass_epochs * o->ntraj; i++) {
 		bk_gen_result *r = &p->res[i];
 		int n_text = r->n - (r->stopped ? 1 : 0);
-		char *text = bk_spm_decode(spm, r->ids, (size_t)n_text);
+		char *text = bk_tok_decode(spm, r->ids, (size_t)n_text);
 		char *t = strip(text);
 		if (n_text <= 0 || !*t) {
 			tot->dropped++;
@@ -242,14 +242,14 @@ int main(int argc, char **argv)
 	const bk_gen_ops *gops = bk_gen_ops_for(ops);
 
 	bk_reader *in = bk_reader_open(n ? argv[0] : "-");
-	char *tok_path = bk_path_join(model, "tokenizer.model");
+	char *tok_path = bk_tok_file(model);
 	bk_reader_expect_file(in, "tokenizer", tok_path, "tokenizer");
 	if (sys_text || sys_file) {
 		char *sys = bk_system_prompt(sys_text, sys_file, NULL, NULL, NULL);
 		bk_reader_expect_system(in, sys);
 		free(sys);
 	}
-	bk_spm *spm = bk_spm_load(tok_path);
+	bk_tok *spm = bk_tok_open(tok_path);
 	free(tok_path);
 	char *tmpl_name = bk_reader_prov_str(in, "template");
 	int tmpl = tmpl_name ? bk_template_from_name(tmpl_name) : bk_template_detect(model);
@@ -433,7 +433,7 @@ int main(int argc, char **argv)
 	bk_writer_close(w);
 	bk_gen_free(g);
 	bk_model_unload(&lm);
-	bk_spm_free(spm);
+	bk_tok_free(spm);
 	free(stop.v);
 	free(ids);
 	free(rg.v);

@@ -5,6 +5,7 @@
 #include "common/plan.h"
 #include "common/rng.h"
 #include "formats/stream.h"
+#include "formats/tokenizer.h"
 
 #include <string.h>
 
@@ -22,7 +23,7 @@ static const char usage[] =
 	"  --reserve N     tokens to reserve per record, e.g. --max-new-tokens for bk-gen (default 0)\n"
 	"  --no-shuffle    keep arrival order inside batches and windows\n"
 	"  --model DIR     refuse a stream tokenized with another tokenizer than DIR's\n"
-	"  --tokenizer FILE  the same, with a tokenizer.model\n"
+	"  --tokenizer FILE  the same, with a tokenizer.json or tokenizer.model\n"
 	"  -q, --quiet     do not print the plan summary on stderr\n"
 	"  -o, --output FILE  write to FILE (atomically) instead of stdout\n";
 
@@ -143,7 +144,7 @@ int main(int argc, char **argv)
 		die_usage("give --model or --tokenizer, not both");
 	bk_reader *in = bk_reader_open(n ? argv[0] : "-");
 	if (model || tokenizer) {
-		char *p = tokenizer ? xstrdup(tokenizer) : bk_path_join(model, "tokenizer.model");
+		char *p = tokenizer ? xstrdup(tokenizer) : bk_tok_file(model);
 		bk_reader_expect_file(in, "tokenizer", p, "tokenizer");
 		free(p);
 	}

@@ -9,6 +9,7 @@
 #include "formats/shard.h"
 #include "formats/stream.h"
 #include "formats/teacher.h"
+#include "formats/tokenizer.h"
 #include "gpu/device.h"
 #include "gpu/load.h"
 #include "gpu/teach.h"
@@ -139,7 +140,7 @@ int main(int argc, char **argv)
 		die_usage("--temperature %g is not a positive number", temperature);
 
 	bk_reader *in = bk_reader_open(npos ? argv[0] : "-");
-	char *tok = bk_path_join(model, "tokenizer.model");
+	char *tok = bk_tok_file(model);
 	bk_reader_expect_file(in, "tokenizer", tok, "tokenizer");
 	if (sys_text || sys_file) {
 		char *sys = bk_system_prompt(sys_text, sys_file, NULL, NULL, NULL);

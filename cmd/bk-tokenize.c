@@ -6,7 +6,7 @@
 #include "common/hash.h"
 #include "formats/hfconfig.h"
 #include "formats/inputs.h"
-#include "formats/spm.h"
+#include "formats/tokenizer.h"
 #include "formats/stream.h"
 #include "formats/template.h"
 #include "formats/tokcache.h"
@@ -18,13 +18,20 @@ static const char usage[] =
 	"                   [--system TEXT | --system-file FILE | --corpus FILE\n"
 	"                    [--corpus-format papers|text|list|json] [--system-template FILE]]\n"
 	"                   [--format auto|json|jsonl|text] [--prompt TEXT]...\n"
+	"                   [--enable-thinking | --no-thinking] [--date \"DD Mon YYYY\"]\n"
 	"                   [--max-seq-length N] [--no-cache] [-o FILE] [DATA...]\n"
 	"Reads prompts, prompt/response pairs or chat rows and writes one record per\n"
 	"sample: id, user, response, t_prompt (teacher: with the system prompt),\n"
 	"s_prompt (student: without), resp (paired data: response + end of turn).\n"
-	"  --model DIR          HF model directory: DIR/tokenizer.model, template detected\n"
-	"  --tokenizer FILE     a sentencepiece tokenizer.model\n"
-	"  --template NAME      raw, llama2, zephyr, mistral, mistral-v0.1, chatml, gemma\n"
+	"  --model DIR          HF model directory: DIR/tokenizer.json, else DIR/tokenizer.model;\n"
+	"                       template detected\n"
+	"  --tokenizer FILE     a tokenizer.json or a sentencepiece tokenizer.model\n"
+	"  --template NAME      raw, llama2, zephyr, mistral, mistral-v0.1, chatml, gemma,\n"
+	"                       qwen2, qwen2.5, smollm2, qwen3, llama3, llama3.1, llama3.2\n"
+	"  --enable-thinking    qwen3: the generation prompt lets the model think (default)\n"
+	"  --no-thinking        qwen3: enable_thinking=false, an empty think block in the prompt\n"
+	"  --date D             llama3.1/3.2: the \"Today Date\" line (default 26 Jul 2024 for\n"
+	"                       3.1, today for 3.2, as HF); recorded in the stream header\n"
 	"  --system TEXT        the system prompt to bake\n"
 	"  --system-file FILE   the system prompt, from a file\n"
 	"  --corpus FILE        a knowledge corpus placed into the system prompt\n"
@@ -39,15 +46,15 @@ static const char usage[] =
 
 typedef struct {
 	const char *model, *tokenizer, *template_name, *system, *system_file, *corpus,
-		*corpus_format, *system_template, *format, *out;
+		*corpus_format, *system_template, *format, *out, *date;
 	bk_strlist prompts;
 	long max_seq;
-	int no_cache;
+	int no_cache, enable_thinking, no_thinking;
 } tok_opts;
 
 /* The system prompt's token count (for results.json), through the cache so that a
  * warm run makes no sentencepiece call at all. */
-static size_t count_system_tokens(const bk_spm *spm, bk_tokcache *cache, uint64_t tok_hash,
+static size_t count_system_tokens(const bk_tok *spm, bk_tokcache *cache, uint64_t tok_hash,
 				  const char *system)
 {
 	uint64_t key = bk_tokcache_key(tok_hash, "system-tokens", system, NULL, NULL);
@@ -55,7 +62,7 @@ static size_t count_system_tokens(const bk_spm *spm, bk_tokcache *cache, uint64_
 	if (cache && bk_tokcache_get(cache, key, &e))
 		return e.nt;
 	bk_ids ids = {0};
-	bk_spm_encode(spm, system, strlen(system), &ids.v, &ids.n);
+	bk_tok_encode(spm, system, strlen(system), &ids.v, &ids.n);
 	size_t n = ids.n;
 	if (cache) {
 		e = (bk_tokcache_entry){ids.v, NULL, NULL, ids.n, 0, 0, 0};
@@ -135,6 +142,9 @@ int main(int argc, char **argv)
 		{"prompt", 0, BK_OPT_LIST, &o.prompts, 0, 0},
 		{"max-seq-length", 0, BK_OPT_INT, &o.max_seq, 0, 1L << 30},
 		{"no-cache", 0, BK_OPT_FLAG, &o.no_cache, 0, 0},
+		{"enable-thinking", 0, BK_OPT_FLAG, &o.enable_thinking, 0, 0},
+		{"no-thinking", 0, BK_OPT_FLAG, &o.no_thinking, 0, 0},
+		{"date", 0, BK_OPT_STR, &o.date, 0, 0},
 		{"output", 'o', BK_OPT_STR, &o.out, 0, 0},
 		{"verbose", 'v', BK_OPT_FLAG, &bk_verbose, 0, 0},
 		{0},
@@ -146,6 +156,11 @@ int main(int argc, char **argv)
 		die_usage("give one of --model DIR or --tokenizer FILE");
 	if (!npos && !o.prompts.n)
 		die_usage("no data: give DATA files (\"-\" for stdin) or --prompt TEXT");
+	if (o.enable_thinking && o.no_thinking)
+		die_usage("give --enable-thinking or --no-thinking, not both");
+	bk_template_set_thinking(!o.no_thinking);
+	if (o.date)
+		bk_template_set_date(o.date);
 
 	/* inputs first: a bad data file fails before any output exists */
 	bk_input_format fmt = bk_input_format_parse(o.format);
@@ -157,8 +172,8 @@ int main(int argc, char **argv)
 	char *system = bk_system_prompt(o.system, o.system_file, o.corpus, o.corpus_format,
 					o.system_template);
 
-	char *tok_path = o.tokenizer ? xstrdup(o.tokenizer) : bk_path_join(o.model, "tokenizer.model");
-	bk_spm *spm = bk_spm_load(tok_path);
+	char *tok_path = o.tokenizer ? xstrdup(o.tokenizer) : bk_tok_file(o.model);
+	bk_tok *spm = bk_tok_open(tok_path);
 	int tmpl;
 	if (o.template_name) {
 		tmpl = bk_template_from_name(o.template_name);
@@ -179,7 +194,7 @@ int main(int argc, char **argv)
 		free(cp);
 	}
 	const char *tmpl_name = bk_template_name(tmpl);
-	uint64_t tok_hash = bk_spm_file_hash(spm);
+	uint64_t tok_hash = bk_tok_hash(spm);
 	bk_tokcache *cache = o.no_cache ? NULL : bk_tokcache_open(tok_hash);
 
 	char tok_hex[17], sys_hex[17];
@@ -196,6 +211,9 @@ int main(int argc, char **argv)
 		BK_KV_I("system_tokens", (int64_t)sys_tokens),
 		BK_KV_I("max_seq_length", o.max_seq),
 		BK_KV_I("paired", ds.paired),
+		/* what else decides the template's ids: qwen3's thinking, llama3.x's date */
+		BK_KV_S("template_variant", bk_template_variant(tmpl)),
+		BK_KV_S("template_date", bk_template_date(tmpl) ? bk_template_date(tmpl) : ""),
 	};
 	bk_writer_header(w, NULL, kv, (int)(sizeof kv / sizeof kv[0]));
 
@@ -217,7 +235,7 @@ int main(int argc, char **argv)
 		}
 		t.n = s.n = r.n = 0;
 		bk_tokcache_entry e;
-		uint64_t key = bk_tokcache_key(tok_hash, tmpl_name, sys, sm->prompt, resp);
+		uint64_t key = bk_tokcache_key(tok_hash, bk_template_variant(tmpl), sys, sm->prompt, resp);
 		if (cache && bk_tokcache_get(cache, key, &e)) {
 			hits++;
 			copy_ids(&t, e.t, e.nt);
@@ -286,7 +304,7 @@ int main(int argc, char **argv)
 		warn("no records written");
 	size_t added = cache ? bk_tokcache_close(cache) : 0;
 	note("%zu records, cache hits %zu, new cache entries %zu, sentencepiece calls %lu", written,
-	     hits, added, bk_spm_encode_calls);
+	     hits, added, bk_tok_encode_calls);
 	free(seen.key);
 	free(seen.count);
 	free(t.v);
@@ -295,7 +313,7 @@ int main(int argc, char **argv)
 	free(system);
 	free(tok_path);
 	free(o.prompts.v);
-	bk_spm_free(spm);
+	bk_tok_free(spm);
 	if (cfg)
 		bk_config_free(cfg);
 	bk_dataset_free(&ds);

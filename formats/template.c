@@ -7,7 +7,13 @@
  * encoded alone, spaces as U+2581; a segment gets a leading U+2581 (unless it already
  * starts with a space) when the tokenizer's Metaspace prepend scheme says so: "first"
  * (legacy=false: only a segment at offset 0 of the whole string), "always"
- * (legacy=true: every segment), "never" (Gemma; Qwen's byte-level BPE). */
+ * (legacy=true: every segment), "never" (Gemma; Qwen's byte-level BPE).  A byte-level
+ * tokenizer.json (Qwen, Llama-3, SmolLM2) never gets a prefix: each segment is encoded as
+ * HF encodes the text between two special tokens, added tokens such as <think> split out.
+ *
+ * The templates beyond those: chatml with a default system prompt (qwen2, qwen2.5,
+ * smollm2), qwen3 (think blocks, enable_thinking), Llama-3.0/3.1/3.2 (headers; the
+ * date line of 3.1/3.2). */
 #include "formats/template.h"
 
 #include "common/files.h"
@@ -15,6 +21,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum prepend { PREPEND_FIRST, PREPEND_ALWAYS, PREPEND_NEVER };
 
@@ -29,7 +36,87 @@ static const struct {
 	[BK_TMPL_MISTRAL_V01] = {"mistral-v0.1", PREPEND_ALWAYS},
 	[BK_TMPL_CHATML] = {"chatml", PREPEND_NEVER},
 	[BK_TMPL_GEMMA] = {"gemma", PREPEND_NEVER},
+	[BK_TMPL_QWEN2] = {"qwen2", PREPEND_NEVER},
+	[BK_TMPL_QWEN25] = {"qwen2.5", PREPEND_NEVER},
+	[BK_TMPL_SMOLLM2] = {"smollm2", PREPEND_NEVER},
+	[BK_TMPL_QWEN3] = {"qwen3", PREPEND_NEVER},
+	[BK_TMPL_LLAMA3] = {"llama3", PREPEND_NEVER},
+	[BK_TMPL_LLAMA31] = {"llama3.1", PREPEND_NEVER},
+	[BK_TMPL_LLAMA32] = {"llama3.2", PREPEND_NEVER},
 };
+
+/* the default system prompts, as the real templates write them */
+static const char *const default_system[BK_TMPL_COUNT] = {
+	[BK_TMPL_QWEN2] = "You are a helpful assistant",
+	[BK_TMPL_QWEN25] = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+	[BK_TMPL_SMOLLM2] = "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+};
+
+static int opt_thinking = 1;
+static char opt_date[32];
+static const char *const month[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+				    "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+
+void bk_template_set_thinking(int on)
+{
+	opt_thinking = !!on;
+}
+
+void bk_template_set_date(const char *date)
+{
+	if (!date) {
+		opt_date[0] = 0;
+		return;
+	}
+	int ok = strlen(date) == 11 && date[0] >= '0' && date[0] <= '3' && date[1] >= '0' &&
+		 date[1] <= '9' && date[2] == ' ' && date[6] == ' ';
+	int m = 0;
+	for (; ok && m < 12; m++)
+		if (!strncmp(date + 3, month[m], 3))
+			break;
+	for (int i = 7; ok && i < 11; i++)
+		ok = date[i] >= '0' && date[i] <= '9';
+	if (!ok || m == 12)
+		die("date '%s' is not \"DD Mon YYYY\" (as \"26 Jul 2024\")", date);
+	strcpy(opt_date, date);
+}
+
+const char *bk_template_date(int tmpl)
+{
+	static char today[32];
+	if (tmpl != BK_TMPL_LLAMA31 && tmpl != BK_TMPL_LLAMA32)
+		return NULL;
+	if (opt_date[0])
+		return opt_date;
+	if (tmpl == BK_TMPL_LLAMA31)
+		return "26 Jul 2024";
+	/* HF's strftime_now("%d %b %Y"): datetime.now(), local time, C-locale month */
+	time_t now = time(NULL);
+	struct tm tm;
+	localtime_r(&now, &tm);
+	snprintf(today, sizeof today, "%02d %s %04d", tm.tm_mday, month[tm.tm_mon],
+		 tm.tm_year + 1900);
+	return today;
+}
+
+const char *bk_template_variant(int tmpl)
+{
+	static char buf[64];
+	BUG_ON(tmpl < 0 || tmpl >= BK_TMPL_COUNT);
+	if (tmpl == BK_TMPL_QWEN3)
+		snprintf(buf, sizeof buf, "qwen3 thinking=%d", opt_thinking);
+	else if (bk_template_date(tmpl))
+		snprintf(buf, sizeof buf, "%s date=%s", templates[tmpl].name, bk_template_date(tmpl));
+	else
+		return templates[tmpl].name;
+	return buf;
+}
+
+const char *bk_template_default_system(int tmpl)
+{
+	BUG_ON(tmpl < 0 || tmpl >= BK_TMPL_COUNT);
+	return default_system[tmpl];
+}
 
 int bk_template_from_name(const char *name)
 {
@@ -47,17 +134,70 @@ const char *bk_template_name(int tmpl)
 
 const char *bk_template_names(void)
 {
-	return "raw, llama2, zephyr, mistral, mistral-v0.1, chatml, gemma";
+	return "raw, llama2, zephyr, mistral, mistral-v0.1, chatml, gemma, qwen2, qwen2.5, smollm2, "
+	       "qwen3, llama3, llama3.1, llama3.2";
 }
 
 /* ---- detection ---- */
+
+/* The default system prompt of a chatml template: the first string literal
+ * '<|im_start|>system\n...<|im_end|>' with no expression in it (jinja escapes undone);
+ * NULL when there is none. */
+static char *chatml_default_system(const char *t)
+{
+	static const char *const head[] = {"<|im_start|>system\\n", "<|im_start|>system\n"};
+	for (const char *p = t; (p = strstr(p, "<|im_start|>system"));) {
+		const char *q = NULL;
+		for (int h = 0; h < 2 && !q; h++)
+			if (!strncmp(p, head[h], strlen(head[h])))
+				q = p + strlen(head[h]);
+		p += strlen("<|im_start|>system");
+		if (!q)
+			continue;
+		const char *end = strstr(q, "<|im_end|>");
+		if (!end)
+			return NULL;
+		if (memchr(q, '\'', (size_t)(end - q)) || memchr(q, '"', (size_t)(end - q)) ||
+		    memchr(q, '{', (size_t)(end - q)) || memchr(q, '+', (size_t)(end - q)) || end == q)
+			continue;
+		BK_VEC(char) s = {0};
+		for (const char *c = q; c < end; c++) {
+			if (*c == '\\' && c + 1 < end) {
+				c++;
+				bk_vec_push(&s, *c == 'n' ? '\n' : *c == 't' ? '\t' : *c);
+			} else {
+				bk_vec_push(&s, *c);
+			}
+		}
+		bk_vec_push(&s, 0);
+		return s.v;
+	}
+	return NULL;
+}
 
 static int detect_text(const char *dir, const char *t)
 {
 	if (strstr(t, "<start_of_turn>"))
 		return BK_TMPL_GEMMA;
-	if (strstr(t, "<|im_start|>"))
-		return BK_TMPL_CHATML;
+	if (strstr(t, "<|start_header_id|>")) {
+		if (!strstr(t, "Cutting Knowledge Date"))
+			return BK_TMPL_LLAMA3;
+		return strstr(t, "strftime_now") ? BK_TMPL_LLAMA32 : BK_TMPL_LLAMA31;
+	}
+	if (strstr(t, "<|im_start|>")) {
+		if (strstr(t, "<think>"))
+			return BK_TMPL_QWEN3;
+		char *def = chatml_default_system(t);
+		if (!def)
+			return BK_TMPL_CHATML;
+		for (int i = 0; i < BK_TMPL_COUNT; i++)
+			if (default_system[i] && !strcmp(def, default_system[i])) {
+				free(def);
+				return i;
+			}
+		die("%s: chatml template with a default system prompt bakery does not know ('%.60s'); name a template (%s)",
+		    dir, def, bk_template_names());
+	}
 	if (strstr(t, "<<SYS>>"))
 		return BK_TMPL_LLAMA2;
 	if (strstr(t, "[INST]"))
@@ -66,6 +206,11 @@ static int detect_text(const char *dir, const char *t)
 		return BK_TMPL_ZEPHYR;
 	die("%s: chat template matches none of the known templates (%s); name one", dir,
 	    bk_template_names());
+}
+
+int bk_template_detect_text(const char *where, const char *text)
+{
+	return detect_text(where, text);
 }
 
 int bk_template_detect(const char *model_dir)
@@ -114,65 +259,97 @@ int bk_template_detect(const char *model_dir)
 /* ---- special tokens ---- */
 
 struct specials {
-	int32_t bos, eos, im_start, im_end, sot, eot;
+	int32_t bos, eos, im_start, im_end, sot, eot, sh, eh;
 };
 
-static int32_t need_piece(int tmpl, const bk_spm *spm, const char *piece)
+static int32_t need_piece(int tmpl, const bk_tok *tok, const char *piece)
 {
-	int32_t id = bk_spm_piece_to_id(spm, piece);
+	int32_t id = bk_tok_piece_to_id(tok, piece);
 	if (id < 0)
-		die("template '%s': %s has no '%s' token", bk_template_name(tmpl), bk_spm_path(spm),
+		die("template '%s': %s has no '%s' token", bk_template_name(tmpl), bk_tok_path(tok),
 		    piece);
 	return id;
 }
 
-static int32_t need_id(int tmpl, const bk_spm *spm, int32_t id, const char *what)
+static int32_t need_id(int tmpl, const bk_tok *tok, int32_t id, const char *what)
 {
 	if (id < 0)
-		die("template '%s': %s has no %s token", bk_template_name(tmpl), bk_spm_path(spm),
+		die("template '%s': %s has no %s token", bk_template_name(tmpl), bk_tok_path(tok),
 		    what);
 	return id;
 }
 
-static struct specials specials_of(int tmpl, const bk_spm *spm)
+static int is_chatml(int tmpl)
 {
-	struct specials s = {-1, -1, -1, -1, -1, -1};
+	return tmpl == BK_TMPL_CHATML || tmpl == BK_TMPL_QWEN2 || tmpl == BK_TMPL_QWEN25 ||
+	       tmpl == BK_TMPL_SMOLLM2 || tmpl == BK_TMPL_QWEN3;
+}
+
+static int is_llama3(int tmpl)
+{
+	return tmpl == BK_TMPL_LLAMA3 || tmpl == BK_TMPL_LLAMA31 || tmpl == BK_TMPL_LLAMA32;
+}
+
+static struct specials specials_of(int tmpl, const bk_tok *tok)
+{
+	struct specials s = {-1, -1, -1, -1, -1, -1, -1, -1};
 	BUG_ON(tmpl < 0 || tmpl >= BK_TMPL_COUNT);
 	switch (tmpl) {
 	case BK_TMPL_RAW:
+		if (bk_tok_kind(tok) == BK_TOK_SPM)
+			s.bos = need_id(tmpl, tok, bk_tok_bos(tok), "bos");
+		s.eos = need_id(tmpl, tok, bk_tok_eos(tok), "eos");
+		break;
 	case BK_TMPL_LLAMA2:
 	case BK_TMPL_MISTRAL:
 	case BK_TMPL_MISTRAL_V01:
-		s.bos = need_id(tmpl, spm, bk_spm_bos(spm), "bos");
-		s.eos = need_id(tmpl, spm, bk_spm_eos(spm), "eos");
+		s.bos = need_id(tmpl, tok, bk_tok_bos(tok), "bos");
+		s.eos = need_id(tmpl, tok, bk_tok_eos(tok), "eos");
 		break;
 	case BK_TMPL_ZEPHYR:
-		s.eos = need_id(tmpl, spm, bk_spm_eos(spm), "eos");
+		s.eos = need_id(tmpl, tok, bk_tok_eos(tok), "eos");
 		break;
 	case BK_TMPL_CHATML:
-		s.im_start = need_piece(tmpl, spm, "<|im_start|>");
-		s.im_end = need_piece(tmpl, spm, "<|im_end|>");
-		s.eos = bk_spm_eos(spm);
+	case BK_TMPL_QWEN2:
+	case BK_TMPL_QWEN25:
+	case BK_TMPL_SMOLLM2:
+	case BK_TMPL_QWEN3:
+		s.im_start = need_piece(tmpl, tok, "<|im_start|>");
+		s.im_end = need_piece(tmpl, tok, "<|im_end|>");
+		s.eos = bk_tok_eos(tok);
+		if (tmpl == BK_TMPL_QWEN3) {
+			(void)need_piece(tmpl, tok, "<think>");
+			(void)need_piece(tmpl, tok, "</think>");
+		}
 		break;
 	case BK_TMPL_GEMMA:
-		s.bos = need_id(tmpl, spm, bk_spm_bos(spm), "bos");
-		s.sot = need_piece(tmpl, spm, "<start_of_turn>");
-		s.eot = need_piece(tmpl, spm, "<end_of_turn>");
-		s.eos = bk_spm_eos(spm);
+		s.bos = need_id(tmpl, tok, bk_tok_bos(tok), "bos");
+		s.sot = need_piece(tmpl, tok, "<start_of_turn>");
+		s.eot = need_piece(tmpl, tok, "<end_of_turn>");
+		s.eos = bk_tok_eos(tok);
+		break;
+	case BK_TMPL_LLAMA3:
+	case BK_TMPL_LLAMA31:
+	case BK_TMPL_LLAMA32:
+		s.bos = need_id(tmpl, tok, bk_tok_bos(tok), "bos");
+		s.sh = need_piece(tmpl, tok, "<|start_header_id|>");
+		s.eh = need_piece(tmpl, tok, "<|end_header_id|>");
+		s.eot = need_piece(tmpl, tok, "<|eot_id|>");
+		s.eos = bk_tok_eos(tok);
 		break;
 	}
 	return s;
 }
 
-void bk_template_check(int tmpl, const bk_spm *spm)
+void bk_template_check(int tmpl, const bk_tok *tok)
 {
-	(void)specials_of(tmpl, spm);
+	(void)specials_of(tmpl, tok);
 }
 
 /* ---- the segment builder ---- */
 
 struct builder {
-	const bk_spm *spm;
+	const bk_tok *tok;
 	enum prepend prepend;
 	bk_ids *out;
 	BK_VEC(char) text; /* the current segment */
@@ -193,7 +370,7 @@ static void flush(struct builder *b)
 			b->text.v[0] = ' ';
 			b->text.n++;
 		}
-		bk_spm_encode_bare(b->spm, b->text.v, b->text.n, &ids, &n);
+		bk_tok_encode_segment(b->tok, b->text.v, b->text.n, &ids, &n);
 		if (n) {
 			bk_vec_reserve(b->out, b->out->n + n);
 			memcpy(b->out->v + b->out->n, ids, n * sizeof *ids);
@@ -226,9 +403,11 @@ static void put_id(struct builder *b, int32_t id)
 	bk_vec_push(b->out, id);
 }
 
-static struct builder builder_new(int tmpl, const bk_spm *spm, bk_ids *out, int continuation)
+static struct builder builder_new(int tmpl, const bk_tok *tok, bk_ids *out, int continuation)
 {
-	struct builder b = {spm, templates[tmpl].prepend, out, {0}, !continuation, continuation};
+	/* byte-level BPE: no U+2581 prefix, whatever the template */
+	enum prepend p = bk_tok_metaspace(tok) ? templates[tmpl].prepend : PREPEND_NEVER;
+	struct builder b = {tok, p, out, {0}, !continuation, continuation};
 	return b;
 }
 
@@ -298,23 +477,79 @@ static char *fold_system(const char *system, const char *user)
 	return system && *system ? xasprintf("%s\n\n%s", system, user) : xstrdup(user);
 }
 
-void bk_template_prompt(int tmpl, const bk_spm *spm, const char *system, const char *user,
+/* Python's s.strip('\n') / lstrip / rstrip of newlines only, as spans */
+static void nl_strip(const char *s, size_t n, int left, int right, size_t *a, size_t *e)
+{
+	*a = 0;
+	*e = n;
+	while (left && *a < *e && s[*a] == '\n')
+		(*a)++;
+	while (right && *e > *a && s[*e - 1] == '\n')
+		(*e)--;
+}
+
+/* Qwen3's reading of an assistant message: the reasoning before '</think>' (after
+ * '<think>', newlines stripped) and the content after the last '</think>'. */
+static void qwen3_split(const char *resp, const char **r, size_t *rn, const char **c, size_t *cn)
+{
+	const char *close = strstr(resp, "</think>");
+	size_t n = strlen(resp), a, e;
+	if (!close) {
+		*r = resp;
+		*rn = 0;
+		nl_strip(resp, n, 1, 0, &a, &e);
+		*c = resp + a;
+		*cn = e - a;
+		return;
+	}
+	/* reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') */
+	size_t head = (size_t)(close - resp);
+	nl_strip(resp, head, 0, 1, &a, &e);
+	const char *start = resp;
+	for (const char *p = resp; (p = strstr(p, "<think>")) && p < resp + e; p++)
+		start = p + strlen("<think>");
+	size_t ra = (size_t)(start - resp);
+	while (ra < e && resp[ra] == '\n')
+		ra++;
+	*r = resp + ra;
+	*rn = e > ra ? e - ra : 0;
+	/* content = content.split('</think>')[-1].lstrip('\n') */
+	const char *last = close;
+	for (const char *p = close; (p = strstr(p + 1, "</think>"));)
+		last = p;
+	const char *tail = last + strlen("</think>");
+	nl_strip(tail, strlen(tail), 1, 0, &a, &e);
+	*c = tail + a;
+	*cn = e - a;
+}
+
+void bk_template_prompt(int tmpl, const bk_tok *tok, const char *system, const char *user,
 			bk_ids *out)
 {
-	struct specials sp = specials_of(tmpl, spm);
-	struct builder b = builder_new(tmpl, spm, out, 0);
+	struct specials sp = specials_of(tmpl, tok);
+	struct builder b = builder_new(tmpl, tok, out, 0);
 	int has_system = system && *system;
 	char *content;
+	if (!has_system && default_system[tmpl]) {
+		system = default_system[tmpl];
+		has_system = 1;
+	}
 	switch (tmpl) {
-	case BK_TMPL_RAW:
-		/* HF's tokenizer(text) adds BOS after tokenizing: the text is at offset 0 */
-		bk_vec_push(out, sp.bos);
+	case BK_TMPL_RAW: {
+		/* HF's tokenizer(text): the post-processor's ids (BOS for Llama; none for
+		 * Qwen) around the text, which is at offset 0 */
+		const int32_t *pre, *suf;
+		size_t np, ns;
+		bk_tok_added_ids(tok, &pre, &np, &suf, &ns);
+		for (size_t i = 0; i < np; i++)
+			bk_vec_push(out, pre[i]);
 		if (has_system) {
 			put_text(&b, system);
 			put_text(&b, " ");
 		}
 		put_text(&b, user);
 		break;
+	}
 	case BK_TMPL_LLAMA2:
 		content = has_system ? xasprintf("<<SYS>>\n%s\n<</SYS>>\n\n%s", system, user)
 				     : xstrdup(user);
@@ -346,6 +581,10 @@ void bk_template_prompt(int tmpl, const bk_spm *spm, const char *system, const c
 		free(content);
 		break;
 	case BK_TMPL_CHATML:
+	case BK_TMPL_QWEN2:
+	case BK_TMPL_QWEN25:
+	case BK_TMPL_SMOLLM2:
+	case BK_TMPL_QWEN3:
 		if (has_system) {
 			put_id(&b, sp.im_start);
 			put_text(&b, "system\n");
@@ -360,6 +599,8 @@ void bk_template_prompt(int tmpl, const bk_spm *spm, const char *system, const c
 		put_text(&b, "\n");
 		put_id(&b, sp.im_start);
 		put_text(&b, "assistant\n");
+		if (tmpl == BK_TMPL_QWEN3 && !opt_thinking)
+			put_text(&b, "<think>\n\n</think>\n\n");
 		break;
 	case BK_TMPL_GEMMA:
 		content = fold_system(system, user);
@@ -373,17 +614,46 @@ void bk_template_prompt(int tmpl, const bk_spm *spm, const char *system, const c
 		put_text(&b, "model\n");
 		free(content);
 		break;
+	case BK_TMPL_LLAMA3:
+	case BK_TMPL_LLAMA31:
+	case BK_TMPL_LLAMA32:
+		put_id(&b, sp.bos);
+		if (tmpl != BK_TMPL_LLAMA3 || has_system) {
+			put_id(&b, sp.sh);
+			put_text(&b, "system");
+			put_id(&b, sp.eh);
+			put_text(&b, "\n\n");
+			if (tmpl != BK_TMPL_LLAMA3) {
+				put_text(&b, "Cutting Knowledge Date: December 2023\nToday Date: ");
+				put_text(&b, bk_template_date(tmpl));
+				put_text(&b, "\n\n");
+			}
+			if (has_system)
+				put_stripped(&b, system);
+			put_id(&b, sp.eot);
+		}
+		put_id(&b, sp.sh);
+		put_text(&b, "user");
+		put_id(&b, sp.eh);
+		put_text(&b, "\n\n");
+		put_stripped(&b, user);
+		put_id(&b, sp.eot);
+		put_id(&b, sp.sh);
+		put_text(&b, "assistant");
+		put_id(&b, sp.eh);
+		put_text(&b, "\n\n");
+		break;
 	default:
 		BUG("template %d", tmpl);
 	}
 	builder_end(&b);
 }
 
-void bk_template_response(int tmpl, const bk_spm *spm, const char *response, bk_ids *out)
+void bk_template_response(int tmpl, const bk_tok *tok, const char *response, bk_ids *out)
 {
-	struct specials sp = specials_of(tmpl, spm);
+	struct specials sp = specials_of(tmpl, tok);
 	/* every prompt above ends in text, which the response continues */
-	struct builder b = builder_new(tmpl, spm, out, 1);
+	struct builder b = builder_new(tmpl, tok, out, 1);
 	switch (tmpl) {
 	case BK_TMPL_RAW:
 		if (*response && !py_space((unsigned char)response[0]))
@@ -412,14 +682,39 @@ void bk_template_response(int tmpl, const bk_spm *spm, const char *response, bk_
 		put_text(&b, " ");
 		break;
 	case BK_TMPL_CHATML:
+	case BK_TMPL_QWEN2:
+	case BK_TMPL_QWEN25:
+	case BK_TMPL_SMOLLM2:
 		put_text(&b, response);
 		put_id(&b, sp.im_end);
 		put_text(&b, "\n");
 		break;
+	case BK_TMPL_QWEN3: {
+		/* '<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') */
+		const char *r, *c;
+		size_t rn, cn, a, e;
+		qwen3_split(response, &r, &rn, &c, &cn);
+		if (opt_thinking) {
+			nl_strip(r, rn, 1, 1, &a, &e);
+			put_text(&b, "<think>\n");
+			put_text_n(&b, r + a, e - a);
+			put_text(&b, "\n</think>\n\n");
+		}
+		put_text_n(&b, c, cn);
+		put_id(&b, sp.im_end);
+		put_text(&b, "\n");
+		break;
+	}
 	case BK_TMPL_GEMMA:
 		put_stripped(&b, response);
 		put_id(&b, sp.eot);
 		put_text(&b, "\n");
+		break;
+	case BK_TMPL_LLAMA3:
+	case BK_TMPL_LLAMA31:
+	case BK_TMPL_LLAMA32:
+		put_stripped(&b, response);
+		put_id(&b, sp.eot);
 		break;
 	default:
 		BUG("template %d", tmpl);
@@ -427,10 +722,12 @@ void bk_template_response(int tmpl, const bk_spm *spm, const char *response, bk_
 	builder_end(&b);
 }
 
-void bk_template_stop_ids(int tmpl, const bk_spm *spm, bk_ids *out)
+void bk_template_stop_ids(int tmpl, const bk_tok *tok, bk_ids *out)
 {
-	struct specials sp = specials_of(tmpl, spm);
-	int32_t marker = tmpl == BK_TMPL_CHATML ? sp.im_end : tmpl == BK_TMPL_GEMMA ? sp.eot : -1;
+	struct specials sp = specials_of(tmpl, tok);
+	int32_t marker = is_chatml(tmpl)			 ? sp.im_end
+			 : tmpl == BK_TMPL_GEMMA || is_llama3(tmpl) ? sp.eot
+								  : -1;
 	if (sp.eos >= 0)
 		bk_vec_push(out, sp.eos);
 	if (marker >= 0 && marker != sp.eos)

@@ -149,7 +149,7 @@ void bk_lora_to_adapter(const bk_model *m, const bk_lora *src, bk_adapter *dst)
 		}
 }
 
-void bk_model_stop_ids(const bk_config *cfg, int tmpl, const bk_spm *spm, bk_ids *out)
+void bk_model_stop_ids(const bk_config *cfg, int tmpl, const bk_tok *spm, bk_ids *out)
 {
 	bk_template_stop_ids(tmpl, spm, out);
 	for (int i = 0; i < cfg->n_eos; i++) {

@@ -29,6 +29,6 @@ void bk_lora_to_adapter(const bk_model *m, const bk_lora *src, bk_adapter *dst);
 
 /* The ids that end a generated turn: the template's stop ids (EOS, end of turn) plus
  * the model config's eos_token_id(s), without duplicates.  Appends to out. */
-void bk_model_stop_ids(const bk_config *cfg, int tmpl, const bk_spm *spm, bk_ids *out);
+void bk_model_stop_ids(const bk_config *cfg, int tmpl, const bk_tok *spm, bk_ids *out);
 
 #endif

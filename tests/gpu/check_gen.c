@@ -27,7 +27,7 @@
 
 #include "common/diag.h"
 #include "common/rng.h"
-#include "formats/spm.h"
+#include "formats/tokenizer.h"
 #include "formats/template.h"
 #include "gpu/cuda.h"
 #include "gpu/device.h"
@@ -313,7 +313,7 @@ static void on_logits(void *ctx, uint64_t tag, int step, const float *logits, in
 	memcpy(c->rows[tag][step], logits, (size_t)n * 4);
 }
 
-static void run_greedy(const bk_ops *ops, const char *dir, bk_spm *spm, capture *cap,
+static void run_greedy(const bk_ops *ops, const char *dir, bk_tok *spm, capture *cap,
 		       int32_t **out, int *nout, bk_gen_stats *st)
 {
 	static const char *const users[E2E_N] = {
@@ -332,7 +332,7 @@ static void run_greedy(const bk_ops *ops, const char *dir, bk_spm *spm, capture 
 		pp[i] = pr[i].v;
 		lens[i] = (int)pr[i].n;
 	}
-	int32_t stop = bk_spm_eos(spm);
+	int32_t stop = bk_tok_eos(spm);
 	bk_gen_config cfg = { .max_batch = 3, .max_new = E2E_NEW, .max_seq = 512,
 			      .sample = { 0, 1 }, .stop = &stop, .n_stop = 1,
 			      .on_logits = on_logits, .ctx = cap };
@@ -361,7 +361,7 @@ static void run_greedy(const bk_ops *ops, const char *dir, bk_spm *spm, capture 
 static void check_e2e(void)
 {
 	const char *dir = "models/stories260K";
-	bk_spm *spm = bk_spm_load("models/stories260K/tokenizer.model");
+	bk_tok *spm = bk_tok_open("models/stories260K/tokenizer.model");
 	static capture ch, cd;
 	int32_t *oh[E2E_N], *od[E2E_N];
 	int nh[E2E_N], nd[E2E_N];
@@ -429,7 +429,7 @@ static void check_e2e(void)
 			free(cd.rows[i][s]);
 		}
 	}
-	bk_spm_free(spm);
+	bk_tok_free(spm);
 }
 
 int main(int argc, char **argv)

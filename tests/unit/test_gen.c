@@ -12,7 +12,7 @@
 #include "common/diag.h"
 #include "common/hash.h"
 #include "common/rng.h"
-#include "formats/spm.h"
+#include "formats/tokenizer.h"
 #include "formats/template.h"
 #include "gpu/gen.h"
 #include "gpu/load.h"
@@ -22,7 +22,7 @@
 
 static bk_loaded_model lm;
 static const bk_model *M;
-static bk_spm *spm;
+static bk_tok *spm;
 static int V;
 
 /* ---- logits capture ---- */
@@ -153,17 +153,17 @@ static void check_lora_matters(const bk_lora *lora)
 static void check_published_sample(void)
 {
 	static const int32_t want[] = { 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315 };
-	int32_t bos = bk_spm_bos(spm);
+	int32_t bos = bk_tok_bos(spm);
 	const int32_t *pp[1] = { &bos };
 	int lens[1] = { 1 }, n;
-	int32_t *out, stop = bk_spm_eos(spm);
+	int32_t *out, stop = bk_tok_eos(spm);
 	bk_gen_config cfg = { .max_batch = 8, .max_new = 40, .sample = { 0, 0.9f },
 			      .stop = &stop, .n_stop = 1 };
 	bk_gen_run(M, &bk_gen_ops_host, NULL, &cfg, NULL, 0, pp, lens, 1, NULL, &out, &n);
 	CHECK(n >= 11, "greedy from BOS gave only %d tokens", n);
 	for (int i = 0; i < 11 && i < n; i++)
 		CHECK(out[i] == want[i], "greedy token %d is %d, want %d", i, out[i], want[i]);
-	char *text = bk_spm_decode(spm, out, (size_t)n);
+	char *text = bk_tok_decode(spm, out, (size_t)n);
 	const char *sample = "Once upon a time, there was a little girl named Lily. She loved to "
 			     "play outside in the park.";
 	CHECK(!strncmp(text, sample, strlen(sample)), "greedy text '%s'", text);
@@ -196,7 +196,7 @@ static void hash_logits(void *ctx, uint64_t tag, int step, const float *logits, 
 static void run_sampled(int max_batch, int reverse, int use_prefix, trajs *t,
 			bk_gen_stats *st)
 {
-	int32_t stop = bk_spm_eos(spm);
+	int32_t stop = bk_tok_eos(spm);
 	bk_gen_config cfg = { .max_batch = max_batch, .max_new = 24, .sample = { 0.8f, 0.9f },
 			      .stop = &stop, .n_stop = 1, .max_seq = 512,
 			      .on_logits = hash_logits, .ctx = t };
@@ -299,7 +299,7 @@ int main(void)
 	lm = bk_model_load(&bk_ops_host, MODEL);
 	M = lm.model;
 	V = M->cfg.V;
-	spm = bk_spm_load(MODEL "/tokenizer.model");
+	spm = bk_tok_open(MODEL "/tokenizer.model");
 
 	bk_lora *lora = bk_lora_create(M, 4, 8.0f, 0.0f, BK_LORA_ALL);
 	bk_rng rng;
@@ -319,7 +319,7 @@ int main(void)
 	check_batch_invariance();
 
 	bk_lora_free(M, lora);
-	bk_spm_free(spm);
+	bk_tok_free(spm);
 	bk_model_unload(&lm);
 	return bk_test_done("gen");
 }

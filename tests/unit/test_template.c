@@ -13,8 +13,38 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static const char *goldens[] = {"llama2", "zephyr", "mistral-v0.1", "mistral-v0.2", "chatml",
-				"gemma"};
+static const char *goldens[] = {"llama2",  "zephyr",        "mistral-v0.1", "mistral-v0.2",
+				"chatml",  "gemma",         "qwen2.5",      "qwen3",
+				"qwen3-nothink", "smollm2", "llama3",       "llama3.1",
+				"llama3.2"};
+
+/* A golden's tokenizer: a tokenizer.model, or a compressed tokenizer.json of
+ * tests/golden/bpe unpacked (with the golden's tokenizer_config.json) into a temporary
+ * directory, removed by the caller with rm_dir. */
+static bk_tok *golden_tokenizer(const char *tok, const char *config, char *dir, size_t dirlen)
+{
+	dir[0] = 0;
+	size_t n = strlen(tok);
+	if (n < 3 || strcmp(tok + n - 3, ".xz"))
+		return bk_tok_open(tok);
+	const char *tmp = getenv("TMPDIR");
+	snprintf(dir, dirlen, "%s/test_template.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	CHECK(mkdtemp(dir) != NULL, "mkdtemp %s", dir);
+	char *cmd = xasprintf("xz -dc '%s' > '%s/tokenizer.json' && cp '%s' '%s/tokenizer_config.json'",
+			      tok, dir, config ? config : "/dev/null", dir);
+	CHECK(system(cmd) == 0, "%s", cmd);
+	free(cmd);
+	return bk_tok_open(dir);
+}
+
+static void rm_dir(const char *dir)
+{
+	if (!*dir)
+		return;
+	char *cmd = xasprintf("rm -rf '%s'", dir);
+	CHECK(system(cmd) == 0, "%s", cmd);
+	free(cmd);
+}
 
 /* Runs fn(arg) in a child with stderr captured; returns the exit status (-1: killed). */
 
@@ -27,7 +57,7 @@ static size_t count_lines(const char *s)
 }
 
 /* Compares ids with a golden JSON array; prints the first differing position. */
-static int same_ids(const bk_spm *spm, const int32_t *ids, size_t n, json_t *want,
+static int same_ids(const bk_tok *spm, const int32_t *ids, size_t n, json_t *want,
 		    const char *what)
 {
 	size_t wn = json_array_size(want), i;
@@ -38,8 +68,8 @@ static int same_ids(const bk_spm *spm, const int32_t *ids, size_t n, json_t *wan
 		return 1;
 	int32_t got = i < n ? ids[i] : -1;
 	int32_t exp = i < wn ? (int32_t)json_integer_value(json_array_get(want, i)) : -1;
-	const char *gp = got >= 0 ? bk_spm_id_to_piece(spm, got) : "(end)";
-	const char *ep = exp >= 0 ? bk_spm_id_to_piece(spm, exp) : "(end)";
+	const char *gp = got >= 0 ? bk_tok_id_to_piece(spm, got) : "(end)";
+	const char *ep = exp >= 0 ? bk_tok_id_to_piece(spm, exp) : "(end)";
 	fprintf(stderr, "  %s: first difference at position %zu of %zu (golden %zu): got %d '%s', want %d '%s'\n",
 		what, i, n, wn, (int)got, gp ? gp : "?", (int)exp, ep ? ep : "?");
 	return 0;
@@ -73,7 +103,12 @@ static void test_goldens(void)
 			free(path);
 			continue;
 		}
-		bk_spm *spm = bk_spm_load(tok);
+		char dir[256];
+		bk_tok *spm = golden_tokenizer(tok, opt_string(doc, "tokenizer_config"), dir, sizeof dir);
+		json_t *th = json_object_get(doc, "thinking");
+		bk_template_set_thinking(!json_is_false(th));
+		bk_template_set_date(opt_string(doc, "date"));
+		int want_split = 0, got_split = 0;
 		json_t *cases = json_object_get(doc, "cases");
 		CHECK(json_array_size(cases) >= 8, "%s: %zu cases", path, json_array_size(cases));
 		size_t i;
@@ -98,7 +133,9 @@ static void test_goldens(void)
 				      "%s: prompt + response ids differ from the split golden", what);
 				CHECK(!json_equal(split, json_object_get(c, "full_ids")),
 				      "%s: split_ids equal full_ids", what);
-				n_split++;
+				if (tmpl == BK_TMPL_MISTRAL || tmpl == BK_TMPL_MISTRAL_V01)
+					n_split++;
+				got_split++;
 			} else if (response) {
 				bk_template_response(tmpl, spm, response, &ids);
 				CHECK(same_ids(spm, ids.v, ids.n, json_object_get(c, "full_ids"), what),
@@ -107,10 +144,17 @@ static void test_goldens(void)
 			free(ids.v);
 			free(what);
 		}
-		bk_spm_free(spm);
+		want_split = (int)json_integer_value(json_object_get(doc, "boundary_merges"));
+		if (json_object_get(doc, "boundary_merges"))
+			CHECK(got_split == want_split, "%s: %d boundary-merge cases, want %d", path,
+			      got_split, want_split);
+		bk_tok_free(spm);
+		rm_dir(dir);
 		json_decref(doc);
 		free(path);
 	}
+	bk_template_set_thinking(1);
+	bk_template_set_date(NULL);
 	/* mistral v0.1 and v0.2 "[/INST]" + "], he said." */
 	CHECK(n_split == 2, "%d boundary-merge cases, want 2", n_split);
 }
@@ -124,9 +168,9 @@ static void test_detect(void)
 		{"Mistral-7B-Instruct-v0.1", "mistral-v0.1"},
 		{"Mistral-7B-Instruct-v0.1/rev-2dcff66e", "mistral"},
 		{"Mistral-7B-Instruct-v0.2", "mistral"},
-		{"Qwen2.5-0.5B-Instruct", "chatml"},
-		{"Qwen3-0.6B", "chatml"},
-		{"SmolLM2-135M-Instruct", "chatml"},
+		{"Qwen2.5-0.5B-Instruct", "qwen2.5"},
+		{"Qwen3-0.6B", "qwen3"},
+		{"SmolLM2-135M-Instruct", "smollm2"},
 		{"TinyLlama-1.1B-Chat-v1.0", "zephyr"},
 		{"gemma-2b-it", "gemma"},
 	};
@@ -166,7 +210,7 @@ static void detect_unknown(void *dir)
 
 struct refusal {
 	int tmpl;
-	const bk_spm *spm;
+	const bk_tok *spm;
 };
 
 static void prompt_child(void *arg)
@@ -176,7 +220,7 @@ static void prompt_child(void *arg)
 	bk_template_prompt(r->tmpl, r->spm, "sys", "hi", &ids);
 }
 
-static void test_refusals(const bk_spm *llama)
+static void test_refusals(const bk_tok *llama)
 {
 	char err[4096];
 	static const struct {
@@ -194,7 +238,7 @@ static void test_refusals(const bk_spm *llama)
 	char dir[] = "/tmp/bk-test-template-XXXXXX";
 	CHECK(mkdtemp(dir) != NULL, "mkdtemp");
 	char *cfg = bk_path_join(dir, "tokenizer_config.json");
-	const char *json = "{\"chat_template\": \"{{ '<|start_header_id|>' }}\"}";
+	const char *json = "{\"chat_template\": \"{{ '<|user|>' }}\"}";
 	bk_write_file_atomic(cfg, json, strlen(json));
 	int st = bk_run_child(detect_unknown, dir, err, sizeof err);
 	CHECK(st == BK_EXIT_FAIL && strstr(err, "none of the known templates") &&
@@ -216,30 +260,30 @@ static void test_names(void)
 		CHECK(bk_template_from_name(bk_template_name(t)) == t, "name round trip %d", t);
 		CHECK(strstr(bk_template_names(), bk_template_name(t)) != NULL, "names list %d", t);
 	}
-	CHECK(bk_template_from_name("llama3") == -1, "unknown name");
+	CHECK(bk_template_from_name("llama4") == -1, "unknown name");
 	CHECK(bk_template_from_name("") == -1, "empty name");
 }
 
-static void test_stop_ids(const bk_spm *llama, const bk_spm *chat)
+static void test_stop_ids(const bk_tok *llama, const bk_tok *chat)
 {
 	bk_ids s = {0};
 	bk_template_stop_ids(BK_TMPL_LLAMA2, llama, &s);
 	CHECK(s.n == 1 && s.v[0] == 2, "llama2 stop ids");
 	s.n = 0;
 	bk_template_stop_ids(BK_TMPL_CHATML, chat, &s);
-	CHECK(s.n == 2 && s.v[0] == bk_spm_eos(chat) &&
-		      s.v[1] == bk_spm_piece_to_id(chat, "<|im_end|>"),
+	CHECK(s.n == 2 && s.v[0] == bk_tok_eos(chat) &&
+		      s.v[1] == bk_tok_piece_to_id(chat, "<|im_end|>"),
 	      "chatml stop ids (n %zu)", s.n);
 	s.n = 0;
 	bk_template_stop_ids(BK_TMPL_GEMMA, chat, &s);
-	CHECK(s.n == 2 && s.v[1] == bk_spm_piece_to_id(chat, "<end_of_turn>"), "gemma stop ids");
+	CHECK(s.n == 2 && s.v[1] == bk_tok_piece_to_id(chat, "<end_of_turn>"), "gemma stop ids");
 	free(s.v);
 }
 
 /* raw: BOS + text; "" system = no system; response continues the text, then EOS */
 static void test_raw(void)
 {
-	bk_spm *spm = bk_spm_load("models/stories260K/tokenizer.model");
+	bk_tok *spm = bk_tok_open("models/stories260K/tokenizer.model");
 	bk_ids t = {0}, s = {0}, e = {0}, r = {0};
 	bk_template_prompt(BK_TMPL_RAW, spm, "", "Once upon a time", &t);
 	bk_template_prompt(BK_TMPL_RAW, spm, NULL, "Once upon a time", &s);
@@ -247,45 +291,45 @@ static void test_raw(void)
 	      "raw: empty system differs from none");
 	int32_t *ids;
 	size_t n;
-	bk_spm_encode(spm, "Once upon a time", 16, &ids, &n);
-	CHECK(s.v[0] == bk_spm_bos(spm) && s.n == n + 1 && !memcmp(s.v + 1, ids, n * sizeof *ids),
+	bk_tok_encode(spm, "Once upon a time", 16, &ids, &n);
+	CHECK(s.v[0] == bk_tok_bos(spm) && s.n == n + 1 && !memcmp(s.v + 1, ids, n * sizeof *ids),
 	      "raw student is BOS + encode(user)");
 	free(ids);
 	t.n = 0;
 	bk_template_prompt(BK_TMPL_RAW, spm, "Lily was sad.", "Once upon a time", &t);
-	bk_spm_encode(spm, "Lily was sad. Once upon a time", 30, &ids, &n);
+	bk_tok_encode(spm, "Lily was sad. Once upon a time", 30, &ids, &n);
 	CHECK(t.n == n + 1 && !memcmp(t.v + 1, ids, n * sizeof *ids),
 	      "raw teacher is BOS + encode(system + \" \" + user)");
 	free(ids);
 	/* prompt + response == BOS + encode of the whole text, then EOS */
 	bk_template_prompt(BK_TMPL_RAW, spm, NULL, "Lily saw a cat.", &e);
 	bk_template_response(BK_TMPL_RAW, spm, "The cat was happy.", &e);
-	bk_spm_encode(spm, "Lily saw a cat. The cat was happy.", 34, &ids, &n);
-	CHECK(e.n == n + 2 && !memcmp(e.v + 1, ids, n * sizeof *ids) && e.v[e.n - 1] == bk_spm_eos(spm),
+	bk_tok_encode(spm, "Lily saw a cat. The cat was happy.", 34, &ids, &n);
+	CHECK(e.n == n + 2 && !memcmp(e.v + 1, ids, n * sizeof *ids) && e.v[e.n - 1] == bk_tok_eos(spm),
 	      "raw prompt + response (n %zu, want %zu)", e.n, n + 2);
 	free(ids);
 	bk_template_response(BK_TMPL_RAW, spm, "", &r);
-	CHECK(r.n == 1 && r.v[0] == bk_spm_eos(spm), "raw empty response is EOS");
+	CHECK(r.n == 1 && r.v[0] == bk_tok_eos(spm), "raw empty response is EOS");
 	free(t.v);
 	free(s.v);
 	free(e.v);
 	free(r.v);
-	bk_spm_free(spm);
+	bk_tok_free(spm);
 }
 
 int main(void)
 {
-	bk_spm *llama = bk_spm_load("models/llama2-tokenizer/tokenizer.model");
-	bk_spm *chat = bk_spm_load("tests/data/spm/chat-test.model");
-	unsigned long calls = bk_spm_encode_calls;
+	bk_tok *llama = bk_tok_open("models/llama2-tokenizer/tokenizer.model");
+	bk_tok *chat = bk_tok_open("tests/data/spm/chat-test.model");
+	unsigned long calls = bk_tok_encode_calls;
 	test_names();
 	test_goldens();
-	CHECK(bk_spm_encode_calls > calls, "templates made no sentencepiece calls");
+	CHECK(bk_tok_encode_calls > calls, "templates made no sentencepiece calls");
 	test_detect();
 	test_refusals(llama);
 	test_stop_ids(llama, chat);
 	test_raw();
-	bk_spm_free(llama);
-	bk_spm_free(chat);
+	bk_tok_free(llama);
+	bk_tok_free(chat);
 	return bk_test_done("test_template");
 }

@@ -14,7 +14,7 @@
 
 #include "common/diag.h"
 #include "common/rng.h"
-#include "formats/spm.h"
+#include "formats/tokenizer.h"
 #include "formats/template.h"
 #include "gpu/load.h"
 #include "gpu/loss.h"
@@ -56,7 +56,7 @@ int main(void)
 	const float *head = bk_teach_lm_head(m, dir, &owned);
 
 	/* tokenize: raw template, no system prompt: teacher and student prompts are equal */
-	bk_spm *spm = bk_spm_load("models/stories260K/tokenizer.model");
+	bk_tok *spm = bk_tok_open("models/stories260K/tokenizer.model");
 	bk_ids prompt[NPAIR], resp[NPAIR];
 	bk_teach_seq sq[NPAIR];
 	int N = 0, T = 0;
@@ -164,7 +164,7 @@ int main(void)
 	ops->free(hid);
 	bk_acts_free(m, acts);
 	bk_lora_free(m, lo);
-	bk_spm_free(spm);
+	bk_tok_free(spm);
 	free(owned);
 	bk_model_unload(&lm);
 	return bk_test_done("test_topk_error");

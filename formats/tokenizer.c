@@ -1,0 +1,203 @@
+/* tokenizer.c - bk_tok (see tokenizer.h): dispatch to the SentencePiece shim or the BPE of
+ * tokenizer.json, and the special tokens of tokenizer_config.json for the latter. */
+#include "formats/tokenizer.h"
+
+#include "common/diag.h"
+#include "common/files.h"
+#include "common/hash.h"
+#include "formats/bpe.h"
+#include "formats/spm.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+unsigned long bk_tok_encode_calls;
+
+struct bk_tok {
+	int kind;
+	bk_spm *spm;
+	bk_bpe *bpe;
+	char *path;
+	uint64_t hash;
+	int32_t bos, eos, unk, pad;
+	int32_t spm_prefix[1];
+};
+
+char *bk_tok_file(const char *dir)
+{
+	char *json = bk_path_join(dir, "tokenizer.json");
+	if (bk_file_exists(json))
+		return json;
+	free(json);
+	return bk_path_join(dir, "tokenizer.model");
+}
+
+static int is_dir(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), k = strlen(suffix);
+	return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* The id of a special token of tokenizer_config.json (a string or {"content": ...}). */
+static int32_t config_token(const bk_tok *t, const char *cfg_path, json_t *cfg, const char *key)
+{
+	json_t *v = json_object_get(cfg, key);
+	const char *s = json_is_string(v) ? json_string_value(v)
+			: json_is_string(json_object_get(v, "content"))
+				? json_string_value(json_object_get(v, "content"))
+				: NULL;
+	if (!v || json_is_null(v))
+		return -1;
+	if (!s)
+		die("%s: key '%s' is not a token string", cfg_path, key);
+	int32_t id = bk_bpe_piece_to_id(t->bpe, s);
+	if (id < 0)
+		die("%s: key '%s': token '%s' is not in %s", cfg_path, key, s, t->path);
+	return id;
+}
+
+static void bpe_specials(bk_tok *t)
+{
+	const int32_t *pre, *suf;
+	size_t np, ns;
+	bk_bpe_post(t->bpe, &pre, &np, &suf, &ns);
+	t->bos = np ? pre[0] : -1;
+	t->eos = ns ? suf[ns - 1] : -1;
+	t->unk = bk_bpe_unk(t->bpe);
+	t->pad = -1;
+	char *dir = xstrdup(t->path);
+	char *slash = strrchr(dir, '/');
+	char *cfg_path;
+	if (slash) {
+		*slash = 0;
+		cfg_path = bk_path_join(dir, "tokenizer_config.json");
+	} else {
+		cfg_path = xstrdup("tokenizer_config.json");
+	}
+	free(dir);
+	if (bk_file_exists(cfg_path)) {
+		json_error_t err;
+		json_t *cfg = json_load_file(cfg_path, 0, &err);
+		if (!cfg)
+			die("%s: line %d: %s", cfg_path, err.line, err.text);
+		if (!json_is_object(cfg))
+			die("%s: not a JSON object", cfg_path);
+		/* present keys win, as in transformers (bos_token: null means none) */
+		if (json_object_get(cfg, "bos_token"))
+			t->bos = config_token(t, cfg_path, cfg, "bos_token");
+		if (json_object_get(cfg, "eos_token"))
+			t->eos = config_token(t, cfg_path, cfg, "eos_token");
+		if (json_object_get(cfg, "unk_token"))
+			t->unk = config_token(t, cfg_path, cfg, "unk_token");
+		t->pad = config_token(t, cfg_path, cfg, "pad_token");
+		json_decref(cfg);
+	}
+	free(cfg_path);
+}
+
+bk_tok *bk_tok_open(const char *path)
+{
+	bk_tok *t = xcalloc(1, sizeof *t);
+	t->path = is_dir(path) ? bk_tok_file(path) : xstrdup(path);
+	if (!bk_file_exists(t->path)) {
+		if (is_dir(path))
+			die("%s: no tokenizer.json or tokenizer.model", path);
+		die("%s: no such file", t->path);
+	}
+	if (ends_with(t->path, ".json")) {
+		t->kind = BK_TOK_BPE;
+		t->bpe = bk_bpe_load(t->path);
+		t->hash = bk_hash_file(t->path);
+		bpe_specials(t);
+	} else {
+		t->kind = BK_TOK_SPM;
+		t->spm = bk_spm_load(t->path);
+		t->hash = bk_spm_file_hash(t->spm);
+		t->bos = bk_spm_bos(t->spm);
+		t->eos = bk_spm_eos(t->spm);
+		t->unk = bk_spm_unk(t->spm);
+		t->pad = bk_spm_pad(t->spm);
+		t->spm_prefix[0] = t->bos;
+	}
+	return t;
+}
+
+void bk_tok_free(bk_tok *t)
+{
+	if (!t)
+		return;
+	bk_spm_free(t->spm);
+	bk_bpe_free(t->bpe);
+	free(t->path);
+	free(t);
+}
+
+int bk_tok_kind(const bk_tok *t) { return t->kind; }
+const char *bk_tok_path(const bk_tok *t) { return t->path; }
+uint64_t bk_tok_hash(const bk_tok *t) { return t->hash; }
+int bk_tok_metaspace(const bk_tok *t) { return t->spm ? 1 : bk_bpe_metaspace(t->bpe); }
+
+void bk_tok_encode(const bk_tok *t, const char *text, size_t len, int32_t **ids, size_t *n)
+{
+	bk_tok_encode_calls++;
+	if (t->spm)
+		bk_spm_encode(t->spm, text, len, ids, n);
+	else
+		bk_bpe_encode(t->bpe, text, len, 0, ids, n);
+}
+
+void bk_tok_encode_segment(const bk_tok *t, const char *text, size_t len, int32_t **ids,
+			   size_t *n)
+{
+	bk_tok_encode_calls++;
+	if (t->spm)
+		bk_spm_encode_bare(t->spm, text, len, ids, n);
+	else
+		bk_bpe_encode(t->bpe, text, len, 1, ids, n);
+}
+
+void bk_tok_added_ids(const bk_tok *t, const int32_t **prefix, size_t *np,
+		      const int32_t **suffix, size_t *ns)
+{
+	if (t->bpe) {
+		bk_bpe_post(t->bpe, prefix, np, suffix, ns);
+		return;
+	}
+	*prefix = t->spm_prefix;
+	*np = t->bos >= 0;
+	*suffix = NULL;
+	*ns = 0;
+}
+
+char *bk_tok_decode(const bk_tok *t, const int32_t *ids, size_t n)
+{
+	return t->spm ? bk_spm_decode(t->spm, ids, n) : bk_bpe_decode(t->bpe, ids, n);
+}
+
+int32_t bk_tok_piece_to_id(const bk_tok *t, const char *piece)
+{
+	return t->spm ? bk_spm_piece_to_id(t->spm, piece) : bk_bpe_piece_to_id(t->bpe, piece);
+}
+
+const char *bk_tok_id_to_piece(const bk_tok *t, int32_t id)
+{
+	return t->spm ? bk_spm_id_to_piece(t->spm, id) : bk_bpe_id_to_piece(t->bpe, id);
+}
+
+int32_t bk_tok_vocab_size(const bk_tok *t)
+{
+	return t->spm ? bk_spm_vocab_size(t->spm) : bk_bpe_vocab_size(t->bpe);
+}
+
+int32_t bk_tok_bos(const bk_tok *t) { return t->bos; }
+int32_t bk_tok_eos(const bk_tok *t) { return t->eos; }
+int32_t bk_tok_unk(const bk_tok *t) { return t->unk; }
+int32_t bk_tok_pad(const bk_tok *t) { return t->pad; }

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# bk-tokenize on tokenizer.json model directories (Qwen3, Qwen2.5, SmolLM2, Llama-3.1/3.2,
+# TinyLlama with both tokenizer files): t_prompt and s_prompt equal to HF's
+# apply_chat_template ids (tests/golden/templates, from tests/ref/make_chat_golden.py).
+. "$(dirname "$0")/lib.sh"
+G="$ROOT/tests/golden"
+export XDG_CACHE_HOME="$TEST_TMP/cache"
+
+# model_dir DIR FIXTURE CONFIG_FILE [TEMPLATE_FILE]: a tokenizer-only model directory
+# (the template defaults to the chat_template.jinja next to CONFIG_FILE)
+model_dir() {
+	mkdir -p "$1" && xz -dc "$G/bpe/$2.tokenizer.json.xz" >"$1/tokenizer.json" &&
+	cp "$3" "$1/tokenizer_config.json" &&
+	cp "${4:-$(dirname "$3")/chat_template.jinja}" "$1/chat_template.jinja"
+}
+
+# check_golden DIR GOLDEN [FLAGS...]: the cases with a system prompt, as rows with their
+# own "system", through one bk-tokenize run: t_prompt and s_prompt equal to HF's ids
+check_golden() {
+	dir=$1 name=$2 golden=$G/templates/$2.json; shift 2
+	jq "[.cases[] | select((.system // \"\") != \"\") | {prompt: .user, system}]" "$golden" >rows.json &&
+	bk-tokenize --model "$dir" "$@" rows.json | bk-dump >recs.jsonl &&
+	jq -c "[.cases[] | select((.system // \"\") != \"\") | .prompt_ids]" "$golden" >want_t &&
+	jq -c "[.cases[] | select((.system // \"\") != \"\") | .student_ids]" "$golden" >want_s &&
+	jq -s -c "[.[].t_prompt]" recs.jsonl >got_t && jq -s -c "[.[].s_prompt]" recs.jsonl >got_s &&
+	test_cmp want_t got_t && test_cmp want_s got_s &&
+	n=$(jq length rows.json) && echo "$name: $n cases" && test "$n" -ge 8
+}
+
+test_expect_success 'Qwen3 directory: template detected, ids equal HF (thinking default)' '
+	model_dir qwen3 qwen "$DATA/hf-configs/Qwen3-0.6B/tokenizer_config.json" &&
+	bk-tokenize --model qwen3 --prompt hi | bk-dump --header | head -1 |
+		jq -e ".provenance[0].template == \"qwen3\" and .provenance[0].template_variant == \"qwen3 thinking=1\"" &&
+	check_golden qwen3 qwen3
+'
+
+test_expect_success 'Qwen3 --no-thinking: the empty think block in the prompt, as HF' '
+	check_golden qwen3 qwen3-nothink --no-thinking &&
+	test_must_fail bk-tokenize --model qwen3 --no-thinking --enable-thinking --prompt x
+'
+
+test_expect_success 'Qwen2.5 directory: its default system prompt on the student side' '
+	model_dir qwen25 qwen "$DATA/hf-configs/Qwen2.5-0.5B-Instruct/tokenizer_config.json" &&
+	check_golden qwen25 qwen2.5 &&
+	bk-tokenize --model qwen25 --prompt hi | bk-dump >r.json &&
+	bk-tokenize --model qwen25 --system "You are Qwen, created by Alibaba Cloud. You are a helpful assistant." --prompt hi | bk-dump >d.json &&
+	test "$(jq -c .s_prompt r.json)" = "$(jq -c .t_prompt d.json)"
+'
+
+test_expect_success 'SmolLM2 directory: chatml with its default system prompt, digits split' '
+	model_dir smol smollm2 "$DATA/hf-configs/SmolLM2-135M-Instruct/tokenizer_config.json" &&
+	check_golden smol smollm2
+'
+
+test_expect_success 'Llama-3.1 and 3.2: date header; --date recorded in the header' '
+	model_dir l31 llama-bpe "$DATA/templates/llama3-tokenizer_config.json" "$DATA/templates/meta-llama-Llama-3.1-8B-Instruct.jinja" &&
+	check_golden l31 llama3.1 &&
+	model_dir l32 llama-bpe "$DATA/templates/llama3-tokenizer_config.json" "$DATA/templates/meta-llama-Llama-3.2-3B-Instruct.jinja" &&
+	check_golden l32 llama3.2 --date "05 Mar 2025" &&
+	bk-tokenize --model l32 --date "05 Mar 2025" --prompt hi | bk-dump --header | head -1 |
+		jq -e ".provenance[0].template_date == \"05 Mar 2025\"" &&
+	test_must_fail bk-tokenize --model l32 --date "2025-03-05" --prompt hi
+'
+
+test_expect_success 'TinyLlama: tokenizer.json and tokenizer.model give the same ids' '
+	mkdir tl && cp "$MODELS/llama2-tokenizer/tokenizer.model" tl/ &&
+	cp "$DATA/hf-configs/TinyLlama-1.1B-Chat-v1.0/tokenizer_config.json" tl/ &&
+	bk-tokenize --model tl --system "You are a dragon." "$DATA/pipe/pairs.json" 2>/dev/null | bk-dump >spm.jsonl &&
+	xz -dc "$G/bpe/llama-spm.tokenizer.json.xz" >tl/tokenizer.json &&
+	bk-tokenize --model tl --system "You are a dragon." "$DATA/pipe/pairs.json" 2>/dev/null | bk-dump >bpe.jsonl &&
+	test $(wc -l <bpe.jsonl) -ge 4 &&
+	test_cmp spm.jsonl bpe.jsonl
+'
+
+test_done
