@@ -188,7 +188,8 @@ static run_result run(const bk_model *m, int32_t **prompts, int plen, int n, int
 {
 	bk_gen_config cfg = { .max_batch = max_batch, .max_new = max_new, .max_seq = 2048,
 			      .sample = { greedy ? 0.0f : 0.8f, 0.9f }, .n_stop = 0 };
-	bk_gen *g = bk_gen_create(m, bk_gen_ops_for(m->ops), NULL, &cfg);
+	const bk_gen_ops *gops = bk_gen_ops_for(m->ops);
+	bk_gen *g = bk_gen_create(m, gops, NULL, &cfg);
 	double t0 = now();
 	bk_gen_set_prefix(g, prompts[0], 1 + SYS);
 	for (int i = 0; i < n; i++) {
@@ -211,9 +212,11 @@ static run_result run(const bk_model *m, int32_t **prompts, int plen, int n, int
 	res.decode_steps = res.st.decode_steps;
 	res.step_s = res.st.decode_steps ? res.st.decode_seconds / (double)res.st.decode_steps : 0;
 	/* KV rows read by an average decode step: every running sample reads its keys and
-	 * values at the mean context length plen + max_new/2, every layer, bf16 */
+	 * values at the mean context length plen + max_new/2, every layer, in the cache's
+	 * number type (bf16 on the GPU) */
 	double active = max_batch < n * ntraj ? max_batch : n * ntraj;
-	res.kv_bytes_step = active * (plen + max_new / 2.0) * m->cfg.L * 2.0 * NKV * HD * 2.0;
+	res.kv_bytes_step = active * (plen + max_new / 2.0) * m->cfg.L * 2.0 * NKV * HD *
+			    (double)gops->kv_bytes;
 	bk_gen_free(g);
 	return res;
 }

@@ -60,7 +60,8 @@ test_expect_success 'run.sh: a failing check is named and re-run with BK_CUDA_SY
 	cp -a "$TEST_TMP/pack" pack2 && rm pack2/lib/libxxhash.so* &&
 	t0=$SECONDS &&
 	test_must_fail env BK_GPU_TEST_FAIL=test_ops BK_GPU_TEST_HANG=test_model_grad \
-		"$ROOT/tests/gpu/run.sh" --prebuilt --pack "$TEST_TMP/pack2" --dry-run --out out2 --budget 35 >run2.out 2>&1 &&
+		"$ROOT/tests/gpu/run.sh" --prebuilt --pack "$TEST_TMP/pack2" --dry-run --out out2 --budget 35 >run2.out 2>err &&
+	grep -q "^run.sh: error: 3 correctness check(s) failed: libraries on this machine test_ops test_model_grad (see .*/out2/results.md)$" err &&
 	dt=$((SECONDS - t0)) && echo "took $dt s" && cat out2/results.md &&
 	test $dt -le 45 &&
 	grep -q "| pack | libraries on this machine | FAIL |  | .*libxxhash.so.0 => /.* (not from the pack)" out2/results.md &&

@@ -10,6 +10,7 @@ autocast, attention sdpa.  The first step is a warm-up; step_s is the best of th
 Prints one line: "hf_step: tokens_per_s=X step_s=Y peak_bytes=Z peak_gib=G loss=L ...".
 usage: hf_step.py [--device cuda|cpu] [--grad-checkpoint] H L NH NKV I V R SEQS LEN [STEPS]
 (--device cpu: fp32 on the CPU, for a tiny shape; not a benchmark)"""
+import os
 import sys
 import time
 
@@ -33,6 +34,8 @@ def main():
     H, L, NH, NKV, I, V, R, S, LEN = map(int, args[:9])
     steps = int(args[9]) if len(args) > 9 else 3
     torch.manual_seed(0)
+    if device == "cpu":
+        torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     cfg = LlamaConfig(hidden_size=H, num_hidden_layers=L, num_attention_heads=NH,
                       num_key_value_heads=NKV, intermediate_size=I, vocab_size=V,
                       max_position_embeddings=max(LEN, 128), tie_word_embeddings=False,

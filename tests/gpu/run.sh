@@ -30,7 +30,8 @@ HERE=$PWD
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 PACK= OUT= BUDGET=480 DRY=0 PREBUILT=0 QUICK=0
-usage() { echo "usage: tests/gpu/run.sh [--prebuilt] [--pack DIR] --out DIR [--budget SECONDS] [--dry-run] [--quick]" >&2; exit 2; }
+USAGE="usage: tests/gpu/run.sh [--prebuilt] [--pack DIR] --out DIR [--budget SECONDS] [--dry-run] [--quick]"
+usage() { echo "run.sh: error: $1 ($USAGE)" >&2; exit 2; }
 while [ $# -gt 0 ]; do
 	case $1 in
 	--prebuilt) PREBUILT=1; shift ;;
@@ -39,13 +40,13 @@ while [ $# -gt 0 ]; do
 	--budget) BUDGET=${2:?}; shift 2 ;;
 	--dry-run) DRY=1; shift ;;
 	--quick) QUICK=1; shift ;;
-	*) echo "run.sh: unknown argument '$1'" >&2; usage ;;
+	*) usage "unknown argument '$1'" ;;
 	esac
 done
-[ -n "$OUT" ] || { echo "run.sh: --out DIR is required" >&2; usage; }
+[ -n "$OUT" ] || usage "--out DIR is required"
 case $OUT in /*) ;; *) OUT=$HERE/$OUT ;; esac # relative to where run.sh was started
 case $PACK in "") PACK=.gpu ;; /*) ;; *) PACK=$HERE/$PACK ;; esac
-[[ $BUDGET =~ ^[0-9]+$ ]] && [ "$BUDGET" -ge 10 ] || { echo "run.sh: --budget '$BUDGET': a number of seconds, at least 10" >&2; exit 2; }
+[[ $BUDGET =~ ^[0-9]+$ ]] && [ "$BUDGET" -ge 10 ] || usage "--budget '$BUDGET': a number of seconds, at least 10"
 mkdir -p "$OUT" || exit 2
 OUT=$(cd "$OUT" && pwd)
 END=$((SECONDS + BUDGET))
@@ -57,6 +58,10 @@ mkdir -p "$LOGS" "$W/lib"
 R=$OUT/results.md
 SMI_PID=
 export XDG_CACHE_HOME="$W/cache" OMP_WAIT_POLICY=passive PYTHONUNBUFFERED=1
+# the pack's libraries go into LD_LIBRARY_PATH for our programs; system programs
+# (python3, nvidia-smi, nvcc) run with the environment they came with
+ORIG_LD=${LD_LIBRARY_PATH:-}
+sys_env() { env LD_LIBRARY_PATH="$ORIG_LD" "$@"; }
 NSTAGE=0 FAILS=0 FAILED=()
 
 # ---- output -------------------------------------------------------------------------
@@ -91,6 +96,8 @@ finish() {
 	} >>"$R"
 	archive
 	rm -rf "$W"
+	# the one line on stderr of a run that found a failure
+	[ $FAILS = 0 ] || echo "run.sh: error: $FAILS correctness check(s) failed: ${FAILED[*]} (see $R)" >&2
 	[ $FAILS = 0 ]
 }
 trap 'finish "interrupted (SIGINT)"; exit 1' INT
@@ -182,7 +189,7 @@ cp -a "$P/lib/." "$W/lib/"
 for z in "$W"/lib/*.xz; do
 	[ -e "$z" ] || continue
 	if command -v xz >/dev/null; then xz -d "$z"
-	else python3 -c 'import lzma, sys; open(sys.argv[1][:-3], "wb").write(lzma.open(sys.argv[1]).read())' "$z" && rm -f "$z"; fi
+	else sys_env python3 -c 'import lzma, sys; open(sys.argv[1][:-3], "wb").write(lzma.open(sys.argv[1]).read())' "$z" && rm -f "$z"; fi
 done
 CUDA_LIBS=
 for d in ${CUDA_HOME:-} /usr/local/cuda $(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")"); do
@@ -191,12 +198,18 @@ for d in ${CUDA_HOME:-} /usr/local/cuda $(dirname "$(dirname "$(command -v nvcc 
 		case ":$CUDA_LIBS:" in *":$d/$s:"*) ;; *) CUDA_LIBS=${CUDA_LIBS:+$CUDA_LIBS:}$d/$s ;; esac
 	done
 done
-ORIG_LD=${LD_LIBRARY_PATH:-}
 export LD_LIBRARY_PATH="$W/lib${CUDA_LIBS:+:$CUDA_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if ! "$P/bin/bk-dump" --help >/dev/null 2>"$W/probe.err" && grep -q 'GLIBCXX\|libstdc\|libgcc_s\|CXXABI' "$W/probe.err"; then
 	export LD_LIBRARY_PATH="$W/lib:$W/lib/sys:${LD_LIBRARY_PATH#"$W/lib:"}"
 	echo "run.sh: the image's libstdc++ does not do; using the pack's (lib/sys)" >>"$LOGS/run.log"
 fi
+# the CUDA runtime and cuBLAS come from the image: wherever they are (the toolkit, the
+# driver's folder, the pip packages of torch), add their folders
+for so in $(ldd "$P/bin/bk-step" 2>/dev/null | awk '/not found/ && /libcu/ {print $1}' | sort -u); do
+	hit=$(find /usr/local /opt /usr/lib /usr/lib64 -name "$so" 2>/dev/null | head -1)
+	[ -n "$hit" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$hit")" &&
+		echo "run.sh: $so from $(dirname "$hit")" >>"$LOGS/run.log"
+done
 export PATH="$P/bin:$PATH"
 # every library must load, and from the pack unless it is one the image provides (glibc,
 # CUDA; libstdc++ / libgcc_s from lib/sys or the image): what resolves elsewhere here
@@ -220,10 +233,10 @@ fi
 	echo "host: $(uname -a)"
 	echo "os: $(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-?}"); glibc $(ldd --version 2>/dev/null | head -1 | awk '{print $NF}')"
 	echo "cpus: $(nproc); memory: $(free -g 2>/dev/null | awk '/Mem:/ {print $2 " GiB"}')"
-	echo "nvcc: $(nvcc --version 2>/dev/null | tail -2 | tr '\n' ' ' || echo none)"
+	echo "nvcc: $(sys_env nvcc --version 2>/dev/null | tail -2 | tr '\n' ' ' || echo none)"
 	echo "compute-sanitizer: $(compute-sanitizer --version 2>/dev/null | tail -1 || echo none)"
-	echo "python: $(python3 --version 2>&1) at $(command -v python3)"
-	python3 -c 'import importlib
+	echo "python: $(sys_env python3 --version 2>&1) at $(command -v python3)"
+	sys_env python3 -c 'import importlib
 for m in ("torch", "transformers", "peft", "datasets", "accelerate"):
     try:
         print(m + ":", importlib.import_module(m).__version__)
@@ -237,18 +250,18 @@ except Exception:
 	echo "LD_LIBRARY_PATH: $LD_LIBRARY_PATH"
 	echo "libraries of bk-step:"; ldd "$P/bin/bk-step" 2>&1 | sed 's/^/  /'
 	echo "--- nvidia-smi"
-	nvidia-smi 2>&1 || echo "no nvidia-smi"
-	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit,pci.bus_id --format=csv 2>&1 || true
+	sys_env nvidia-smi 2>&1 || echo "no nvidia-smi"
+	sys_env nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit,pci.bus_id --format=csv 2>&1 || true
 	echo "--- pack MANIFEST"
 	sed -n '1,/^$/p' "$P/MANIFEST"
 } >"$OUT/env.txt" 2>&1
-GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+GPU=$(sys_env nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 if [ $DRY = 0 ] && [ -n "$GPU" ]; then
 	q=timestamp,utilization.gpu,utilization.memory,memory.used,memory.total,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
-	nvidia-smi --query-gpu=$q --format=csv -c 1 >/dev/null 2>&1 || q=timestamp,utilization.gpu,memory.used,memory.total,clocks.sm,clocks.mem,power.draw,temperature.gpu
-	nvidia-smi --query-gpu=$q --format=csv -lms 500 >"$OUT/smi.csv" 2>&1 &
+	sys_env nvidia-smi --query-gpu=$q --format=csv -c 1 >/dev/null 2>&1 || q=timestamp,utilization.gpu,memory.used,memory.total,clocks.sm,clocks.mem,power.draw,temperature.gpu
+	sys_env nvidia-smi --query-gpu=$q --format=csv -lms 500 >"$OUT/smi.csv" 2>&1 &
 	SMI_PID=$!
-	row "env" "GPU" "$GPU" "" "$(nvidia-smi --query-gpu=driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1); nvcc $(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p'); trace in smi.csv"
+	row "env" "GPU" "$GPU" "" "$(sys_env nvidia-smi --query-gpu=driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1); nvcc $(sys_env nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p'); trace in smi.csv"
 else
 	echo "no GPU trace: $([ $DRY = 1 ] && echo "dry run" || echo "nvidia-smi found no GPU")" >"$OUT/smi.csv"
 	if [ $DRY = 1 ]; then row "env" "GPU" "none (dry run)" "" "env.txt has the machine"
@@ -270,21 +283,21 @@ for c in $progs; do
 		if [ $DRY = 1 ]; then row gpu "$c" "skipped (dry run: CPU pack)" "" "not built without CUDA"
 		else fail_row gpu "$c" "" "not in the pack: tests/gpu/$c.c is there, the pack was built without it"; fi
 	elif [ $DRY = 1 ]; then
-		if grep -q -- '--host' "tests/gpu/$c".c* 2>/dev/null; then check gpu "$c --host" 120 "$P/tests/gpu/$c" --host
+		if grep -q -- '--host' "tests/gpu/$c".c* 2>/dev/null; then check gpu "$c --host" 90 "$P/tests/gpu/$c" --host
 		else row gpu "$c" "skipped (dry run)" "" "needs a GPU"; fi
 	else
-		check gpu "$c" 120 "$P/tests/gpu/$c"
+		check gpu "$c" 90 "$P/tests/gpu/$c"
 	fi
 	if [ "$c" = check_gen ] && [ -f tests/gpu/check_gen.sh ]; then
 		if [ $DRY = 1 ]; then row gpu "check_gen.sh" "skipped (dry run)" "" "needs a GPU"
-		elif [ -x "$P/tests/gpu/check_gen" ]; then check gpu check_gen.sh 180 env BUILD="${P#"$ROOT"/}" bash tests/gpu/check_gen.sh
+		elif [ -x "$P/tests/gpu/check_gen" ]; then check gpu check_gen.sh 120 env BUILD="${P#"$ROOT"/}" bash tests/gpu/check_gen.sh
 		fi
 	fi
 done
 for s in tests/gpu/check_*.sh; do
 	[ -f "$s" ] && [ "$s" != tests/gpu/check_gen.sh ] || continue
 	if [ $DRY = 1 ]; then row gpu "$(basename "$s")" "skipped (dry run)" "" "needs a GPU"
-	else check gpu "$(basename "$s")" 180 env BUILD="${P#"$ROOT"/}" bash "$s"; fi
+	else check gpu "$(basename "$s")" 120 env BUILD="${P#"$ROOT"/}" bash "$s"; fi
 done
 
 # bk-step --device cpu vs --device cuda (dry run: cpu vs cpu, which must agree exactly)
@@ -309,7 +322,7 @@ if stage step-data 60 bash -c step_data; then
 		ok=1
 		for dev in cpu $DEV2; do
 			# shellcheck disable=SC2086
-			stage "bk-step-$dev-drop$drop" 120 bash -c "rm -rf '$W/o-$dev'; bk-step $F --device $dev --out '$W/o-$dev' '$W/b.bk' >'$W/m-$dev.bk'" || ok=0
+			stage "bk-step-$dev-drop$drop" 60 bash -c "rm -rf '$W/o-$dev'; bk-step $F --device $dev --out '$W/o-$dev' '$W/b.bk' >'$W/m-$dev.bk'" || ok=0
 		done
 		name="bk-step cpu vs $DEV2, dropout $drop"
 		if [ $ok = 0 ]; then
@@ -350,7 +363,7 @@ PEAK=
 if [ $DRY = 1 ]; then
 	row timing "cuBLAS bf16 GEMM rate" "skipped (dry run)" "" "needs a GPU"
 elif [ -x "$P/tests/gpu/gemm_bench" ] && stage gemm_bench 60 "$P/tests/gpu/gemm_bench"; then
-	PEAK=$(awk '/^peak/ {print $2}' "$LOGS/gemm_bench.log")
+	PEAK=$(awk '/^peak/ && $2 > 0 {print $2}' "$LOGS/gemm_bench.log")
 	row timing "cuBLAS bf16 GEMM rate (best shape)" "$PEAK TFLOP/s" "$S_DT" "$(grep -m1 square "$LOGS/gemm_bench.log")"
 else
 	row timing "cuBLAS bf16 GEMM rate" "$([ -x "$P/tests/gpu/gemm_bench" ] && why || echo "not in the pack")" "$S_DT" "$(lastline gemm_bench)"
@@ -364,7 +377,7 @@ for sz in $SIZES; do
 		opt=; [ $mode = ckpt ] && opt=--grad-checkpoint
 		n="bench_step-$sz-$mode"
 		# shellcheck disable=SC2086
-		if stage "$n" 150 "$P/bench/bench_step" $opt ${PEAK:+--peak-tflops $PEAK} $SHAPE_ARGS ${sz%x*} ${sz#*x} 3; then
+		if stage "$n" 90 "$P/bench/bench_step" $opt ${PEAK:+--peak-tflops $PEAK} $SHAPE_ARGS ${sz%x*} ${sz#*x} 3; then
 			TPS[$sz-$mode]=$(kv tokens_per_s "$n") MEMB[$sz-$mode]=$(kv peak_bytes "$n")
 			row timing "bakery step, $SHAPE_NAME, $sz tokens, $mode" "$(kv tokens_per_s "$n") tokens/s" "$S_DT" \
 				"MFU(6N) $(kv mfu_6n "$n") of ${PEAK:-?} TFLOP/s; model $(kv tflops "$n") TFLOP/s; peak $(kv peak_gib "$n") GiB (allocator), $(kv device_used_gib "$n") GiB on the device; phases ms: $(kv phases_ms "$n"); loss $(kv loss "$n"), grad norm $(kv grad_norm "$n")"
@@ -377,7 +390,7 @@ GENDIR=$W/genmodel
 gopt=; [ $QUICK = 1 ] && gopt=--quick
 [ $DRY = 1 ] && gopt="--device cpu --tiny"
 # shellcheck disable=SC2086
-if stage bench_gen 240 "$P/bench/bench_gen" $gopt --keep "$GENDIR"; then
+if stage bench_gen 150 "$P/bench/bench_gen" $gopt --keep "$GENDIR"; then
 	while read -r line; do
 		row timing "bakery generate: $(sed -n 's/.*mode=\([^ ]*\) batch=\([^ ]*\).*/\1, batch \2/p' <<<"$line")" \
 			"$(sed -n 's/.*tokens_per_s=\([^ ]*\).*/\1/p' <<<"$line") tokens/s" "" \
@@ -392,21 +405,21 @@ archive
 # ---- 3. the same on HF + PEFT and the Python tool ---------------------------------------
 PYOK=0
 if [ $DRY = 1 ]; then
-	if stage py-syntax 30 python3 -m py_compile tests/gpu/hf_step.py tests/gpu/hf_gen.py tests/gpu/py_tool.py; then
+	if stage py-syntax 30 env LD_LIBRARY_PATH="$ORIG_LD" python3 -m py_compile tests/gpu/hf_step.py tests/gpu/hf_gen.py tests/gpu/py_tool.py; then
 		row compare "Python scripts (syntax)" ok "$S_DT" "tests/gpu/hf_step.py hf_gen.py py_tool.py compile"
 	elif [ $S_RC = 125 ]; then row compare "Python scripts (syntax)" "$(why)" "" ""
 	else fail_row compare "Python scripts (syntax)" "$S_DT" "$(lastline py-syntax)"; fi
 	if [ -d "$P/bakery-py/src" ]; then
-		if stage py-tool-syntax 30 python3 -m compileall -q "$P/bakery-py/src"; then
+		if stage py-tool-syntax 30 env LD_LIBRARY_PATH="$ORIG_LD" python3 -m compileall -q "$P/bakery-py/src"; then
 			row compare "the packed Python tool (syntax)" ok "$S_DT" "$(ls "$P"/bakery-py/src/bakery/*.py | wc -l) files compile"
 		elif [ $S_RC = 125 ]; then row compare "the packed Python tool (syntax)" "$(why)" "" ""
 		else fail_row compare "the packed Python tool (syntax)" "$S_DT" "$(lastline py-tool-syntax)"; fi
 	fi
 	row compare "HF + PEFT step, HF generate, the Python tool" "skipped (dry run)" "" "need torch with a GPU"
-elif python3 -c 'import torch, transformers, peft; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+elif sys_env python3 -c 'import torch, transformers, peft; assert torch.cuda.is_available()' >/dev/null 2>&1; then
 	PYOK=1
 else
-	row compare "HF + PEFT, HF generate, the Python tool" "not run" "" "torch + transformers + peft with CUDA do not import: $(python3 -c 'import torch, transformers, peft' 2>&1 | tail -1)"
+	row compare "HF + PEFT, HF generate, the Python tool" "not run" "" "torch + transformers + peft with CUDA do not import: $(sys_env python3 -c 'import torch, transformers, peft' 2>&1 | tail -1)"
 fi
 ratio() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "?" }'; }
 if [ $PYOK = 1 ]; then
@@ -414,7 +427,7 @@ if [ $PYOK = 1 ]; then
 		for mode in plain ckpt; do
 			opt=; [ $mode = ckpt ] && opt=--grad-checkpoint
 			n="hf_step-$sz-$mode"
-			if stage "$n" 180 env LD_LIBRARY_PATH="$ORIG_LD" python3 tests/gpu/hf_step.py $opt 2048 $L 32 4 5632 32000 64 ${sz%x*} ${sz#*x} 3; then
+			if stage "$n" 120 env LD_LIBRARY_PATH="$ORIG_LD" python3 tests/gpu/hf_step.py $opt 2048 $L 32 4 5632 32000 64 ${sz%x*} ${sz#*x} 3; then
 				ht=$(kv tokens_per_s "$n") hp=$(kv peak_bytes "$n")
 				row compare "HF + PEFT step (bf16, sdpa), $sz, $mode" "$ht tokens/s" "$S_DT" \
 					"bakery/HF speed $(ratio "${TPS[$sz-$mode]:-}" "$ht"); bakery/HF peak memory $(ratio "${MEMB[$sz-$mode]:-}" "$hp"); HF peak $(kv peak_gib "$n") GiB; loss $(kv loss "$n")"
@@ -424,7 +437,7 @@ if [ $PYOK = 1 ]; then
 		done
 	done
 	if [ -f "$GENDIR/config.json" ]; then
-		if stage hf_gen 240 env LD_LIBRARY_PATH="$ORIG_LD" python3 tests/gpu/hf_gen.py --model "$GENDIR" --prompts "$GENDIR/prompts.txt"; then
+		if stage hf_gen 150 env LD_LIBRARY_PATH="$ORIG_LD" python3 tests/gpu/hf_gen.py --model "$GENDIR" --prompts "$GENDIR/prompts.txt"; then
 			while read -r line; do
 				mode=$(sed -n 's/.*mode=\([^ ]*\) batch=\([^ ]*\).*/\1 \2/p' <<<"$line")
 				ht=$(sed -n 's/.*tokens_per_s=\([^ ]*\).*/\1/p' <<<"$line")
@@ -440,7 +453,7 @@ if [ $PYOK = 1 ]; then
 			row compare "HF generate" "$(why)" "$S_DT" "$(lastline hf_gen)"
 		fi
 		if [ -d "$P/bakery-py/src" ]; then
-			if stage py_tool 240 env LD_LIBRARY_PATH="$ORIG_LD" python3 tests/gpu/py_tool.py --tool "$P/bakery-py" --wheels "$P/wheels" --model "$GENDIR" --out "$W/py_tool"; then
+			if stage py_tool 150 env LD_LIBRARY_PATH="$ORIG_LD" python3 tests/gpu/py_tool.py --tool "$P/bakery-py" --wheels "$P/wheels" --model "$GENDIR" --out "$W/py_tool"; then
 				pt=$(kv tokens_per_s py_tool)
 				row compare "the Python tool (bakery-py), same model, batch 16" "$pt tokens/s" "$S_DT" "bakery 16x256 plain / the tool $(ratio "${TPS[16x256-plain]:-}" "$pt"); $(lastline py_tool)"
 			else
@@ -466,7 +479,7 @@ else
 		tool=$1 prog=$2; shift 2
 		[ -x "$P/tests/gpu/$prog" ] || continue
 		n="sanitizer-$tool-$prog"
-		if stage "$n" 300 compute-sanitizer --tool "$tool" --error-exitcode 99 "$P/tests/gpu/$prog" "$@"; then
+		if stage "$n" 200 compute-sanitizer --tool "$tool" --error-exitcode 99 "$P/tests/gpu/$prog" "$@"; then
 			row sanitizer "$tool $prog" ok "$S_DT" "$(grep -m1 'ERROR SUMMARY\|RACECHECK SUMMARY' "$LOGS/$n.log")"
 		elif [ $S_RC = 99 ]; then
 			fail_row sanitizer "$tool $prog" "$S_DT" "$(grep -m1 'ERROR SUMMARY\|RACECHECK SUMMARY' "$LOGS/$n.log"); first: $(grep -m1 -A2 '^========= [A-Z]' "$LOGS/$n.log" | tr '\n' ' ')"
