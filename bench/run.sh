@@ -28,6 +28,20 @@ calls_c=$(sed -n 's/.*sentencepiece calls \([0-9]*\).*/\1/p' "$T/cold.err")
 row "bk-tokenize, $N prompts, 32k Llama tokenizer, zephyr (cold cache)" "$(printf '%.0f tokens/s' "$cold")" "$calls_c sentencepiece calls"
 row "bk-tokenize, same data, warm cache" "$(printf '%.0f tokens/s' "$warm")" "$(printf '%.1fx cold; %s sentencepiece calls' "$(echo "$warm / $cold" | bc -l)" "$calls_w")"
 
+# byte-level BPE (Qwen2/3 tokenizer.json) against HF tokenizers, one thread, same lines
+xz -dc tests/golden/bpe/qwen.tokenizer.json.xz >"$T/qwen.json"
+head -n "${BENCH_BPE_LINES:-5000}" "$T/prompts.txt" >"$T/bpe.txt"
+b=$("$PWD/$BUILD/bench/bench_bpe" "$T/qwen.json" "$T/bpe.txt")
+field() { sed -n "s|.* \([0-9.]*\) $1.*|\1|p" <<<"$2"; }
+PY=${BENCH_PYTHON:-python3}
+if h=$(RAYON_NUM_THREADS=1 "$PY" bench/hf_tokenize.py "$T/qwen.json" "$T/bpe.txt" 2>/dev/null); then
+	same=$([ "${b##*ids }" = "${h##*ids }" ] && echo "identical ids" || echo "IDS DIFFER")
+	ref="HF tokenizers $(field MB/s "$h") MB/s ($(printf '%.1fx' "$(echo "$(field MB/s "$b") / $(field MB/s "$h")" | bc -l)") HF); $same; load $(field 's load' "$b") s vs $(field 's load' "$h") s"
+else
+	ref="HF tokenizers not installed (BENCH_PYTHON=python with tokenizers)"
+fi
+row "BPE encode, Qwen3 tokenizer.json, $(wc -l <"$T/bpe.txt") prompts, 1 thread" "$(field MB/s "$b") MB/s" "$ref"
+
 s=$("$PWD/$BUILD/bench/bench_stream" "$T/stream.bk" 200000)
 row "stream write (200k records, ids as msgpack arrays)" "$(sed 's/.*write \([0-9]*\) MB\/s.*/\1 MB\/s/' <<<"$s")" "$(sed 's/stream: \([0-9]*\) records, \([0-9.]*\) MB.*/\2 MB file/' <<<"$s")"
 row "stream read + validate (count, xxh3)" "$(sed 's/.*read+validate \([0-9]*\) MB\/s.*/\1 MB\/s/' <<<"$s")" ""
