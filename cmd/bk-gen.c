@@ -16,6 +16,7 @@
 #include "common/rng.h"
 #include "formats/tokenizer.h"
 #include "formats/inputs.h"
+#include "formats/shard.h"
 #include "formats/stream.h"
 #include "formats/template.h"
 #include "gpu/device.h"
@@ -206,6 +207,7 @@ int main(int argc, char **argv)
 	gen_opts o = { .ntraj = 4, .max_new = 128, .epochs = 1, .max_batch = 64, .window = 256,
 		       .temperature = 0.8, .top_p = 0.9 };
 	const char *out_path = "-", *model = NULL, *device = "auto", *kv_memory = NULL;
+	const char *shard_spec = NULL;
 	bk_opt opts[] = {
 		{"model", 0, BK_OPT_STR, &model, 0, 0},
 		{"device", 0, BK_OPT_STR, &device, 0, 0},
@@ -222,6 +224,7 @@ int main(int argc, char **argv)
 		{"system", 0, BK_OPT_STR, &sys_text, 0, 0},
 		{"system-file", 0, BK_OPT_STR, &sys_file, 0, 0},
 		{"output", 'o', BK_OPT_STR, &out_path, 0, 0},
+		{"shard", 0, BK_OPT_STR, &shard_spec, 0, 0},
 		{0},
 	};
 	bk_diag_init(argv[0]);
@@ -238,6 +241,9 @@ int main(int argc, char **argv)
 	if (o.ntraj * o.epochs > (1L << 20))
 		die_usage("--num-trajectories x --epochs is over 1048576");
 	size_t kv_bytes = kv_memory ? parse_bytes(kv_memory) : 0;
+	bk_shard shard = {0, 0};
+	if (shard_spec)
+		shard = bk_shard_parse("--shard", shard_spec);
 	const bk_ops *ops = bk_device_select(device);
 	const bk_gen_ops *gops = bk_gen_ops_for(ops);
 
@@ -272,8 +278,10 @@ int main(int argc, char **argv)
 	bk_kv kv[] = { BK_KV_S("model", lm.fingerprint), BK_KV_I("seed", o.seed),
 		       BK_KV_D("sampling_temperature", o.temperature), BK_KV_D("top_p", o.top_p),
 		       BK_KV_I("max_new_tokens", o.max_new), BK_KV_I("num_trajectories", o.ntraj),
-		       BK_KV_I("epochs", o.epochs) };
-	bk_writer_header(w, in, kv, 7);
+		       BK_KV_I("epochs", o.epochs), BK_KV_S("shard", NULL) };
+	char shard_buf[32];
+	kv[7].s = bk_shard_str(&shard, shard_buf, sizeof shard_buf);
+	bk_writer_header(w, in, kv, shard.n ? 8 : 7);
 
 	/* Epoch-major over a file: one pass per epoch, so that epoch e's samples of every
 	 * record come before epoch e+1's (what bk-step's epochs expect).  A pipe cannot be
@@ -311,6 +319,8 @@ int main(int argc, char **argv)
 				eof = 1;
 				break;
 			}
+			if (!bk_shard_owns(&shard, in, rec))
+				continue; /* another shard's record: not in this output */
 			uint64_t no = rg.head_no + rg.n;
 			pending_rec *p = &rg.v[(rg.head + rg.n) % rg.cap];
 			memset(p, 0, sizeof(*p));
