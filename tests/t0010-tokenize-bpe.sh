@@ -72,4 +72,23 @@ test_expect_success 'TinyLlama: tokenizer.json and tokenizer.model give the same
 	test_cmp spm.jsonl bpe.jsonl
 '
 
+test_expect_success 'warm cache on a tokenizer.json: no tokenizer calls; --no-thinking is another key' '
+	bk-tokenize -v --model qwen3 --system "Be brief." "$DATA/pipe/pairs.json" >c1.bk 2>c1.err &&
+	bk-tokenize -v --model qwen3 --system "Be brief." "$DATA/pipe/pairs.json" >c2.bk 2>c2.err &&
+	cmp c1.bk c2.bk && grep -q "sentencepiece calls 0" c2.err &&
+	bk-tokenize -v --model qwen3 --no-thinking --system "Be brief." "$DATA/pipe/pairs.json" >c3.bk 2>c3.err &&
+	grep -q "cache hits 0" c3.err && ! cmp -s c1.bk c3.bk
+'
+
+test_expect_success 'tokenizer.json parts it cannot reproduce are refused in one line' '
+	jq ".model.type = \"Unigram\"" qwen3/tokenizer.json >unigram.json &&
+	test_must_fail bk-tokenize --tokenizer unigram.json --prompt hi 2>err && test $(wc -l <err) -eq 1 &&
+	grep -q "unigram.json: model type .Unigram. is not supported" err &&
+	jq ".pre_tokenizer.pretokenizers[0].pattern.Regex = \"\\\\w+\"" qwen3/tokenizer.json >re.json &&
+	test_must_fail bk-tokenize --tokenizer re.json --prompt hi 2>err && test $(wc -l <err) -eq 1 &&
+	grep -q "re.json: pre-tokenizer regex" err &&
+	jq ".model.merges[5] = 7" qwen3/tokenizer.json >merge.json &&
+	test_must_fail bk-tokenize --tokenizer merge.json --prompt hi 2>err && grep -q "model.merges\[5\]" err
+'
+
 test_done
