@@ -84,8 +84,10 @@ static size_t check_cases(const bk_tok *t, json_t *cases, const char *name)
 		CHECK(good, "%s: case %zu: ids differ from HF", name, i);
 		/* add_special_tokens=True: the post-processor's ids around them */
 		int32_t *all = xmalloc((n + np + ns + 1) * sizeof *all);
-		memcpy(all, pre, np * sizeof *all);
-		memcpy(all + np, ids, n * sizeof *all);
+		if (np)
+			memcpy(all, pre, np * sizeof *all);
+		if (n)
+			memcpy(all + np, ids, n * sizeof *all);
 		if (ns)
 			memcpy(all + np + n, suf, ns * sizeof *all);
 		CHECK(same(all, n + np + ns, json_object_get(c, "ids_special"), name, text),
