@@ -9,9 +9,11 @@
 
 #include "common/diag.h"
 #include "formats/safetensors.h"
+#include "gpu/host_rows.h"
 
 struct bk_teach {
-	const bk_model *m;
+	const bk_model *m;   /* the caller's model, or rows_model on the host twin */
+	bk_model rows_model; /* the caller's with batch-invariant host ops (host_rows.h) */
 	const float *lm_head; /* [V,H] host, the caller's; the ops use m->lm_head */
 	int max_tokens, k, vocab_chunk;
 	float temperature;
@@ -48,6 +50,11 @@ bk_teach *bk_teach_create(const bk_model *m, const float *lm_head, int max_token
 		die("teach: vocabulary chunk %d is not positive", vocab_chunk);
 	bk_teach *t = xcalloc(1, sizeof(*t));
 	t->m = m;
+	if (m->ops == &bk_ops_host) { /* invariant 1 exactly: same weights, row-wise linears */
+		t->rows_model = *m;
+		t->rows_model.ops = bk_ops_host_rows();
+		t->m = &t->rows_model;
+	}
 	t->lm_head = lm_head;
 	t->max_tokens = max_tokens;
 	t->k = k;

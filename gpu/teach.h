@@ -9,8 +9,9 @@
  *
  * Invariants:
  *  1. The result for a sequence does not depend on which other sequences share its
- *     forward, on the token budget, or on whether it ran against the prefix, beyond
- *     float rounding (the prefix only changes how attention sums are split).
+ *     forward, on the token budget, or on whether it ran against the prefix: on the
+ *     host twin bit for bit (its linears and LM head run row-wise, gpu/host_rows.h),
+ *     on a GPU within float rounding (cuBLAS picks its kernels by matrix size).
  *  2. A sequence runs against the prefix iff its prompt starts with the prefix ids
  *     and a > P, so every one of its response rows is its own token; otherwise it
  *     runs in full from position 0.

@@ -44,28 +44,18 @@ test_expect_success '--top-k 0: v log-probs per row that exp-sum to 1' '
 	     END { exit bad > 0 }" rows.txt
 '
 
-# max |a - b| / max(1, |b|) over the decoded log-probs of two runs
-logp_diff() {
-	for f in "$1" "$2"; do
-		bk-dump "$f" | jq -r ".teacher.logp.\"\$bin\"" | while read -r b; do
-			printf %s "$b" | base64 -d | od -An -v -tf4 -w4
-		done >"$f.logp"
-	done
-	paste "$1.logp" "$2.logp" | awk '{ d = $1 - $2; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; if (m < 1) m = 1;
-		if (d / m > w) w = d / m } END { print w + 0 }'
-}
-
-test_expect_success 'batch plan invariance: --max-tokens and --batch-size change no id; log-probs within 1e-5' '
+# The host twin computes every teacher row with fixed per-row operations (gpu/host_rows.h),
+# so the plan changes no bit of any teacher field, on any CPU and OpenBLAS kernel.
+test_expect_success 'batch plan invariance: --max-tokens and --batch-size change no bit of the teacher field' '
 	bk-teach --device cpu --model "$M" --top-k 8 in.bk >a.bk &&
 	bk-teach --device cpu --model "$M" --top-k 8 --max-tokens 9 in.bk >b.bk &&
 	bk-teach --device cpu --model "$M" --top-k 8 --batch-size 1 in.bk >c.bk &&
 	bk-dump in.bk | jq -c "del(.batch)" | bk-dump --from-json | bk-teach --device cpu --model "$M" --top-k 8 --max-tokens 1000 >d.bk &&
-	for f in a b c d; do bk-dump $f.bk | jq -c "[.id, .teacher.ids]" >$f.ids; done &&
-	test $(wc -l <a.ids) -eq 4 && test_cmp a.ids b.ids && test_cmp a.ids c.ids && test_cmp a.ids d.ids &&
-	for f in b c d; do
-		w=$(logp_diff $f.bk a.bk) && echo "$f: $w" >&2 && test -s $f.bk.logp &&
-		awk -v w="$w" "BEGIN { exit !(w <= 1e-5) }" || return 1
-	done
+	bk-teach --device cpu --model "$M" --top-k 0 --batch-size 1 in.bk >e.bk &&
+	bk-teach --device cpu --model "$M" --top-k 0 --max-tokens 1000 in.bk >f.bk &&
+	for f in a b c d e f; do bk-dump $f.bk | jq -c "[.id, .teacher]" >$f.t; done &&
+	test $(wc -l <a.t) -eq 4 && test_cmp a.t b.t && test_cmp a.t c.t && test_cmp a.t d.t &&
+	test_cmp e.t f.t
 '
 
 test_expect_success 'a teacher field already there is replaced; -o writes the file' '

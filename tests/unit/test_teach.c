@@ -1,11 +1,16 @@
 /* test_teach.c - the teacher pass of bk-teach (gpu/teach.c) on models/stories260K:
  * (a) packed forwards against a shared prefix give the same teacher field as one plain
  * full-sequence forward per sequence + full logits (bk_model_logits) + a double-
- * precision softmax: top-k ids identical, rest within 1e-5, logp within 1e-5 *
- * max(1, |logp|) (fp32 rounding through 5 layers is ~1e-6 relative to the logits, so
- * a log-prob of -15 may move by more than 1e-5 absolute), for K = 8 and K = 0, at
- * T = 1 and T = 0.7; the field does not change with the token budget (1 sequence per
- * forward, all in one) or the prefix beyond the same bound;
+ * precision softmax, for K = 8 and K = 0, at T = 1 and T = 0.7.  Two references:
+ *   - the same forward on the row-wise host ops teach uses (gpu/host_rows.h): the
+ *     logits are then the same floats, and the field may differ from the double
+ *     softmax only by teach's own float roundings, a bound derived per row below
+ *     (rows_bound); top-k ids identical;
+ *   - the ordinary host twin (OpenBLAS sgemm, whose summation order depends on the
+ *     matrix sizes and the CPU's kernel): within the a priori fp32 bound of
+ *     blas_bound, which holds for any summation order;
+ * the field is bit for bit the same for every token budget (1 sequence per forward,
+ * all in one) and with or without the prefix (teach.h invariant 1);
  * (b) with K = V the sparse loss (bk_loss_kl_topk) equals the exact loss, and so
  * does its gradient. */
 #include "tests/harness.h"
@@ -16,12 +21,43 @@
 
 #include "common/diag.h"
 #include "common/rng.h"
+#include "gpu/host_rows.h"
 #include "gpu/load.h"
 #include "gpu/loss.h"
 #include "gpu/teach.h"
 
 #define NSEQ 7
-#define TOL 1e-5
+#define U32 (1.0 / 16777216.0) /* 2^-24: the unit roundoff of fp32 */
+
+/* Bound on |logp - reference| / max(1, |logp|) and on |rest - reference| when the
+ * logits z are the same floats on both sides (the row-wise reference).  Teach rounds
+ * u = z / T to float (|du| <= U32 |u|), sums exp in double (relative error ~1e-16,
+ * negligible), so the log-sum-exp l moves by at most max|du| <= U32 max|u|, and logp =
+ * (float)(u - l) adds one more rounding, U32 |logp|.  So |dlogp| <= U32 (|logp| +
+ * 2 max|u|), and over max(1, |logp|): <= U32 (1 + 2 max|u|).  rest = exp(l_rest - l)
+ * < 1 moves by the same relative amount plus one rounding.  Factor 2 for the double
+ * parts and slack. */
+static double rows_bound(double max_abs_u) { return 2 * U32 * (1 + 2 * max_abs_u); }
+
+/* A priori bound for logits from another summation order (the sgemm forward): each
+ * dot product or sum of n fp32 terms carries a relative error of at most
+ * gamma_n = n U32 / (1 - n U32) of the sum of the terms' magnitudes (Higham, Accuracy
+ * and Stability of Numerical Algorithms, 2nd ed., section 3.1), whatever the order.
+ * Along one logit's dependency path in stories260K the sums have lengths, per layer:
+ * RMSNorm H = 64, q/k/v H = 64, q.k D = 8, softmax and the weighted value sum <= 96
+ * keys each, o_proj NH*D = 64, RMSNorm 64, gate/up 64, down I = 172: 692; times L = 5,
+ * plus the final RMSNorm 64 and the LM head 64: N = 3588.  Treating the network as
+ * 1-Lipschitz in the relative error of its activations (RMSNorm renormalises every
+ * layer's input), the logits' error is at most gamma_N times the largest logit
+ * magnitude, on both sides of the comparison: |dz| <= 2 gamma_N max|z|; logp moves by
+ * at most twice that over T.  This is a worst-case bound (about 1e-3 here, against a
+ * typical 1e-5); the row-wise reference above is the sharp check. */
+#define BLAS_SUM_LENGTH 3588
+static double blas_bound(double max_abs_u)
+{
+	double g = BLAS_SUM_LENGTH * U32 / (1 - BLAS_SUM_LENGTH * U32);
+	return 4 * g * max_abs_u + rows_bound(max_abs_u);
+}
 
 typedef struct {
 	int32_t ids[96]; /* prompt then resp */
@@ -60,8 +96,9 @@ static void make_seqs(seq_buf *sb, bk_teach_seq *sq, int V)
 }
 
 /* Reference: log_softmax(logits / T) in double at the response rows of one sequence
- * run alone from position 0.  out: [n,V]. */
-static void reference(const bk_model *m, const bk_teach_seq *q, float temperature, double *out)
+ * run alone from position 0.  out: [n,V]; umax[r] = max |logit / T| of row r. */
+static void reference(const bk_model *m, const bk_teach_seq *q, float temperature, double *out,
+		      double *umax)
 {
 	const bk_ops *ops = m->ops;
 	int V = m->cfg.V, H = m->cfg.H, T = q->a + q->n;
@@ -81,8 +118,11 @@ static void reference(const bk_model *m, const bk_teach_seq *q, float temperatur
 	for (int r = 0; r < q->n; r++) {
 		const float *row = hl + (size_t)(q->a - 1 + r) * V;
 		double mx = -INFINITY, s = 0;
-		for (int v = 0; v < V; v++)
+		umax[r] = 0;
+		for (int v = 0; v < V; v++) {
 			mx = fmax(mx, row[v] / (double)temperature);
+			umax[r] = fmax(umax[r], fabs(row[v] / (double)temperature));
+		}
 		for (int v = 0; v < V; v++)
 			s += exp(row[v] / (double)temperature - mx);
 		for (int v = 0; v < V; v++)
@@ -106,12 +146,14 @@ static int cmp_entry(const void *a, const void *b)
 	return x->id - y->id;
 }
 
+/* bound(max |u| of a row) is the allowed error of that row (rows_bound, blas_bound);
+ * reports the worst ratio error / bound */
 static void check_against_reference(const bk_model *m, const bk_teach_seq *sq,
 				    const bk_teacher *out, int K, float temperature,
-				    const char *what)
+				    double (*bound)(double), const char *what)
 {
 	int V = m->cfg.V;
-	double max_logp = 0, max_rest = 0;
+	double worst = 0, max_logp = 0, max_rest = 0;
 	int bad_ids = 0;
 	entry *e = xmalloc((size_t)V * sizeof(*e));
 	for (int s = 0; s < NSEQ; s++) {
@@ -123,36 +165,49 @@ static void check_against_reference(const bk_model *m, const bk_teach_seq *sq,
 		if (o->n != sq[s].n || !sq[s].n)
 			continue;
 		double *ref = xmalloc((size_t)sq[s].n * V * sizeof(double));
-		reference(m, &sq[s], temperature, ref);
+		double *umax = xmalloc((size_t)sq[s].n * sizeof(double));
+		reference(m, &sq[s], temperature, ref, umax);
 		for (int r = 0; r < sq[s].n; r++) {
 			const double *lr = ref + (size_t)r * V;
+			double b = bound(umax[r]), dl = 0, dr = 0;
 			if (!K) {
+				/* and the row exp-sums to 1: |sum - 1| <= sum_v p_v |dlogp_v|
+				 * <= b sum_v p_v max(1, |logp_v|) to first order */
+				double sum = 0, wsum = 0;
+				for (int v = 0; v < V; v++) {
+					double lp = o->logp[(size_t)r * V + v], p = exp(lp);
+					dl = fmax(dl, fabs(lp - lr[v]) / fmax(1, fabs(lr[v])));
+					sum += p;
+					wsum += p * fmax(1, fabs(lp));
+				}
+				worst = fmax(worst, fabs(sum - 1) / (b * wsum));
+			} else {
 				for (int v = 0; v < V; v++)
-					max_logp = fmax(max_logp, fabs(o->logp[(size_t)r * V + v] - lr[v]) /
-									  fmax(1, fabs(lr[v])));
-				continue;
+					e[v] = (entry){lr[v], v};
+				qsort(e, (size_t)V, sizeof(*e), cmp_entry);
+				double rest = 0;
+				for (int v = K; v < V; v++)
+					rest += exp(e[v].v);
+				for (int i = 0; i < K; i++) {
+					bad_ids += o->ids[(size_t)r * K + i] != e[i].id;
+					dl = fmax(dl, fabs(o->logp[(size_t)r * K + i] - e[i].v) /
+							      fmax(1, fabs(e[i].v)));
+				}
+				dr = fabs(o->rest[r] - rest);
 			}
-			for (int v = 0; v < V; v++)
-				e[v] = (entry){lr[v], v};
-			qsort(e, (size_t)V, sizeof(*e), cmp_entry);
-			double rest = 0;
-			for (int v = K; v < V; v++)
-				rest += exp(e[v].v);
-			for (int i = 0; i < K; i++) {
-				bad_ids += o->ids[(size_t)r * K + i] != e[i].id;
-				max_logp = fmax(max_logp, fabs(o->logp[(size_t)r * K + i] - e[i].v) /
-								  fmax(1, fabs(e[i].v)));
-			}
-			max_rest = fmax(max_rest, fabs(o->rest[r] - rest));
+			max_logp = fmax(max_logp, dl);
+			max_rest = fmax(max_rest, dr);
+			worst = fmax(worst, fmax(dl, dr) / b);
 		}
-		free(ref);
+		free(ref), free(umax);
 	}
 	free(e);
 	CHECK(bad_ids == 0, "%s: %d top-k ids differ from the reference", what, bad_ids);
-	CHECK(max_logp <= TOL, "%s: max |logp - reference| = %.3g", what, max_logp);
-	CHECK(max_rest <= TOL, "%s: max |rest - reference| = %.3g", what, max_rest);
-	printf("%-28s max|dlogp| %.2e  max|drest| %.2e  ids differing %d\n", what, max_logp,
-	       max_rest, bad_ids);
+	CHECK(worst <= 1, "%s: max |logp - reference| = %.3g, |rest - reference| %.3g: %.3g of "
+			  "the bound",
+	      what, max_logp, max_rest, worst);
+	printf("%-40s max|dlogp| %.2e  max|drest| %.2e  %.3f of the bound  ids differing %d\n",
+	       what, max_logp, max_rest, worst, bad_ids);
 }
 
 static double max_field_diff(const bk_teacher *a, const bk_teacher *b, int *ids_differ)
@@ -190,7 +245,10 @@ static void run(const bk_model *m, const float *head, const bk_teach_seq *sq, in
 
 static void test_against_reference(const bk_model *m, const float *head, const bk_teach_seq *sq)
 {
-	int V = m->cfg.V, P = 0;
+	int P = 0;
+	/* the reference on the row-wise ops teach runs on (same weights) */
+	bk_model rm = *m;
+	rm.ops = bk_ops_host_rows();
 	bk_teacher a[NSEQ] = {0}, b[NSEQ] = {0};
 	/* only the prefix-sharing sequences decide the prefix: 0..4 share 15 tokens */
 	bk_teach *t = bk_teach_create(m, head, 40, 8, 1.0f, 100);
@@ -202,39 +260,32 @@ static void test_against_reference(const bk_model *m, const float *head, const b
 	      "prefix used by %llu, full %llu, forwards %llu", (unsigned long long)st->with_prefix,
 	      (unsigned long long)st->full, (unsigned long long)st->forwards);
 	bk_teach_free(t);
-	check_against_reference(m, sq, a, 8, 1.0f, "K=8 T=1 prefix budget 40");
+	check_against_reference(&rm, sq, a, 8, 1.0f, rows_bound, "K=8 T=1 prefix budget 40, rows");
+	check_against_reference(m, sq, a, 8, 1.0f, blas_bound, "K=8 T=1 prefix budget 40, sgemm");
 
 	for (int K = 8; K >= 0; K -= 8) {
 		float temp = K ? 0.7f : 1.0f;
 		char what[64];
-		snprintf(what, sizeof what, "K=%d T=%g prefix budget 40", K, (double)temp);
 		run(m, head, sq, 40, 1, K, temp, a, NULL);
-		check_against_reference(m, sq, a, K, temp, what);
+		snprintf(what, sizeof what, "K=%d T=%g prefix budget 40, rows", K, (double)temp);
+		check_against_reference(&rm, sq, a, K, temp, rows_bound, what);
+		snprintf(what, sizeof what, "K=%d T=%g prefix budget 40, sgemm", K, (double)temp);
+		check_against_reference(m, sq, a, K, temp, blas_bound, what);
 		/* the token budget (1: one sequence per forward; 4096: all in one) and the
-		 * prefix do not change the field beyond TOL */
+		 * prefix change no bit of the field */
 		int budgets[] = {1, 4096};
 		for (int i = 0; i < 2; i++)
 			for (int pre = 0; pre < 2; pre++) {
 				int differ = 0;
 				run(m, head, sq, budgets[i], pre, K, temp, b, NULL);
 				double d = max_field_diff(a, b, &differ);
-				CHECK(d <= TOL && differ == 0,
+				CHECK(d == 0 && differ == 0,
 				      "K=%d budget %d prefix %d: max diff %.3g, %d ids differ", K,
 				      budgets[i], pre, d, differ);
 				printf("K=%d T=%g budget %-4d prefix %d: max diff to budget 40 %.2e\n", K,
 				       (double)temp, budgets[i], pre, d);
 			}
 	}
-	/* K = 0: every row exp-sums to 1 */
-	double worst = 0;
-	for (int s = 0; s < NSEQ; s++)
-		for (int r = 0; r < a[s].n; r++) {
-			double sum = 0;
-			for (int v = 0; v < V; v++)
-				sum += exp(a[s].logp[(size_t)r * V + v]);
-			worst = fmax(worst, fabs(sum - 1));
-		}
-	CHECK(worst < 1e-5, "K=0 rows exp-sum to 1 within %.3g", worst);
 	for (int s = 0; s < NSEQ; s++)
 		bk_teacher_free(&a[s]), bk_teacher_free(&b[s]);
 }

@@ -1,0 +1,18 @@
+/* host_rows.h - bk_ops_host_rows(): the host twin with batch-invariant linears, for the
+ * teacher pass (gpu/teach.c).  Every other op is bk_ops_host's.  The frozen linears and
+ * the LM head go through the generation ops' row-wise matmul (gpu/host_decode.c), whose
+ * every output element is one fixed sequence of float operations on its own row, and
+ * every other op the forward uses is already per row (RMSNorm, RoPE, attention over a
+ * row's keys in position order, elementwise ops).  So a sequence's teacher field is the
+ * same bits whatever else shares its forward, the token budget and whether it ran
+ * against a prefix; OpenBLAS's sgemm, by contrast, picks its blocking (and so its
+ * summation order) from the matrix sizes and the CPU's kernel.  Not for training
+ * (linear_backward and the LoRA ops stay OpenBLAS). */
+#ifndef BK_HOST_ROWS_H
+#define BK_HOST_ROWS_H
+
+#include "gpu/ops.h"
+
+const bk_ops *bk_ops_host_rows(void);
+
+#endif
