@@ -58,13 +58,18 @@ void die(const char *fmt, ...)
 	exit(BK_EXIT_FAIL);
 }
 
+/* one line too, the pointer to --help at its end */
 void die_usage(const char *fmt, ...)
 {
+	char buf[4096];
 	va_list ap;
 	va_start(ap, fmt);
-	vreport("", fmt, ap);
+	vsnprintf(buf, sizeof buf, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "try '%s --help'\n", bk_prog);
+	for (char *p = buf; *p; p++)
+		if (*p == '\n')
+			*p = ' ';
+	fprintf(stderr, "%s: %s (try '%s --help')\n", bk_prog, buf, bk_prog);
 	run_atexit();
 	exit(BK_EXIT_USAGE);
 }

@@ -19,19 +19,48 @@ done
 # each step runs with pipefail: a failing stage fails the step even mid-pipe
 test_expect_success() {
 	_n=$((_n + 1))
-	if (set -o pipefail; eval "$2") >"$TEST_TMP/.out" 2>&1; then
+	if (set -o pipefail; eval "$2") >"$TEST_TMP/.out" 2>&1 9>&1; then
 		echo "ok $_n - $1"
 	else
 		_fail=$((_fail + 1))
 		echo "not ok $_n - $1"; sed 's/^/#   /' "$TEST_TMP/.out"
 	fi
 }
-# test_must_fail CMD...: CMD must exit non-zero (not by a signal) and print one error line
+# test_must_fail [--exit N] [--lines N | --list] CMD...: CMD must fail the way bakery
+# tools fail: exit 1 (bad input) or 2 (usage error), or exactly N with --exit, and print
+# exactly one line on stderr (N lines with --lines: a pipe of N failing stages; --list:
+# a tool that lists every problem, one per line, and ends with its one "error:" line).
+# A signal or a sanitizer's exit code (tests/run.sh) fails the step.
+# (its complaints go to fd 9, the step's log, not to the stderr the caller may be capturing)
+_tmf_say() { if { true >&9; } 2>/dev/null; then echo "$*" >&9; else echo "$*" >&2; fi; }
 test_must_fail() {
+	local want= nl=1
+	if [ "${1:-}" = --exit ]; then want=$2; shift 2; fi
+	case ${1:-} in --lines) nl=$2; shift 2 ;; --list) nl=list; shift ;; esac
 	"$@" 2>"$TEST_TMP/.err"; local rc=$?
 	cat "$TEST_TMP/.err" >&2
-	if [ $rc -eq 0 ]; then echo "test_must_fail: '$*' succeeded" >&2; return 1; fi
-	if [ $rc -gt 128 ]; then echo "test_must_fail: '$*' died by signal $((rc - 128))" >&2; return 1; fi
+	local lines; lines=$(wc -l <"$TEST_TMP/.err")
+	if [ $rc -eq 0 ]; then _tmf_say "test_must_fail: '$*' succeeded"; return 1; fi
+	if [ $rc -gt 128 ]; then _tmf_say "test_must_fail: '$*' died by signal $((rc - 128))"; return 1; fi
+	case $rc in "${BK_ASAN_EXIT:-86}" | "${BK_UBSAN_EXIT:-87}")
+		_tmf_say "test_must_fail: '$*' exited $rc: a sanitizer error"; return 1 ;;
+	esac
+	if [ -n "$want" ] && [ $rc -ne "$want" ]; then
+		_tmf_say "test_must_fail: '$*' exited $rc, not $want"; return 1
+	fi
+	if [ -z "$want" ] && [ $rc -ne 1 ] && [ $rc -ne 2 ]; then
+		_tmf_say "test_must_fail: '$*' exited $rc (a tool's error is 1, a usage error 2)"; return 1
+	fi
+	if [ -n "$(tail -c 1 "$TEST_TMP/.err")" ]; then
+		_tmf_say "test_must_fail: '$*': stderr does not end with a newline"; return 1
+	fi
+	if [ "$nl" = list ]; then
+		if ! tail -n 1 "$TEST_TMP/.err" | grep -q '^[a-z0-9-]*: error: '; then
+			_tmf_say "test_must_fail: '$*': the last stderr line is not the error line"; return 1
+		fi
+	elif [ "$lines" -ne "$nl" ]; then
+		_tmf_say "test_must_fail: '$*' printed $lines lines on stderr, not $nl"; return 1
+	fi
 	return 0
 }
 test_cmp() { diff -u "$1" "$2"; }

@@ -9,6 +9,13 @@ export BK_BIN="$PWD/$BUILD/bin" PATH="$PWD/$BUILD/bin:$PATH"
 # a shared 2-core machine; waiting passively costs nothing measurable here.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 export XDG_CACHE_HOME="${TMPDIR:-/tmp}/bk-test-cache.$$"
+# Sanitizers (make asan) exit with codes of their own, never the 1 of a bad-input error
+# or the 2 of a usage error, so an expected failure that is really an ASan/LSan report
+# (86) or a UBSan one (87) fails its test (tests/lib.sh test_must_fail, harness.c
+# bk_expect_die).  Appended: these settings win over any given in the environment.
+export BK_ASAN_EXIT=86 BK_UBSAN_EXIT=87
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}exitcode=$BK_ASAN_EXIT"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:+$UBSAN_OPTIONS:}exitcode=$BK_UBSAN_EXIT:halt_on_error=1:print_stacktrace=1"
 trap 'rm -rf "$XDG_CACHE_HOME"' EXIT
 pat=${1:-}
 pass=0 fail=0 failed=()
