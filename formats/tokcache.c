@@ -2,14 +2,21 @@
  * File layout (little-endian): "BKTOKC01", u64 tokenizer hash, u64 entry count, then
  * per entry: u64 key, u32 nt, u32 ns, u32 nr, u32 has_resp, i32 ids[nt + ns + nr].
  * In memory: the entries back to back in one buffer (the loaded file body plus new
- * entries) and an open-addressing table key -> offset. */
+ * entries) and an open-addressing table key -> offset.
+ * Concurrency: runs that share a cache (make -j) merge on write.  Close takes an
+ * exclusive flock on PATH.lock, reads the file as it is now (other runs may have
+ * written since this one loaded it), adds its entries that this run lacks, and writes
+ * the union (temporary + rename) before unlocking; so no run's entries are lost.
+ * Readers never lock: rename makes every file they open complete. */
 #include "tokcache.h"
 #include "common/diag.h"
 #include "common/files.h"
 #include "common/hash.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <string.h>
@@ -222,10 +229,64 @@ void bk_tokcache_put(bk_tokcache *c, uint64_t key, const bk_tokcache_entry *e)
 
 const char *bk_tokcache_path(const bk_tokcache *c) { return c->path; }
 
+/* raw append of one entry (no "added" count): an entry another run wrote */
+static void append_entry(bk_tokcache *c, const char *p, size_t need)
+{
+	if (c->len + need > c->cap) {
+		c->cap = (c->len + need) * 2;
+		c->buf = xrealloc(c->buf, c->cap);
+	}
+	memcpy(c->buf + c->len, p, need);
+	table_insert(c, rd64(p), c->len);
+	c->len += need;
+}
+
+/* adds the entries of the file on disk now that c lacks; a damaged or foreign file
+ * adds nothing (it is replaced) */
+static void merge_from_disk(bk_tokcache *c)
+{
+	size_t flen;
+	char *file = bk_try_read_file(c->path, &flen);
+	if (!file)
+		return;
+	if (flen >= HDR && !memcmp(file, MAGIC, 8) && rd64(file + 8) == c->tok_hash) {
+		/* validate the whole body before taking anything from it */
+		uint64_t n = rd64(file + 16), k = 0;
+		const char *body = file + HDR;
+		size_t blen = flen - HDR, off = 0;
+		for (; k < n && blen - off >= ENT; k++) {
+			uint64_t tot = (uint64_t)rd32(body + off + 8) + rd32(body + off + 12) +
+				       rd32(body + off + 16);
+			if (tot > (blen - off - ENT) / 4)
+				break;
+			off += ENT + 4 * (size_t)tot;
+		}
+		if (k == n && off == blen) {
+			bk_tokcache_entry e;
+			for (off = 0; off < blen;) {
+				size_t need = ENT + 4 * ((size_t)rd32(body + off + 8) +
+							 rd32(body + off + 12) + rd32(body + off + 16));
+				if (!bk_tokcache_get(c, rd64(body + off), &e))
+					append_entry(c, body + off, need);
+				off += need;
+			}
+		}
+	}
+	free(file);
+}
+
 size_t bk_tokcache_close(bk_tokcache *c)
 {
 	size_t added = c->added;
 	if (added) {
+		/* the lock: other runs sharing this cache merge one at a time (a lock that
+		 * cannot be had, e.g. on a file system without flock, only loses the merge) */
+		char *lock_path = xasprintf("%s.lock", c->path);
+		int lfd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+		while (lfd >= 0 && flock(lfd, LOCK_EX) != 0 && errno == EINTR)
+			;
+		free(lock_path);
+		merge_from_disk(c);
 		/* count entries actually in the body (a re-put key appears twice; harmless) */
 		uint64_t n = 0;
 		for (size_t off = 0; off < c->len; n++)
@@ -244,6 +305,8 @@ size_t bk_tokcache_close(bk_tokcache *c)
 			unlink(tmp);
 		}
 		free(tmp);
+		if (lfd >= 0)
+			close(lfd); /* releases the lock */
 	}
 	free(c->buf);
 	free(c->slot);

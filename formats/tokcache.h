@@ -2,7 +2,9 @@
  * Key: XXH3-64 of (tokenizer file hash, template, system, user, response).  Value:
  * the teacher prompt, student prompt and response ids.  One file per tokenizer under
  * $XDG_CACHE_HOME/bakery (else ~/.cache/bakery); loaded whole at open, rewritten
- * atomically (old + new entries) at close, so a crash never leaves a torn cache.
+ * atomically at close, so a crash never leaves a torn cache.  Close merges under a
+ * lock (PATH.lock): the entries of runs that closed meanwhile are kept, so concurrent
+ * runs sharing a cache (make -j) lose none.
  * A damaged cache file is reported once and ignored (it is only a cache). */
 #ifndef BK_TOKCACHE_H
 #define BK_TOKCACHE_H

@@ -55,6 +55,36 @@ test_expect_success 'an unusable cache directory is a warning, not an error' '
 		"$DATA/pipe/pairs.json" >nc2.bk 2>err && cmp cold.bk nc2.bk && grep -q "without the cache" err
 '
 
+# Both runs load the (empty) cache, then block opening their -o FIFOs until both are
+# waiting there; only then do they tokenize and write the cache, so each closes with
+# entries the other lacks.  Afterwards every sample of both inputs is a cache hit.
+wait_fifo_open() { # pid...: until each blocks in open(2) of a FIFO (at most ~20 s)
+	local p w i
+	for p in "$@"; do
+		for i in $(seq 200); do
+			w=$(cat /proc/"$p"/wchan 2>/dev/null) || return 0
+			case $w in *partner* | *fifo*) break ;; esac
+			sleep 0.1
+		done
+	done
+}
+test_expect_success 'two concurrent runs sharing a cache lose no entries' '
+	export XDG_CACHE_HOME="$TEST_TMP/cc" && mkfifo fa fb || exit 1
+	bk-tokenize --tokenizer "$L" --template zephyr --system "S." "$DATA/pipe/pairs.json" -o fa &
+	pa=$!
+	bk-tokenize --tokenizer "$L" --template zephyr --system "S." "$DATA/pipe/stories.txt" -o fb &
+	pb=$!
+	wait_fifo_open $pa $pb
+	cat fa >ca.bk &
+	cat fb >cb.bk &&
+	wait $pa && wait $pb && wait &&
+	test -s ca.bk && test -s cb.bk &&
+	bk-tokenize -v --tokenizer "$L" --template zephyr --system "S." "$DATA/pipe/pairs.json" >/dev/null 2>wa.err &&
+	bk-tokenize -v --tokenizer "$L" --template zephyr --system "S." "$DATA/pipe/stories.txt" >/dev/null 2>wb.err &&
+	grep "sentencepiece calls" wa.err wb.err &&
+	grep -q "sentencepiece calls 0" wa.err && grep -q "sentencepiece calls 0" wb.err
+'
+
 test_expect_success '--max-seq-length cuts sequences and responses' '
 	bk-tokenize --tokenizer "$L" --template zephyr --system "You are a dragon." --max-seq-length 24 "$DATA/pipe/pairs.json" 2>/dev/null |
 	bk-dump | jq -e -s "all(.[]; (.t_prompt|length) + (.resp|length) <= 24)"
