@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *goldens[] = {"llama2",  "zephyr",        "mistral-v0.1", "mistral-v0.2",
@@ -198,6 +199,32 @@ static void test_detect(void)
 	if (d)
 		closedir(d);
 	CHECK(seen >= 8, "only %zu model dirs", seen);
+	/* the templates of tests/data/templates (llama.cpp's copies of the real ones) */
+	static const struct {
+		const char *file, *want;
+	} texts[] = {
+		{"meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3.1"},
+		{"meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3.2"},
+		{"google-gemma-2-2b-it.jinja", "gemma"},
+		{"Qwen-Qwen2.5-7B-Instruct.jinja", "qwen2.5"},
+		{"Qwen-Qwen3-0.6B.jinja", "qwen3"},
+	};
+	for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+		char *path = xasprintf("tests/data/templates/%s", texts[i].file);
+		char *text = bk_read_file(path, NULL);
+		int t = bk_template_detect_text(path, text);
+		CHECK(t == bk_template_from_name(texts[i].want), "%s: detected '%s', want '%s'", path,
+		      bk_template_name(t), texts[i].want);
+		free(text);
+		free(path);
+	}
+	/* the GGUF Qwen2 template: chatml with "You are a helpful assistant" */
+	CHECK(bk_template_detect_text("qwen2", "{{ '<|im_start|>system\nYou are a helpful assistant<|im_end|>\n' }}") ==
+		      BK_TMPL_QWEN2,
+	      "qwen2 default system prompt");
+	CHECK(bk_template_detect_text("x", "{{ '<|start_header_id|>' + m + '<|end_header_id|>' }}") ==
+		      BK_TMPL_LLAMA3,
+	      "llama3.0");
 	/* a base model without a chat template, and a dir without tokenizer_config.json */
 	CHECK(bk_template_detect("models/stories260K") == BK_TMPL_RAW, "stories260K not raw");
 	CHECK(bk_template_detect("models/llama2-tokenizer") == BK_TMPL_RAW, "llama2-tokenizer");
@@ -244,6 +271,12 @@ static void test_refusals(const bk_tok *llama)
 	CHECK(st == BK_EXIT_FAIL && strstr(err, "none of the known templates") &&
 		      count_lines(err) == 1,
 	      "unknown template: exit %d: %s", st, err);
+	/* a chatml template with a default system prompt bakery does not know */
+	json = "{\"chat_template\": \"{{ '<|im_start|>system\\\\nYou are Bob.<|im_end|>' }}\"}";
+	bk_write_file_atomic(cfg, json, strlen(json));
+	st = bk_run_child(detect_unknown, dir, err, sizeof err);
+	CHECK(st == BK_EXIT_FAIL && strstr(err, "You are Bob.") && count_lines(err) == 1,
+	      "unknown default system prompt: exit %d: %s", st, err);
 	/* a list of named templates */
 	json = "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"x\"},"
 	       " {\"name\": \"default\", \"template\": \"<|im_start|>\"}]}";
@@ -254,6 +287,11 @@ static void test_refusals(const bk_tok *llama)
 	free(cfg);
 }
 
+static void set_date_child(void *date)
+{
+	bk_template_set_date(date);
+}
+
 static void test_names(void)
 {
 	for (int t = 0; t < BK_TMPL_COUNT; t++) {
@@ -261,6 +299,35 @@ static void test_names(void)
 		CHECK(strstr(bk_template_names(), bk_template_name(t)) != NULL, "names list %d", t);
 	}
 	CHECK(bk_template_from_name("llama4") == -1, "unknown name");
+	/* the Llama-3.1/3.2 date: HF's defaults, then the flag; qwen3's thinking mode */
+	bk_template_set_date(NULL);
+	CHECK(!strcmp(bk_template_date(BK_TMPL_LLAMA31), "26 Jul 2024"), "3.1 default date");
+	char today[32];
+	time_t now = time(NULL);
+	struct tm tm;
+	localtime_r(&now, &tm);
+	strftime(today, sizeof today, "%d %b %Y", &tm); /* the C locale: English months */
+	CHECK(!strcmp(bk_template_date(BK_TMPL_LLAMA32), today), "3.2 default date %s, want %s",
+	      bk_template_date(BK_TMPL_LLAMA32), today);
+	CHECK(bk_template_date(BK_TMPL_CHATML) == NULL, "chatml has no date");
+	bk_template_set_date("05 Mar 2025");
+	CHECK(!strcmp(bk_template_variant(BK_TMPL_LLAMA32), "llama3.2 date=05 Mar 2025"), "variant %s",
+	      bk_template_variant(BK_TMPL_LLAMA32));
+	bk_template_set_date(NULL);
+	bk_template_set_thinking(0);
+	CHECK(!strcmp(bk_template_variant(BK_TMPL_QWEN3), "qwen3 thinking=0"), "qwen3 variant");
+	bk_template_set_thinking(1);
+	CHECK(!strcmp(bk_template_variant(BK_TMPL_CHATML), "chatml"), "chatml variant");
+	CHECK(bk_template_default_system(BK_TMPL_SMOLLM2) != NULL &&
+		      bk_template_default_system(BK_TMPL_CHATML) == NULL,
+	      "default system prompts");
+	char err[512];
+	static const char *bad_dates[] = {"2025-03-05", "5 Mar 2025", "05 March 2025", "05 Xyz 2025", ""};
+	for (size_t i = 0; i < sizeof bad_dates / sizeof *bad_dates; i++) {
+		int st = bk_run_child(set_date_child, (void *)bad_dates[i], err, sizeof err);
+		CHECK(st == BK_EXIT_FAIL && strstr(err, "DD Mon YYYY"), "date '%s': exit %d: %s",
+		      bad_dates[i], st, err);
+	}
 	CHECK(bk_template_from_name("") == -1, "empty name");
 }
 
