@@ -848,12 +848,107 @@ static void push_ids(ivec *out, const int32_t *v, size_t n)
 	out->n += n;
 }
 
+/* A long word: the same merges through a heap of (rank, position) and a linked list,
+ * O(n log n) instead of O(n^2). */
+struct hent {
+	int32_t rank;
+	uint32_t pos, right;
+	int32_t l, r;
+};
+
+typedef BK_VEC(struct hent) hvec;
+
+static int hless(const struct hent *x, const struct hent *y)
+{
+	return x->rank < y->rank || (x->rank == y->rank && x->pos < y->pos);
+}
+
+static void hpush(hvec *h, struct hent e)
+{
+	bk_vec_push(h, e);
+	size_t i = h->n - 1;
+	while (i > 0 && hless(&h->v[i], &h->v[(i - 1) / 2])) {
+		struct hent t = h->v[i];
+		h->v[i] = h->v[(i - 1) / 2];
+		h->v[(i - 1) / 2] = t;
+		i = (i - 1) / 2;
+	}
+}
+
+static struct hent hpop(hvec *h)
+{
+	struct hent top = h->v[0];
+	h->v[0] = h->v[--h->n];
+	for (size_t i = 0;;) {
+		size_t l = 2 * i + 1, r = l + 1, m = i;
+		if (l < h->n && hless(&h->v[l], &h->v[m]))
+			m = l;
+		if (r < h->n && hless(&h->v[r], &h->v[m]))
+			m = r;
+		if (m == i)
+			break;
+		struct hent t = h->v[i];
+		h->v[i] = h->v[m];
+		h->v[m] = t;
+		i = m;
+	}
+	return top;
+}
+
+static size_t merge_long(struct ctx *c, size_t n)
+{
+	const bk_bpe *b = c->b;
+	int32_t *s = c->sym.v, dummy;
+	uint32_t *next = xmalloc(n * sizeof *next), *prev = xmalloc(n * sizeof *prev);
+	hvec h = {0};
+	for (size_t i = 0; i < n; i++) {
+		next[i] = (uint32_t)(i + 1);
+		prev[i] = (uint32_t)(i ? i - 1 : UINT32_MAX);
+	}
+#define PUSH_PAIR(p, q)                                                                    \
+	do {                                                                               \
+		int32_t rk_ = pmap_get(&b->merges, s[p], s[q], &dummy);                      \
+		if (rk_ != INT32_MAX)                                                       \
+			hpush(&h, (struct hent){rk_, (uint32_t)(p), (uint32_t)(q), s[p], s[q]}); \
+	} while (0)
+	for (size_t i = 0; i + 1 < n; i++)
+		PUSH_PAIR(i, i + 1);
+	while (h.n) {
+		struct hent e = hpop(&h);
+		/* stale: either side merged since, or no longer neighbours */
+		if (s[e.pos] != e.l || next[e.pos] != e.right || e.right >= n || s[e.right] != e.r)
+			continue;
+		int32_t id = -1;
+		(void)pmap_get(&b->merges, e.l, e.r, &id);
+		s[e.pos] = id;
+		uint32_t gone = e.right, after = next[gone];
+		s[gone] = -1;
+		next[e.pos] = after;
+		if (after < n)
+			prev[after] = e.pos;
+		if (prev[e.pos] != UINT32_MAX)
+			PUSH_PAIR(prev[e.pos], e.pos);
+		if (after < n)
+			PUSH_PAIR(e.pos, after);
+	}
+#undef PUSH_PAIR
+	size_t k = 0;
+	for (uint32_t i = 0; i < n; i = next[i])
+		s[k++] = s[i];
+	free(next);
+	free(prev);
+	free(h.v);
+	return k;
+}
+
 /* Merges sym[0..n) in place (lowest rank first, leftmost among equals); returns the new n. */
 static size_t merge_word(struct ctx *c, size_t n)
 {
 	const bk_bpe *b = c->b;
 	if (n < 2)
 		return n;
+	if (n > 48)
+		return merge_long(c, n);
 	int32_t *s = c->sym.v;
 	bk_vec_reserve(&c->rank, n);
 	int32_t *r = c->rank.v, dummy;
