@@ -111,19 +111,22 @@ static void copy_ids(bk_ids *dst, const int32_t *src, size_t n)
 	dst->n = n;
 }
 
-static void truncate_sample(bk_ids *t, bk_ids *s, bk_ids *r, size_t max)
+/* --max-seq-length: the reference's right-side truncation of the whole sequence (prompt
+ * + response, teacher and student alike), except that a prompt is never cut: cutting
+ * one removes its end, the user text and the assistant cue, and leaves a record that
+ * trains on the system prompt alone.  The response keeps the room both prompts leave
+ * (the ids are shared).  Returns 0 when a prompt leaves no room for one response or
+ * new token: the caller drops the sample. */
+static int fit_sample(bk_ids *t, bk_ids *s, bk_ids *r, size_t max)
 {
-	/* as the reference: each sequence is cut to max tokens from the end; the response
-	 * ids are shared, so both keep the shorter response (the teacher's) */
 	if (!max)
-		return;
-	if (t->n > max)
-		t->n = max;
-	if (s->n > max)
-		s->n = max;
-	size_t room = max - t->n;
+		return 1;
+	if (t->n >= max || s->n >= max)
+		return 0;
+	size_t room = max - (t->n > s->n ? t->n : s->n);
 	if (r->n > room)
 		r->n = room;
+	return 1;
 }
 
 int main(int argc, char **argv)
@@ -218,7 +221,7 @@ int main(int argc, char **argv)
 	bk_writer_header(w, NULL, kv, (int)(sizeof kv / sizeof kv[0]));
 
 	bk_ids t = {0}, s = {0}, r = {0};
-	size_t hits = 0, dropped = 0;
+	size_t hits = 0, dropped = 0, too_long = 0;
 	/* occurrences of each user text so far: duplicates get distinct, stable ids */
 	occ_table seen = {0};
 	bk_progress pg;
@@ -251,7 +254,10 @@ int main(int argc, char **argv)
 				bk_tokcache_put(cache, key, &e);
 			}
 		}
-		truncate_sample(&t, &s, &r, (size_t)o.max_seq);
+		if (!fit_sample(&t, &s, &r, (size_t)o.max_seq)) {
+			too_long++;
+			continue;
+		}
 		if (cfg) { /* the model's context, as every stage that runs it checks */
 			char lbuf[160];
 			const char *lmsg = bk_config_check_len(
@@ -296,12 +302,17 @@ int main(int argc, char **argv)
 	}
 	bk_progress_end(&pg, ds.n, ntok);
 	size_t written = (size_t)bk_writer_count(w);
-	bk_writer_close(w);
+	if (!written) /* one line, before the writer commits: no output file */
+		die("no records written: of %zu sample%s, %zu had an empty response and %zu a "
+		    "prompt that leaves no room under --max-seq-length %ld (a prompt is never cut)",
+		    ds.n, ds.n == 1 ? "" : "s", dropped, too_long, o.max_seq);
 	if (dropped)
-		warn("dropped %zu samples with an empty response%s", dropped,
-		     o.max_seq ? " (or no room for one under --max-seq-length)" : "");
-	if (!written)
-		warn("no records written");
+		warn("dropped %zu sample%s with an empty response", dropped, dropped == 1 ? "" : "s");
+	if (too_long)
+		warn("dropped %zu sample%s whose prompt leaves no room under --max-seq-length %ld "
+		     "(a prompt is never cut: its user text would be lost)",
+		     too_long, too_long == 1 ? "" : "s", o.max_seq);
+	bk_writer_close(w);
 	size_t added = cache ? bk_tokcache_close(cache) : 0;
 	note("%zu records, cache hits %zu, new cache entries %zu, sentencepiece calls %lu", written,
 	     hits, added, bk_tok_encode_calls);

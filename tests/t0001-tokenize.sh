@@ -25,7 +25,7 @@ test_expect_success 'paired JSON: zephyr ids, empty response dropped, response i
 	bk-tokenize --tokenizer "$L" --template zephyr --system "You are a dragon." "$DATA/pipe/pairs.json" 2>err |
 	bk-dump >pairs.jsonl &&
 	test $(wc -l <pairs.jsonl) -eq 4 &&
-	grep -q "dropped 1 samples with an empty response" err &&
+	grep -q "dropped 1 sample with an empty response" err &&
 	jq -e -s "all(.[]; (.resp|length) > 0 and .resp[-2] == 2)" pairs.jsonl &&
 	jq -e -s ".[3].user == \"Non-ASCII: café, 日本語, 🐉\"" pairs.jsonl
 '
@@ -85,9 +85,28 @@ test_expect_success 'two concurrent runs sharing a cache lose no entries' '
 	grep -q "sentencepiece calls 0" wa.err && grep -q "sentencepiece calls 0" wb.err
 '
 
-test_expect_success '--max-seq-length cuts sequences and responses' '
-	bk-tokenize --tokenizer "$L" --template zephyr --system "You are a dragon." --max-seq-length 24 "$DATA/pipe/pairs.json" 2>/dev/null |
-	bk-dump | jq -e -s "all(.[]; (.t_prompt|length) + (.resp|length) <= 24)"
+# pairs.json under zephyr + this system prompt: teacher prompts of 36, 35, 35 and 47 tokens
+# (student 22, 21, 21, 33), responses of 9, 11, 13 and 8, one empty response
+test_expect_success '--max-seq-length cuts responses, never a prompt: a sample whose prompt does not fit is dropped and counted' '
+	bk-tokenize --tokenizer "$L" --template zephyr --system "You are a dragon." --max-seq-length 40 \
+		"$DATA/pipe/pairs.json" 2>err >cut.bk &&
+	bk-dump cut.bk | jq -c "[(.t_prompt|length), (.s_prompt|length), (.resp|length)]" >lens &&
+	printf "[36,22,4]\n[35,21,5]\n[35,21,5]\n" >lens.want && test_cmp lens.want lens &&
+	bk-tokenize --tokenizer "$L" --template zephyr --system "You are a dragon." \
+		"$DATA/pipe/pairs.json" 2>/dev/null | bk-dump | jq -c ".t_prompt" | head -3 >full &&
+	bk-dump cut.bk | jq -c ".t_prompt" >kept && test_cmp full kept &&
+	grep -q "dropped 1 sample whose prompt leaves no room under --max-seq-length 40" err &&
+	grep -q "dropped 1 sample with an empty response" err && test $(wc -l <err) -eq 2
+'
+
+test_expect_success 'nothing left after --max-seq-length: one error line, exit 1, no output file' '
+	test_must_fail --exit 1 bk-tokenize --tokenizer "$L" --template zephyr --system "You are a dragon." \
+		--max-seq-length 24 "$DATA/pipe/pairs.json" -o none.bk 2>err &&
+	grep -q "no records written: of 5 samples, 1 had an empty response and 4 a prompt that leaves no room under --max-seq-length 24" err &&
+	test ! -e none.bk &&
+	test_must_fail --exit 1 bk-tokenize --tokenizer "$L" --template llama2 --system "Answer in French." \
+		--prompt "Where is Paris?" --max-seq-length 16 2>err >/dev/null &&
+	grep -q "no records written" err
 '
 
 test_expect_success 'duplicate prompts get distinct stable ids' '
