@@ -28,13 +28,14 @@ void bk_cuda_attention_forward(float *out /* [T,NH,D] */, float *lse /* [NH,T] *
 			       const float *v /* [T,NKV,D] */,
 			       const int32_t *cu_seqlens /* [S+1] */, int S, int T, int NH,
 			       int NKV, int D, const float *prefix_k /* [P,NKV,D] or NULL */,
-			       const float *prefix_v /* [P,NKV,D] or NULL */, int P);
+			       const float *prefix_v /* [P,NKV,D] or NULL */, int P,
+			       const bk_attn *ap);
 void bk_cuda_attention_backward(float *dq /* [T,NH,D] += */, float *dk /* [T,NKV,D] += */,
 				float *dv /* [T,NKV,D] += */, const float *dout /* [T,NH,D] */,
 				const float *q, const float *k, const float *v,
 				const float *out /* [T,NH,D] */, const float *lse /* [NH,T] */,
 				const int32_t *cu_seqlens /* [S+1] */, int S, int T, int NH,
-				int NKV, int D);
+				int NKV, int D, const bk_attn *ap);
 
 /* gpu/cuda_loss.cu: the row and loss ops, signatures of the bk_ops fields of the same
  * names (ops.h has the semantics). */

@@ -19,7 +19,11 @@
 //  - backward, two kernels and no atomics (deterministic): dq by query tiles (like the
 //    forward), dk/dv by key tiles looping over the query rows that can see them and
 //    over the NH/NKV query heads of the kv head, so one block owns its dk/dv rows.
-//    Both recompute p = exp(q.k * scale - lse); D_i = dout_i . out_i comes first.
+//    Both recompute p = exp(cap(q.k * scale) - lse); D_i = dout_i . out_i comes first.
+//  - the attention parameters of ops.h (bk_attn): scale, softcap (tanh(s/c) c before
+//    the mask; its derivative 1 - (capped/c)^2 in the backward) and a sliding window
+//    (query at position i sees keys at positions > i - W: own key tiles wholly before
+//    a tile's window are skipped, prefix keys at positions 0..P-1 are masked by it).
 #include "gpu/cuda_common.cuh"
 
 #include <math.h>
@@ -68,11 +72,20 @@ static size_t fwd_smem(int BT, int D)
 	return ((size_t)4 * BT * (D + 1) + (size_t)BT * (BT + 1) + 4 * (size_t)BT) * sizeof(float);
 }
 
+// the score of raw q.k: cap(acc * scale)
+__device__ __forceinline__ float att_score(float acc, float scale, float cap)
+{
+	float s = acc * scale;
+	return cap > 0.0f ? tanhf(s / cap) * cap : s;
+}
+
 // One key tile into the running (m, l, O) of the query tile.  Keys j0..j0+nc-1 of kg/vg
-// [*,NKV,D]; prefix keys are visible to every row, own keys to rows with start <= j <= t.
+// [*,NKV,D]; prefix keys (positions j) are visible to every row within the window, own
+// keys to rows with start <= j <= t and t - j < W.  Row r is at position P + t - start.
 __device__ __forceinline__ void fwd_tile(const float *kg, const float *vg, int j0, int nc,
 					 bool prefix, int NKV, int kh, int D, int LD, int BT,
-					 int t0, int nr, float scale, float *Qs, float *Os,
+					 int t0, int nr, float scale, float cap, int W, int P,
+					 float *Qs, float *Os,
 					 float *Ks, float *Vs, float *Ss, float *mrow, float *lrow,
 					 float *arow, const int *rstart)
 {
@@ -84,12 +97,18 @@ __device__ __forceinline__ void fwd_tile(const float *kg, const float *vg, int j
 	for (int i = threadIdx.x; i < BT * BT; i += blockDim.x) {
 		int r = i / BT, c = i - r * BT, j = j0 + c;
 		float sc = -INFINITY;
-		if (r < nr && c < nc && (prefix || (j >= rstart[r] && j <= t0 + r))) {
+		bool vis = false;
+		if (r < nr && c < nc) {
+			int qpos = P + t0 + r - rstart[r];
+			vis = prefix ? (W <= 0 || qpos - j < W)
+				     : (j >= rstart[r] && j <= t0 + r && (W <= 0 || t0 + r - j < W));
+		}
+		if (vis) {
 			const float *qr = Qs + r * LD, *kc = Ks + c * LD;
 			float acc = 0.0f;
 			for (int d = 0; d < D; d++)
 				acc = fmaf(qr[d], kc[d], acc);
-			sc = acc * scale;
+			sc = att_score(acc, scale, cap);
 		}
 		Ss[r * SL + c] = sc;
 	}
@@ -134,7 +153,8 @@ __device__ __forceinline__ void fwd_tile(const float *kg, const float *vg, int j
 __global__ void __launch_bounds__(ATT_THREADS)
 attn_fwd_kernel(float *out /* [T,NH,D] */, float *lse /* [NH,T] */, const float *q,
 		const float *k, const float *v, const int32_t *cu, int S, int T, int NH, int NKV,
-		int D, const float *pk, const float *pv, int P, float scale, int BT)
+		int D, const float *pk, const float *pv, int P, float scale, float cap, int W,
+		int BT)
 {
 	extern __shared__ float sm[];
 	const int LD = D + 1, h = blockIdx.y, kh = h / (NH / NKV);
@@ -151,13 +171,17 @@ attn_fwd_kernel(float *out /* [T,NH,D] */, float *lse /* [NH,T] */, const float 
 		rstart[r] = r < nr ? cu[att_seq_of(cu, S, t0 + r)] : 0;
 	}
 	__syncthreads();
+	// every prefix tile (the window masks its keys: rows of a later sequence in the tile
+	// may sit at smaller positions than row 0); own-key tiles wholly before row 0's
+	// window are skipped (every later row's window starts later)
 	for (int j0 = 0; j0 < P; j0 += BT)
-		fwd_tile(pk, pv, j0, min(BT, P - j0), true, NKV, kh, D, LD, BT, t0, nr, scale, Qs,
-			 Os, Ks, Vs, Ss, mrow, lrow, arow, rstart);
+		fwd_tile(pk, pv, j0, min(BT, P - j0), true, NKV, kh, D, LD, BT, t0, nr, scale, cap,
+			 W, P, Qs, Os, Ks, Vs, Ss, mrow, lrow, arow, rstart);
 	const int kend = t0 + nr;
-	for (int j0 = rstart[0]; j0 < kend; j0 += BT)
+	const int kfirst = W > 0 ? max(rstart[0], t0 - W + 1) : rstart[0];
+	for (int j0 = kfirst; j0 < kend; j0 += BT)
 		fwd_tile(k, v, j0, min(BT, kend - j0), false, NKV, kh, D, LD, BT, t0, nr, scale,
-			 Qs, Os, Ks, Vs, Ss, mrow, lrow, arow, rstart);
+			 cap, W, P, Qs, Os, Ks, Vs, Ss, mrow, lrow, arow, rstart);
 	for (int i = threadIdx.x; i < nr * D; i += blockDim.x) {
 		int r = i / D, d = i - r * D;
 		out[((size_t)(t0 + r) * NH + h) * D + d] = Os[r * LD + d] / lrow[r];
@@ -197,7 +221,7 @@ static size_t bwd_dq_smem(int BT, int D)
 __global__ void __launch_bounds__(ATT_THREADS)
 attn_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k,
 		   const float *v, const float *lse, const float *Di, const int32_t *cu, int S,
-		   int T, int NH, int NKV, int D, float scale, int BT)
+		   int T, int NH, int NKV, int D, float scale, float cap, int W, int BT)
 {
 	extern __shared__ float sm[];
 	const int LD = D + 1, SL = BT + 1, h = blockIdx.y, kh = h / (NH / NKV);
@@ -216,7 +240,8 @@ attn_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k,
 	}
 	__syncthreads();
 	const int kend = t0 + nr;
-	for (int j0 = rstart[0]; j0 < kend; j0 += BT) {
+	const int kfirst = W > 0 ? max(rstart[0], t0 - W + 1) : rstart[0];
+	for (int j0 = kfirst; j0 < kend; j0 += BT) {
 		int nc = min(BT, kend - j0);
 		att_load_tile(Ks, k, j0, nc, NKV, kh, D, LD, BT);
 		att_load_tile(Vs, v, j0, nc, NKV, kh, D, LD, BT);
@@ -224,7 +249,8 @@ attn_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k,
 		for (int i = threadIdx.x; i < BT * BT; i += blockDim.x) {
 			int r = i / BT, c = i - r * BT, j = j0 + c;
 			float ds = 0.0f;
-			if (r < nr && c < nc && j >= rstart[r] && j <= t0 + r) {
+			if (r < nr && c < nc && j >= rstart[r] && j <= t0 + r &&
+			    (W <= 0 || t0 + r - j < W)) {
 				const float *qr = Qs + r * LD, *gr = dOs + r * LD;
 				const float *kc = Ks + c * LD, *vc = Vs + c * LD;
 				float s = 0.0f, dp = 0.0f;
@@ -232,8 +258,11 @@ attn_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k,
 					s = fmaf(qr[d], kc[d], s);
 					dp = fmaf(gr[d], vc[d], dp);
 				}
-				float p = expf(s * scale - lrow[r]);
+				float sc = att_score(s, scale, cap);
+				float p = expf(sc - lrow[r]);
 				ds = p * (dp - drow[r]);
+				if (cap > 0.0f)
+					ds *= 1.0f - (sc / cap) * (sc / cap);
 			}
 			dSs[r * SL + c] = ds;
 		}
@@ -266,7 +295,7 @@ static size_t bwd_dkv_smem(int BT, int D)
 __global__ void __launch_bounds__(ATT_THREADS)
 attn_bwd_dkv_kernel(float *dk, float *dv, const float *dout, const float *q, const float *k,
 		    const float *v, const float *lse, const float *Di, const int32_t *cu, int S,
-		    int T, int NH, int NKV, int D, float scale, int BT)
+		    int T, int NH, int NKV, int D, float scale, float cap, int W, int BT)
 {
 	extern __shared__ float sm[];
 	const int LD = D + 1, SL = BT + 1, kh = blockIdx.y, group = NH / NKV;
@@ -282,7 +311,9 @@ attn_bwd_dkv_kernel(float *dk, float *dv, const float *dout, const float *q, con
 		dKs[r * LD + d] = 0.0f;
 		dVs[r * LD + d] = 0.0f;
 	}
-	const int qend = cu[att_seq_of(cu, S, j0 + nc - 1) + 1];
+	int qend = cu[att_seq_of(cu, S, j0 + nc - 1) + 1];
+	if (W > 0) // rows past the last key's window see none of these keys
+		qend = min(qend, j0 + nc - 1 + W);
 	for (int h = kh * group; h < (kh + 1) * group; h++) {
 		for (int i0 = j0; i0 < qend; i0 += BT) {
 			int nr = min(BT, qend - i0);
@@ -298,7 +329,8 @@ attn_bwd_dkv_kernel(float *dk, float *dv, const float *dout, const float *q, con
 			for (int i = threadIdx.x; i < BT * BT; i += blockDim.x) {
 				int r = i / BT, c = i - r * BT, j = j0 + c;
 				float p = 0.0f, ds = 0.0f;
-				if (r < nr && c < nc && j >= rstart[r] && j <= i0 + r) {
+				if (r < nr && c < nc && j >= rstart[r] && j <= i0 + r &&
+				    (W <= 0 || i0 + r - j < W)) {
 					const float *qr = Qs + r * LD, *gr = dOs + r * LD;
 					const float *kc = Ks + c * LD, *vc = Vs + c * LD;
 					float s = 0.0f, dp = 0.0f;
@@ -306,8 +338,11 @@ attn_bwd_dkv_kernel(float *dk, float *dv, const float *dout, const float *q, con
 						s = fmaf(qr[d], kc[d], s);
 						dp = fmaf(gr[d], vc[d], dp);
 					}
-					p = expf(s * scale - lrow[r]);
+					float sc = att_score(s, scale, cap);
+					p = expf(sc - lrow[r]);
 					ds = p * (dp - drow[r]);
+					if (cap > 0.0f)
+						ds *= 1.0f - (sc / cap) * (sc / cap);
 				}
 				Ps[r * SL + c] = p;
 				dSs[r * SL + c] = ds;
@@ -370,10 +405,13 @@ static void att_smem_optin(const void *kernel, int *done)
 extern "C" void bk_cuda_attention_forward(float *out, float *lse, const float *q,
 					  const float *k, const float *v,
 					  const int32_t *cu_seqlens, int S, int T, int NH, int NKV,
-					  int D, const float *prefix_k, const float *prefix_v, int P)
+					  int D, const float *prefix_k, const float *prefix_v, int P,
+					  const bk_attn *ap)
 {
 	static int optin;
 	att_check("forward", S, T, NH, NKV, D);
+	if (!ap || ap->window < 0 || ap->softcap < 0)
+		CUDA_BUG("cuda attention (forward): bad attention parameters");
 	if (P < 0 || (P > 0 && (!prefix_k || !prefix_v)))
 		CUDA_BUG("cuda attention (forward): prefix of %d tokens without K/V", P);
 	if (T == 0)
@@ -382,8 +420,8 @@ extern "C" void bk_cuda_attention_forward(float *out, float *lse, const float *q
 	att_smem_optin((const void *)attn_fwd_kernel, &optin);
 	dim3 grid((unsigned)((T + bt - 1) / bt), (unsigned)NH);
 	attn_fwd_kernel<<<grid, ATT_THREADS, fwd_smem(bt, D), bk_cuda_stream()>>>(
-		out, lse, q, k, v, cu_seqlens, S, T, NH, NKV, D, prefix_k, prefix_v, P,
-		1.0f / sqrtf((float)D), bt);
+		out, lse, q, k, v, cu_seqlens, S, T, NH, NKV, D, prefix_k, prefix_v, P, ap->scale,
+		ap->softcap, ap->window, bt);
 	CUDA_LAUNCH_CHECK("attn_fwd_kernel");
 }
 
@@ -391,14 +429,17 @@ extern "C" void bk_cuda_attention_backward(float *dq, float *dk, float *dv, cons
 					   const float *q, const float *k, const float *v,
 					   const float *out, const float *lse,
 					   const int32_t *cu_seqlens, int S, int T, int NH, int NKV,
-					   int D)
+					   int D, const bk_attn *ap)
 {
 	static int optin_dq, optin_dkv;
 	att_check("backward", S, T, NH, NKV, D);
+	if (!ap || ap->window < 0 || ap->softcap < 0)
+		CUDA_BUG("cuda attention (backward): bad attention parameters");
 	if (T == 0)
 		return;
 	cudaStream_t st = bk_cuda_stream();
-	float scale = 1.0f / sqrtf((float)D);
+	float scale = ap->scale, cap = ap->softcap;
+	int W = ap->window;
 	float *Di = (float *)bk_cuda_workspace(3, (size_t)NH * T * sizeof(float)); // [NH,T]
 	size_t warps = (size_t)T * NH;
 	attn_bwd_dot_kernel<<<bk_cuda_blocks(warps * 32, 256), 256, 0, st>>>(Di, dout, out, T, NH,
@@ -409,13 +450,13 @@ extern "C" void bk_cuda_attention_backward(float *dq, float *dk, float *dv, cons
 	att_smem_optin((const void *)attn_bwd_dq_kernel, &optin_dq);
 	dim3 gq((unsigned)((T + bq - 1) / bq), (unsigned)NH);
 	attn_bwd_dq_kernel<<<gq, ATT_THREADS, bwd_dq_smem(bq, D), st>>>(
-		dq, dout, q, k, v, lse, Di, cu_seqlens, S, T, NH, NKV, D, scale, bq);
+		dq, dout, q, k, v, lse, Di, cu_seqlens, S, T, NH, NKV, D, scale, cap, W, bq);
 	CUDA_LAUNCH_CHECK("attn_bwd_dq_kernel");
 
 	int bk = att_tile(bwd_dkv_smem, D, "backward dk/dv");
 	att_smem_optin((const void *)attn_bwd_dkv_kernel, &optin_dkv);
 	dim3 gk((unsigned)((T + bk - 1) / bk), (unsigned)NKV);
 	attn_bwd_dkv_kernel<<<gk, ATT_THREADS, bwd_dkv_smem(bk, D), st>>>(
-		dk, dv, dout, q, k, v, lse, Di, cu_seqlens, S, T, NH, NKV, D, scale, bk);
+		dk, dv, dout, q, k, v, lse, Di, cu_seqlens, S, T, NH, NKV, D, scale, cap, W, bk);
 	CUDA_LAUNCH_CHECK("attn_bwd_dkv_kernel");
 }

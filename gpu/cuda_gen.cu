@@ -252,6 +252,9 @@ static void cuda_gen_kv_store(void *kp, void *vp, int l, int L, const float *k, 
 // l = sum p_j (lane-strided then xor tree), o = sum_j p_j v_j (j in order).
 // Pass 2 (a block per (t, h)): M = max_c m_c, L = sum_c l_c e^(m_c-M), out =
 // (sum_c o_c e^(m_c-M)) / L, c in order.  The splits depend on nkey only.
+// Scores are cap(q.k * scale) (ops.h bk_attn); with a window W only keys at positions
+// >= nkey - W count: splits wholly before it are not run (nor reduced), and keys
+// before it in the first split are masked.
 
 enum { ATT_CH = 128, ATT_THREADS = 128 };
 
@@ -260,12 +263,13 @@ __global__ void __launch_bounds__(ATT_THREADS)
 				float *pl /* [T,NH,NC] */, const float *q, const int32_t *seq,
 				const int32_t *nkey, int NH, int NKV, int D,
 				const __nv_bfloat16 *kp, const __nv_bfloat16 *vp, int l, int L,
-				const int32_t *table, int W, float scale)
+				const int32_t *table, int W, float scale, float cap, int win)
 {
 	extern __shared__ float sm[];
 	int t = blockIdx.x, kh = blockIdx.y, c = blockIdx.z, NC = gridDim.z;
 	int nk = nkey[t], j0 = c * ATT_CH;
-	if (j0 >= nk)
+	int kfirst = win > 0 && nk > win ? nk - win : 0;
+	if (j0 >= nk || j0 + ATT_CH <= kfirst)
 		return;
 	int cnt = nk - j0 < ATT_CH ? nk - j0 : ATT_CH;
 	int group = NH / NKV, h0 = kh * group;
@@ -281,7 +285,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 	}
 	__syncthreads();
 	for (int j = threadIdx.x; j < ATT_CH; j += blockDim.x) {
-		if (j >= cnt) {
+		if (j >= cnt || j0 + j < kfirst) {
 			for (int g = 0; g < group; g++)
 				sc[g * ATT_CH + j] = -INFINITY;
 			continue;
@@ -295,8 +299,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
 				for (int g = 0; g < ng; g++)
 					s[g] += qs[(g0 + g) * D + d] * kd;
 			}
-			for (int g = 0; g < ng; g++)
-				sc[(g0 + g) * ATT_CH + j] = s[g] * scale;
+			for (int g = 0; g < ng; g++) {
+				float v = s[g] * scale;
+				sc[(g0 + g) * ATT_CH + j] = cap > 0.0f ? tanhf(v / cap) * cap : v;
+			}
 		}
 	}
 	__syncthreads();
@@ -309,7 +315,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 		for (int o = 16; o > 0; o >>= 1)
 			m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
 		for (int j = lane; j < ATT_CH; j += 32) {
-			float p = j < cnt ? __expf(s[j] - m) : 0.0f;
+			float p = j < cnt && j0 + j >= kfirst ? __expf(s[j] - m) : 0.0f;
 			s[j] = p;
 			sum += p;
 		}
@@ -325,27 +331,29 @@ __global__ void __launch_bounds__(ATT_THREADS)
 		int g = i / D, d = i % D;
 		const float *p = sc + g * ATT_CH;
 		float o = 0.0f;
-		for (int j = 0; j < cnt; j++)
+		for (int j = kfirst > j0 ? kfirst - j0 : 0; j < cnt; j++)
 			o += p[j] * bk_bf16_to_f32(vp[roff[j] + d]);
 		po[(((size_t)t * NH + h0 + g) * NC + c) * D + d] = o;
 	}
 }
 
 __global__ void gen_attend_reduce_kernel(float *out, const float *po, const float *pm,
-					 const float *pl, const int32_t *nkey, int NH, int D, int NC)
+					 const float *pl, const int32_t *nkey, int NH, int D, int NC,
+					 int win)
 {
 	int th = blockIdx.x, t = th / NH;
 	int nc = (nkey[t] + ATT_CH - 1) / ATT_CH;
+	int c0 = win > 0 && nkey[t] > win ? (nkey[t] - win) / ATT_CH : 0; // first split run
 	const float *m = pm + (size_t)th * NC, *l = pl + (size_t)th * NC;
 	float M = -INFINITY;
-	for (int c = 0; c < nc; c++)
+	for (int c = c0; c < nc; c++)
 		M = fmaxf(M, m[c]);
 	float Lsum = 0.0f;
-	for (int c = 0; c < nc; c++)
+	for (int c = c0; c < nc; c++)
 		Lsum += l[c] * __expf(m[c] - M);
 	for (int d = threadIdx.x; d < D; d += blockDim.x) {
 		float o = 0.0f;
-		for (int c = 0; c < nc; c++)
+		for (int c = c0; c < nc; c++)
 			o += po[((size_t)th * NC + c) * D + d] * __expf(m[c] - M);
 		out[(size_t)th * D + d] = o / Lsum;
 	}
@@ -370,10 +378,12 @@ static float *att_workspace(size_t bytes)
 
 static void cuda_gen_attend(float *out, const float *q, const int32_t *seq, const int32_t *nkey,
 			    int T, int NH, int NKV, int D, const void *kp, const void *vp, int l,
-			    int L, const int32_t *table, int W)
+			    int L, const int32_t *table, int W, const bk_attn *ap)
 {
 	if (T <= 0)
 		return;
+	if (!ap || ap->window < 0 || ap->softcap < 0)
+		CUDA_BUG("gen attend: bad attention parameters");
 	if (NH % NKV)
 		CUDA_BUG("gen attend: %d heads over %d kv heads", NH, NKV);
 	// the longest key range a table of width W can hold bounds the splits
@@ -391,10 +401,11 @@ static void cuda_gen_attend(float *out, const float *q, const int32_t *seq, cons
 	cudaStream_t st = bk_cuda_stream();
 	gen_attend_split_kernel<<<dim3(T, NKV, NC), ATT_THREADS, smem, st>>>(
 		po, pm, pl, q, seq, nkey, NH, NKV, D, (const __nv_bfloat16 *)kp,
-		(const __nv_bfloat16 *)vp, l, L, table, W, 1.0f / sqrtf((float)D));
+		(const __nv_bfloat16 *)vp, l, L, table, W, ap->scale, ap->softcap, ap->window);
 	CUDA_LAUNCH_CHECK("gen_attend_split_kernel");
 	int thr = D < 32 ? 32 : (D > 256 ? 256 : (D + 31) / 32 * 32);
-	gen_attend_reduce_kernel<<<(unsigned)nth, thr, 0, st>>>(out, po, pm, pl, nkey, NH, D, NC);
+	gen_attend_reduce_kernel<<<(unsigned)nth, thr, 0, st>>>(out, po, pm, pl, nkey, NH, D, NC,
+								ap->window);
 	CUDA_LAUNCH_CHECK("gen_attend_reduce_kernel");
 }
 

@@ -586,6 +586,97 @@ static void cuda_residual_forward(float *out, const float *a, const float *b, si
 }
 
 // ---------------------------------------------------------------------------------
+// GeGLU (gelu_pytorch_tanh), bias, final-logit softcap (elementwise, fp32; the host
+// twin's formulas, host_ops.c)
+
+#define GELU_K0 0.7978845608028654f // sqrt(2/pi)
+#define GELU_K1 0.044715f
+
+__global__ void geglu_forward_kernel(float *h, const float *gate, const float *up, size_t n)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t stride = (size_t)gridDim.x * blockDim.x;
+	for (; i < n; i += stride) {
+		float g = gate[i];
+		float th = tanhf(GELU_K0 * (g + GELU_K1 * g * g * g));
+		h[i] = 0.5f * g * (1.0f + th) * up[i];
+	}
+}
+
+__global__ void geglu_backward_kernel(float *dgate, float *dup, const float *dh,
+				      const float *gate, const float *up, size_t n)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t stride = (size_t)gridDim.x * blockDim.x;
+	for (; i < n; i += stride) {
+		float g = gate[i];
+		float th = tanhf(GELU_K0 * (g + GELU_K1 * g * g * g));
+		float gl = 0.5f * g * (1.0f + th);
+		float dg = 0.5f * (1.0f + th) +
+			   0.5f * g * (1.0f - th * th) * GELU_K0 * (1.0f + 3.0f * GELU_K1 * g * g);
+		dgate[i] += dh[i] * up[i] * dg;
+		dup[i] += dh[i] * gl;
+	}
+}
+
+static void cuda_geglu_forward(float *h, const float *gate, const float *up, size_t n)
+{
+	if (!n)
+		return;
+	geglu_forward_kernel<<<grid_capped(n), 256, 0, g_stream>>>(h, gate, up, n);
+	CUDA_LAUNCH_CHECK("geglu_forward_kernel");
+}
+
+static void cuda_geglu_backward(float *dgate, float *dup, const float *dh, const float *gate,
+				const float *up, size_t n)
+{
+	if (!n)
+		return;
+	geglu_backward_kernel<<<grid_capped(n), 256, 0, g_stream>>>(dgate, dup, dh, gate, up, n);
+	CUDA_LAUNCH_CHECK("geglu_backward_kernel");
+}
+
+// y [T,n] += b [n] (bf16 weight)
+__global__ void bias_kernel(float *y, const __nv_bfloat16 *b, size_t total, int n)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t stride = (size_t)gridDim.x * blockDim.x;
+	for (; i < total; i += stride)
+		y[i] += bk_bf16_to_f32(b[i % (size_t)n]);
+}
+
+static void cuda_bias_forward(float *y, const bk_weight *b, int T)
+{
+	if (b->rows != 1)
+		CUDA_BUG("bias_forward: weight %d x %d is not a row", b->rows, b->cols);
+	size_t total = (size_t)T * b->cols;
+	if (!total)
+		return;
+	bias_kernel<<<grid_capped(total), 256, 0, g_stream>>>(y, wbf(b), total, b->cols);
+	CUDA_LAUNCH_CHECK("bias_kernel");
+}
+
+__global__ void softcap_kernel(float *x, float cap, size_t n)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t stride = (size_t)gridDim.x * blockDim.x;
+	for (; i < n; i += stride)
+		x[i] = tanhf(x[i] / cap) * cap;
+}
+
+static void cuda_softcap_forward(float *x, float cap, size_t n)
+{
+	if (!(cap > 0))
+		CUDA_BUG("softcap_forward: cap %g is not positive", (double)cap);
+	if (!n)
+		return;
+	softcap_kernel<<<grid_capped(n), 256, 0, g_stream>>>(x, cap, n);
+	CUDA_LAUNCH_CHECK("softcap_kernel");
+}
+
+// ---------------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------------
 
 // designated initialisers in declaration order: ops other files add to bk_ops (and
 // that are not wired here) stay NULL, which test_cuda_ops reports as absent.  The
@@ -616,6 +707,10 @@ extern "C" const bk_ops bk_ops_cuda = {
 	.attention_backward = bk_cuda_attention_backward,
 	.swiglu_forward = cuda_swiglu_forward,
 	.swiglu_backward = cuda_swiglu_backward,
+	.geglu_forward = cuda_geglu_forward,
+	.geglu_backward = cuda_geglu_backward,
+	.bias_forward = cuda_bias_forward,
+	.softcap_forward = cuda_softcap_forward,
 	.residual_forward = cuda_residual_forward,
 	.gather_rows = bk_cuda_gather_rows,
 	.scatter_rows = bk_cuda_scatter_rows,

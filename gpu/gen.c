@@ -275,7 +275,7 @@ static void ws_ensure(bk_gen *g, int T, int S)
 	g->gate = ops->alloc(T * I * f);
 	g->up = ops->alloc(T * I * f);
 	g->hm = ops->alloc(T * I * f);
-	g->rstd = ops->alloc(T * f);
+	g->rstd = ops->alloc(T * (size_t)(c->NH > 1 ? c->NH : 1) * f); /* per head: qk_norm */
 	g->xa = ops->alloc(T * R * f);
 	g->hl = ops->alloc(S * H * f);
 	g->hn = ops->alloc(S * H * f);
@@ -353,23 +353,30 @@ static void lin(bk_gen *g, int l, int mod, float *y, const float *x, int T)
  * chunking changes no bit. */
 static int row_chunk(const bk_gen *g, int T) { return g->ops == &bk_ops_host ? 16 : T; }
 
-static void rmsnorm_rows(bk_gen *g, float *out, const float *x, const bk_weight *w, int T)
+/* rows [T, width] */
+static void norm_rows(bk_gen *g, float *out, const float *x, const bk_weight *w, int T,
+		      int width)
 {
 	const bk_llama_config *c = &g->m->cfg;
 	for (int t0 = 0, ch = row_chunk(g, T); t0 < T; t0 += ch) {
 		int n = T - t0 < ch ? T - t0 : ch;
-		g->ops->rmsnorm_forward(out + (size_t)t0 * c->H, g->rstd + t0, x + (size_t)t0 * c->H,
-					w, n, c->H, c->rms_eps);
+		g->ops->rmsnorm_forward(out + (size_t)t0 * width, g->rstd + t0,
+					x + (size_t)t0 * width, w, n, width, c->rms_eps);
 	}
 }
 
-static void rope_rows(bk_gen *g, float *x, int T, int nh)
+static void rmsnorm_rows(bk_gen *g, float *out, const float *x, const bk_weight *w, int T)
+{
+	norm_rows(g, out, x, w, T, g->m->cfg.H);
+}
+
+static void rope_rows(bk_gen *g, float *x, int T, int nh, const float *inv_freq)
 {
 	const bk_llama_config *c = &g->m->cfg;
 	for (int t0 = 0, ch = row_chunk(g, T); t0 < T; t0 += ch) {
 		int n = T - t0 < ch ? T - t0 : ch;
-		g->ops->rope_forward(x + (size_t)t0 * nh * c->D, g->d_pos + t0, g->m->inv_freq, n,
-				     nh, c->D);
+		g->ops->rope_forward(x + (size_t)t0 * nh * c->D, g->d_pos + t0, inv_freq, n, nh,
+				     c->D);
 	}
 }
 
@@ -414,33 +421,67 @@ static void forward(bk_gen *g, const item *it, int S, int want_host)
 	ops->upload(g->d_table, g->h_table, (size_t)S * W * i4);
 
 	ops->embedding_forward(g->x, g->d_ids, m->embed, T);
+	if (c->embed_scale > 0 && c->embed_scale != 1)
+		ops->scale(g->x, c->embed_scale, (size_t)T * H);
 	for (int l = 0; l < c->L; l++) {
 		const bk_layer *w = &m->layers[l];
-		/* attention block */
+		/* attention block (the same op sequence as model.c's layer_forward) */
 		rmsnorm_rows(g, g->ln, g->x, w->attn_norm, T);
-		lin(g, l, BK_LORA_Q, g->q, g->ln, T);
-		lin(g, l, BK_LORA_K, g->k, g->ln, T);
+		if (c->qk_norm) { /* per-head norms of q and k, from their raw values in att */
+			lin(g, l, BK_LORA_K, g->att, g->ln, T);
+			if (c->qkv_bias)
+				ops->bias_forward(g->att, w->bk, T);
+			norm_rows(g, g->k, g->att, w->k_norm, T * c->NKV, c->D);
+			lin(g, l, BK_LORA_Q, g->att, g->ln, T);
+			if (c->qkv_bias)
+				ops->bias_forward(g->att, w->bq, T);
+			norm_rows(g, g->q, g->att, w->q_norm, T * c->NH, c->D);
+		} else {
+			lin(g, l, BK_LORA_Q, g->q, g->ln, T);
+			lin(g, l, BK_LORA_K, g->k, g->ln, T);
+			if (c->qkv_bias) {
+				ops->bias_forward(g->q, w->bq, T);
+				ops->bias_forward(g->k, w->bk, T);
+			}
+		}
 		lin(g, l, BK_LORA_V, g->v, g->ln, T);
-		rope_rows(g, g->q, T, c->NH);
-		rope_rows(g, g->k, T, c->NKV);
+		if (c->qkv_bias)
+			ops->bias_forward(g->v, w->bv, T);
+		rope_rows(g, g->q, T, c->NH, w->inv_freq);
+		rope_rows(g, g->k, T, c->NKV, w->inv_freq);
 		g->gops->kv_store(g->pool.k, g->pool.v, l, c->L, g->k, g->v, g->d_slot, T, c->NKV,
 				  c->D);
 		g->gops->attend(g->att, g->q, g->d_seq, g->d_nkey, T, c->NH, c->NKV, c->D, g->pool.k,
-				g->pool.v, l, c->L, g->d_table, W);
+				g->pool.v, l, c->L, g->d_table, W, &w->attn);
 		lin(g, l, BK_LORA_O, g->tmp, g->att, T);
-		ops->residual_forward(g->x, g->x, g->tmp, (size_t)T * H);
+		if (c->sandwich) {
+			rmsnorm_rows(g, g->ln, g->tmp, w->post_attn_norm, T);
+			ops->residual_forward(g->x, g->x, g->ln, (size_t)T * H);
+		} else {
+			ops->residual_forward(g->x, g->x, g->tmp, (size_t)T * H);
+		}
 		/* MLP block */
 		rmsnorm_rows(g, g->ln, g->x, w->mlp_norm, T);
 		lin(g, l, BK_LORA_GATE, g->gate, g->ln, T);
 		lin(g, l, BK_LORA_UP, g->up, g->ln, T);
-		ops->swiglu_forward(g->hm, g->gate, g->up, (size_t)T * I);
+		if (c->geglu)
+			ops->geglu_forward(g->hm, g->gate, g->up, (size_t)T * I);
+		else
+			ops->swiglu_forward(g->hm, g->gate, g->up, (size_t)T * I);
 		lin(g, l, BK_LORA_DOWN, g->tmp, g->hm, T);
-		ops->residual_forward(g->x, g->x, g->tmp, (size_t)T * H);
+		if (c->sandwich) {
+			rmsnorm_rows(g, g->ln, g->tmp, w->post_mlp_norm, T);
+			ops->residual_forward(g->x, g->x, g->ln, (size_t)T * H);
+		} else {
+			ops->residual_forward(g->x, g->x, g->tmp, (size_t)T * H);
+		}
 	}
 	for (int s = 0; s < S; s++)
 		ops->copy(g->hl + (size_t)s * H, g->x + (size_t)g->h_last[s] * H, H * sizeof(float));
 	rmsnorm_rows(g, g->hn, g->hl, m->final_norm, S);
 	g->gops->linear(g->logits, g->hn, m->lm_head, S);
+	if (c->final_softcap > 0) /* Gemma-2: logits <- tanh(logits / cap) * cap */
+		ops->softcap_forward(g->logits, c->final_softcap, (size_t)S * c->V);
 	if (want_host)
 		ops->download(g->h_logits, g->logits, (size_t)S * c->V * sizeof(float));
 	g->st.steps++;

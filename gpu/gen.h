@@ -54,13 +54,15 @@ typedef struct bk_gen_ops {
 			 const float *v /* [T,NKV,D] */, const int32_t *slot /* [T] */, int T,
 			 int NKV, int D);
 	/* Attention of T new query tokens (after kv_store): query t of sequence s = seq[t]
-	 * attends, head h with kv head h / (NH/NKV) and scores q.k / sqrt(D), to the keys
-	 * at positions 0..nkey[t]-1 of sequence s (layer l, through row s of table), in
-	 * position order.  A decode step is T = S single-token queries. */
+	 * (at position nkey[t]-1) attends, head h with kv head h / (NH/NKV) and scores
+	 * cap(q.k * ap->scale) (ops.h's bk_attn), to the keys at positions
+	 * max(0, nkey[t] - ap->window) .. nkey[t]-1 (all from 0 when window is 0) of
+	 * sequence s (layer l, through row s of table), in position order; blocks wholly
+	 * before the window are not read.  A decode step is T = S single-token queries. */
 	void (*attend)(float *out /* [T,NH,D] */, const float *q /* [T,NH,D] */,
 		       const int32_t *seq /* [T] */, const int32_t *nkey /* [T] */, int T,
 		       int NH, int NKV, int D, const void *kp, const void *vp, int l, int L,
-		       const int32_t *table /* [S,W] */, int W);
+		       const int32_t *table /* [S,W] */, int W, const bk_attn *ap);
 	/* Optional (NULL: the engine samples on the host with gpu/sample.h): draws N tokens
 	 * on the device by the rule of sample.h, draw i from the row rows[i] of logits
 	 * [*,V] with u = bk_crng_uniform(keys[i], counters[i]) (ignored when temperature

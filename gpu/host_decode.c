@@ -180,13 +180,14 @@ static inline const float *kv_at(const float *pool, const int32_t *tb, int j, in
 
 static void host_attend(float *out, const float *q, const int32_t *seq, const int32_t *nkey,
 			int T, int NH, int NKV, int D, const void *kp, const void *vp, int l,
-			int L, const int32_t *table, int W)
+			int L, const int32_t *table, int W, const bk_attn *ap)
 {
 	BUG_ON(NH % NKV);
+	BUG_ON(!ap || ap->window < 0 || ap->softcap < 0);
 	int group = NH / NKV, maxkey = 1;
 	for (int t = 0; t < T; t++)
 		maxkey = nkey[t] > maxkey ? nkey[t] : maxkey;
-	float scale = 1.0f / sqrtf((float)D);
+	float scale = ap->scale, cap = ap->softcap;
 	const float *kc = kp, *vc = vp;
 #pragma omp parallel if ((double)T * NH * maxkey * D > 1048576.0)
 	{
@@ -195,22 +196,25 @@ static void host_attend(float *out, const float *q, const int32_t *seq, const in
 		for (int t = 0; t < T; t++) {
 			for (int h = 0; h < NH; h++) {
 				int kh = h / group, nk = nkey[t];
+				/* the window: keys at positions > (nk - 1) - window */
+				int j0 = ap->window > 0 && nk > ap->window ? nk - ap->window : 0;
 				const int32_t *tb = table + (size_t)seq[t] * W;
 				BUG_ON(nk < 1 || (nk - 1) / BK_GEN_BLOCK >= W);
 				const float *qt = q + ((size_t)t * NH + h) * D;
 				float mx = -INFINITY;
-				for (int j = 0; j < nk; j++) {
-					sc[j] = dotf(qt, kv_at(kc, tb, j, l, L, kh, NKV, D), D) * scale;
+				for (int j = j0; j < nk; j++) {
+					float s = dotf(qt, kv_at(kc, tb, j, l, L, kh, NKV, D), D) * scale;
+					sc[j] = cap > 0 ? tanhf(s / cap) * cap : s;
 					mx = sc[j] > mx ? sc[j] : mx;
 				}
 				float sum = 0;
-				for (int j = 0; j < nk; j++) {
+				for (int j = j0; j < nk; j++) {
 					sc[j] = expf(sc[j] - mx);
 					sum += sc[j];
 				}
 				float *ot = out + ((size_t)t * NH + h) * D;
 				memset(ot, 0, D * sizeof(float));
-				for (int j = 0; j < nk; j++) {
+				for (int j = j0; j < nk; j++) {
 					const float *vj = kv_at(vc, tb, j, l, L, kh, NKV, D);
 					float wgt = sc[j] / sum;
 					for (int d = 0; d < D; d++)

@@ -250,20 +250,35 @@ static void check_seqlens(const int32_t *cu, int S, int T)
 			BUG("attention: cu_seqlens decreases at %d", s);
 }
 
-/* One query row: scores against prefix keys then own-sequence keys cu[s]..t, two-pass
- * softmax.  sc holds P + (t - start + 1) scores. */
+/* the capped score and its derivative factor d capped / d raw (1 without a cap) */
+static inline float cap_score(float sraw, float cap)
+{
+	return cap > 0 ? tanhf(sraw / cap) * cap : sraw;
+}
+
+/* first visible key of a query at absolute position qpos: keys at positions
+ * > qpos - window (all when window is 0) */
+static inline int first_key(int qpos, int window)
+{
+	return window > 0 && qpos - window + 1 > 0 ? qpos - window + 1 : 0;
+}
+
+/* One query row: scores against the visible prefix keys then own-sequence keys
+ * cu[s]..t, two-pass softmax.  Query t is at position P + (t - cu[s]); key j of the
+ * combined list (prefix 0..P-1, then own) is at position j.  sc holds P + T + 1. */
 static void host_attention_forward(float *out /* [T,NH,D] */, float *lse /* [NH,T] */,
 				   const float *q /* [T,NH,D] */, const float *k /* [T,NKV,D] */,
 				   const float *v /* [T,NKV,D] */, const int32_t *cu /* [S+1] */,
 				   int S, int T, int NH, int NKV, int D,
 				   const float *pk /* [P,NKV,D] */, const float *pv /* [P,NKV,D] */,
-				   int P)
+				   int P, const bk_attn *ap)
 {
 	BUG_ON(NH % NKV);
 	BUG_ON(P > 0 && (!pk || !pv));
+	BUG_ON(!ap || ap->window < 0 || ap->softcap < 0);
 	check_seqlens(cu, S, T);
 	int group = NH / NKV;
-	float scale = 1.0f / sqrtf((float)D);
+	float scale = ap->scale, cap = ap->softcap;
 #pragma omp parallel
 	{
 		float *sc = xmalloc(((size_t)P + T + 1) * sizeof(float));
@@ -273,22 +288,22 @@ static void host_attention_forward(float *out /* [T,NH,D] */, float *lse /* [NH,
 				int kh = h / group;
 				for (int t = cu[s]; t < cu[s + 1]; t++) {
 					const float *qt = q + ((size_t)t * NH + h) * D;
-					int nk = P + (t - cu[s] + 1);
+					int nk = P + (t - cu[s] + 1), j0 = first_key(nk - 1, ap->window);
 					float mx = -INFINITY;
-					for (int j = 0; j < nk; j++) {
+					for (int j = j0; j < nk; j++) {
 						const float *kj = j < P ? pk + ((size_t)j * NKV + kh) * D
 									: k + ((size_t)(cu[s] + j - P) * NKV + kh) * D;
-						sc[j] = dotf(qt, kj, D) * scale;
+						sc[j] = cap_score(dotf(qt, kj, D) * scale, cap);
 						mx = sc[j] > mx ? sc[j] : mx;
 					}
 					float sum = 0;
-					for (int j = 0; j < nk; j++) {
+					for (int j = j0; j < nk; j++) {
 						sc[j] = expf(sc[j] - mx);
 						sum += sc[j];
 					}
 					float *ot = out + ((size_t)t * NH + h) * D;
 					memset(ot, 0, D * sizeof(float));
-					for (int j = 0; j < nk; j++) {
+					for (int j = j0; j < nk; j++) {
 						const float *vj = j < P ? pv + ((size_t)j * NKV + kh) * D
 									: v + ((size_t)(cu[s] + j - P) * NKV + kh) * D;
 						float w = sc[j] / sum;
@@ -303,18 +318,21 @@ static void host_attention_forward(float *out /* [T,NH,D] */, float *lse /* [NH,
 	}
 }
 
-/* p_ij = exp(s_ij - lse_i);  dv_j += p_ij do_i;  ds_ij = p_ij (do_i.v_j - do_i.o_i);
- * dq_i += scale ds_ij k_j;  dk_j += scale ds_ij q_i.  One thread owns one (sequence,
- * kv head) pair, so its dk/dv rows are written by no other thread. */
+/* c_ij = cap(scale q_i.k_j), p_ij = exp(c_ij - lse_i);  dv_j += p_ij do_i;
+ * dc_ij = p_ij (do_i.v_j - do_i.o_i);  ds_ij = dc_ij (1 - (c_ij/cap)^2) scale (the
+ * tanh' factor only with a cap);  dq_i += ds_ij k_j;  dk_j += ds_ij q_i, over the
+ * visible keys j (window).  One thread owns one (sequence, kv head) pair, so its
+ * dk/dv rows are written by no other thread.  (No prefix: position = t - cu[s].) */
 static void host_attention_backward(float *dq, float *dk, float *dv, const float *dout,
 				    const float *q, const float *k, const float *v,
 				    const float *out, const float *lse, const int32_t *cu, int S,
-				    int T, int NH, int NKV, int D)
+				    int T, int NH, int NKV, int D, const bk_attn *ap)
 {
 	BUG_ON(NH % NKV);
+	BUG_ON(!ap || ap->window < 0 || ap->softcap < 0);
 	check_seqlens(cu, S, T);
 	int group = NH / NKV;
-	float scale = 1.0f / sqrtf((float)D);
+	float scale = ap->scale, cap = ap->softcap;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
 	for (int s = 0; s < S; s++) {
 		for (int kh = 0; kh < NKV; kh++) {
@@ -325,10 +343,13 @@ static void host_attention_backward(float *dq, float *dk, float *dv, const float
 					float *dqt = dq + qi;
 					float l = lse[(size_t)h * T + t];
 					float Di = dotf(dot, out + qi, D);
-					for (int j = cu[s]; j <= t; j++) {
+					for (int j = cu[s] + first_key(t - cu[s], ap->window); j <= t; j++) {
 						size_t ki = ((size_t)j * NKV + kh) * D;
-						float p = expf(dotf(qt, k + ki, D) * scale - l);
+						float c = cap_score(dotf(qt, k + ki, D) * scale, cap);
+						float p = expf(c - l);
 						float ds = p * (dotf(dot, v + ki, D) - Di) * scale;
+						if (cap > 0)
+							ds *= 1.0f - (c / cap) * (c / cap);
 						for (int d = 0; d < D; d++) {
 							dv[ki + d] += p * dot[d];
 							dqt[d] += ds * k[ki + d];
@@ -362,6 +383,59 @@ static void host_swiglu_backward(float *dgate, float *dup, const float *dh, cons
 		dgate[i] += dh[i] * up[i] * sg * (1.0f + g * (1.0f - sg));
 		dup[i] += dh[i] * g * sg;
 	}
+}
+
+/* ---- GeGLU (tanh) ---- */
+
+#define GELU_K0 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_K1 0.044715f
+
+static void host_geglu_forward(float *h, const float *gate, const float *up, size_t n)
+{
+#pragma omp parallel for if (n > 65536)
+	for (size_t i = 0; i < n; i++) {
+		float g = gate[i];
+		float th = tanhf(GELU_K0 * (g + GELU_K1 * g * g * g));
+		h[i] = 0.5f * g * (1.0f + th) * up[i];
+	}
+}
+
+/* gelu'(g) = 0.5 (1 + th) + 0.5 g (1 - th^2) k0 (1 + 3 k1 g^2) */
+static void host_geglu_backward(float *dgate, float *dup, const float *dh, const float *gate,
+				const float *up, size_t n)
+{
+#pragma omp parallel for if (n > 65536)
+	for (size_t i = 0; i < n; i++) {
+		float g = gate[i];
+		float th = tanhf(GELU_K0 * (g + GELU_K1 * g * g * g));
+		float gl = 0.5f * g * (1.0f + th);
+		float dg = 0.5f * (1.0f + th) +
+			   0.5f * g * (1.0f - th * th) * GELU_K0 * (1.0f + 3.0f * GELU_K1 * g * g);
+		dgate[i] += dh[i] * up[i] * dg;
+		dup[i] += dh[i] * gl;
+	}
+}
+
+/* ---- bias and softcap ---- */
+
+static void host_bias_forward(float *y, const bk_weight *b, int T)
+{
+	int n = b->rows * b->cols;
+	BUG_ON(b->rows != 1);
+	const float *bv = wdata(b);
+	for (int t = 0; t < T; t++) {
+		float *yt = y + (size_t)t * n;
+		for (int i = 0; i < n; i++)
+			yt[i] += bv[i];
+	}
+}
+
+static void host_softcap_forward(float *x, float cap, size_t n)
+{
+	BUG_ON(!(cap > 0));
+#pragma omp parallel for if (n > 65536)
+	for (size_t i = 0; i < n; i++)
+		x[i] = tanhf(x[i] / cap) * cap;
 }
 
 static void host_residual_forward(float *out, const float *a, const float *b, size_t n)
@@ -451,6 +525,10 @@ const bk_ops bk_ops_host = {
 	.attention_backward = host_attention_backward,
 	.swiglu_forward = host_swiglu_forward,
 	.swiglu_backward = host_swiglu_backward,
+	.geglu_forward = host_geglu_forward,
+	.geglu_backward = host_geglu_backward,
+	.bias_forward = host_bias_forward,
+	.softcap_forward = host_softcap_forward,
 	.residual_forward = host_residual_forward,
 	.gather_rows = bk_host_gather_rows,
 	.scatter_rows = bk_host_scatter_rows,

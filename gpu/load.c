@@ -48,6 +48,16 @@ static float *read_tensor(const bk_st *st, const char *name, int64_t rows, int64
 	return p;
 }
 
+/* a norm weight as the model applies it: (1 + w) for Gemma, computed in fp32 */
+static float *read_norm(const bk_config *c, const bk_st *st, const char *name, int64_t n)
+{
+	float *p = read_tensor(st, name, 1, n);
+	if (c->norm_plus_one)
+		for (int64_t i = 0; i < n; i++)
+			p[i] = 1.0f + p[i];
+	return p;
+}
+
 bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir)
 {
 	bk_loaded_model lm = {0};
@@ -57,16 +67,35 @@ bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir)
 	const bk_config *c = lm.cfg;
 	int H = c->hidden_size, I = c->intermediate_size, L = c->n_layers, NH = c->n_heads,
 	    NKV = c->n_kv_heads, D = c->head_dim, V = c->vocab_size;
+	const char *pre = bk_config_prefix(c, st);
 	float *inv_freq = xmalloc((size_t)(D / 2) * sizeof(float));
+	float *inv_local = xmalloc((size_t)(D / 2) * sizeof(float));
 	bk_rope_inv_freq(c, inv_freq);
-	bk_llama_config mc = {H, I, L, NH, NKV, D, V, c->rms_norm_eps, inv_freq,
-			      c->tie_word_embeddings};
+	int has_local = bk_rope_inv_freq_local(c, inv_local);
+	char name[256];
+	snprintf(name, sizeof name, "%sembed_tokens.weight", pre);
+	const bk_st_tensor *et = bk_st_find(st, name);
+	bk_llama_config mc = {.H = H, .I = I, .L = L, .NH = NH, .NKV = NKV, .D = D, .V = V,
+			      .rms_eps = c->rms_norm_eps, .inv_freq = inv_freq,
+			      .tied = c->tie_word_embeddings};
+	mc.qkv_bias = c->qkv_bias;
+	mc.qk_norm = c->qk_norm;
+	mc.geglu = c->geglu;
+	mc.sandwich = c->sandwich;
+	mc.embed_scale = bk_config_embed_scale(c, et->dtype);
+	mc.attn_scale = bk_config_attn_scale(c);
+	mc.attn_softcap = (float)c->attn_softcap;
+	mc.final_softcap = (float)c->final_softcap;
+	mc.window = c->layer_window;
+	mc.inv_freq_local = has_local ? inv_local : NULL;
 	bk_llama_layer_weights *lw = xcalloc((size_t)L, sizeof *lw);
-	char name[128];
 	for (int l = 0; l < L; l++) {
 #define T(field, fmt, r, cc)                                                           \
-	snprintf(name, sizeof name, "model.layers.%d." fmt, l);                        \
+	snprintf(name, sizeof name, "%slayers.%d." fmt, pre, l);                       \
 	lw[l].field = read_tensor(st, name, r, cc)
+#define N(field, fmt, n)                                                               \
+	snprintf(name, sizeof name, "%slayers.%d." fmt, pre, l);                       \
+	lw[l].field = read_norm(c, st, name, n)
 		T(wq, "self_attn.q_proj.weight", NH * D, H);
 		T(wk, "self_attn.k_proj.weight", NKV * D, H);
 		T(wv, "self_attn.v_proj.weight", NKV * D, H);
@@ -74,21 +103,42 @@ bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir)
 		T(w_gate, "mlp.gate_proj.weight", I, H);
 		T(w_up, "mlp.up_proj.weight", I, H);
 		T(w_down, "mlp.down_proj.weight", H, I);
-		T(attn_norm, "input_layernorm.weight", 1, H);
-		T(mlp_norm, "post_attention_layernorm.weight", 1, H);
+		N(attn_norm, "input_layernorm.weight", H);
+		if (c->sandwich) {
+			N(post_attn_norm, "post_attention_layernorm.weight", H);
+			N(mlp_norm, "pre_feedforward_layernorm.weight", H);
+			N(post_mlp_norm, "post_feedforward_layernorm.weight", H);
+		} else {
+			N(mlp_norm, "post_attention_layernorm.weight", H);
+		}
+		if (c->qkv_bias) {
+			T(bq, "self_attn.q_proj.bias", 1, NH * D);
+			T(bk, "self_attn.k_proj.bias", 1, NKV * D);
+			T(bv, "self_attn.v_proj.bias", 1, NKV * D);
+		}
+		if (c->qk_norm) {
+			N(q_norm, "self_attn.q_norm.weight", D);
+			N(k_norm, "self_attn.k_norm.weight", D);
+		}
 #undef T
+#undef N
 	}
 	bk_llama_weights w = {0};
-	w.embed = read_tensor(st, "model.embed_tokens.weight", V, H);
-	w.final_norm = read_tensor(st, "model.norm.weight", 1, H);
-	w.lm_head = c->tie_word_embeddings ? w.embed : read_tensor(st, "lm_head.weight", V, H);
+	snprintf(name, sizeof name, "%sembed_tokens.weight", pre);
+	w.embed = read_tensor(st, name, V, H);
+	snprintf(name, sizeof name, "%snorm.weight", pre);
+	w.final_norm = read_norm(c, st, name, H);
+	w.lm_head = c->tie_word_embeddings ? w.embed
+					   : read_tensor(st, bk_config_lm_head(c, st), V, H);
 	w.layers = lw;
 	lm.model = bk_model_create(ops, &mc, &w);
 	for (int l = 0; l < L; l++) {
-		free((void *)lw[l].wq), free((void *)lw[l].wk), free((void *)lw[l].wv);
-		free((void *)lw[l].wo), free((void *)lw[l].w_gate), free((void *)lw[l].w_up);
-		free((void *)lw[l].w_down), free((void *)lw[l].attn_norm);
-		free((void *)lw[l].mlp_norm);
+		const float *ps[] = { lw[l].wq, lw[l].wk, lw[l].wv, lw[l].wo, lw[l].w_gate,
+				      lw[l].w_up, lw[l].w_down, lw[l].attn_norm, lw[l].mlp_norm,
+				      lw[l].bq, lw[l].bk, lw[l].bv, lw[l].q_norm, lw[l].k_norm,
+				      lw[l].post_attn_norm, lw[l].post_mlp_norm };
+		for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
+			free((void *)ps[i]);
 	}
 	if (!c->tie_word_embeddings)
 		free((void *)w.lm_head);
@@ -96,6 +146,7 @@ bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir)
 	free((void *)w.final_norm);
 	free(lw);
 	free(inv_freq);
+	free(inv_local);
 	bk_st_close(st);
 	bk_model_fingerprint(dir, lm.fingerprint);
 	return lm;

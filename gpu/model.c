@@ -1,4 +1,5 @@
-/* model.c - Llama transformer over a packed batch: forward, LoRA backward, logits and
+/* model.c - the transformer of the supported families (Llama, Qwen2/3, Gemma 1-3) over a
+ * packed batch: forward, LoRA backward, logits and
  * the shared-prefix K/V, written only in terms of the ops table (gpu/ops.h).
  * Not the loss, not the optimizer, not a checkpoint loader.
  *
@@ -15,6 +16,21 @@
  *     h      = silu(gate) * up                             saved: hmlp[l]
  *     resid[l+1] = resid2 + h Wd^T (+ LoRA)                saved: resid[l+1], xa[l][DOWN]
  * and at the end out_hidden = rmsnorm(resid[L]; final_norm), saved: rstdf.
+ *
+ * Family deltas (bk_llama_config; each off for a plain Llama):
+ *     x      = embed[ids] * embed_scale                    (Gemma)
+ *     q,k,v += bq, bk, bv  after the linears               (Qwen2; frozen: no backward op)
+ *     q,k    = rmsnorm per head over D of the raw q, k     (Qwen3, Gemma-3) before RoPE;
+ *                                                          saved: qraw, kraw, rstdq/k
+ *     RoPE   with the layer's inverse frequencies          (Gemma-3: local on sliding
+ *                                                          layers, global on full ones)
+ *     att    with the layer's bk_attn: scale, softcap, sliding window
+ *     resid2 = x + rmsnorm(att Wo^T; post_attn_norm)       (sandwich, Gemma-2/3);
+ *                                                          saved: oout, rstd3
+ *     h      = gelu_tanh(gate) * up                        (GeGLU, Gemma)
+ *     resid[l+1] = resid2 + rmsnorm(h Wd^T; post_mlp_norm) (sandwich); saved: dout, rstd4
+ * Gemma's (1 + w) norm weights are folded by the loader (gpu/load.c), so the norms
+ * here are plain.
  *
  * The backward walks the same list upwards with one running gradient dres = dLoss/d
  * (current residual stream): the residual add passes dres unchanged to both branches,
@@ -85,6 +101,12 @@ struct bk_acts {
 	float *lse;           /* [n_slot][NH,T] */
 	float *gate, *up, *hmlp; /* [n_slot][T,I] */
 	float *xa;            /* [n_slot][NMOD][T,R] */
+	/* only with cfg.qk_norm: q and k before their norm, and the norms' rstd */
+	float *qraw, *kraw;   /* [n_slot][T,NH*D], [n_slot][T,NKV*D] */
+	float *rstdq, *rstdk; /* [n_slot][T*NH], [n_slot][T*NKV] */
+	/* only with cfg.sandwich: o_proj and down_proj outputs before their norms */
+	float *oout, *dout;   /* [n_slot][T,H] */
+	float *rstd3, *rstd4; /* [n_slot][T] */
 	/* workspace */
 	float *tmp;     /* [T,H] a branch output before the residual add */
 	float *scratch; /* [T, max(H, NH*D, I) + R] for LoRA ops */
@@ -92,6 +114,8 @@ struct bk_acts {
 	float *dq, *datt;     /* [T,NH*D] */
 	float *dk, *dv;       /* [T,NKV*D] */
 	float *dgate, *dup, *dh; /* [T,I] */
+	float *dqr, *dkr;     /* [T,NH*D], [T,NKV*D] (qk_norm) */
+	float *dtmp;          /* [T,H] (sandwich) */
 };
 
 /* ---- model ---- */
@@ -131,6 +155,24 @@ bk_model *bk_model_create(const bk_ops *ops, const bk_llama_config *cfg,
 	m->cfg.inv_freq = m->inv_freq_host;
 	m->inv_freq = ops->alloc(c->D / 2 * sizeof(float));
 	ops->upload(m->inv_freq, m->inv_freq_host, c->D / 2 * sizeof(float));
+	if (cfg->inv_freq_local) {
+		m->inv_freq_local_host = xmalloc(c->D / 2 * sizeof(float));
+		memcpy(m->inv_freq_local_host, cfg->inv_freq_local, c->D / 2 * sizeof(float));
+		m->cfg.inv_freq_local = m->inv_freq_local_host;
+		m->inv_freq_local = ops->alloc(c->D / 2 * sizeof(float));
+		ops->upload(m->inv_freq_local, m->inv_freq_local_host, c->D / 2 * sizeof(float));
+	}
+	if (cfg->window) {
+		m->window_host = xmalloc(c->L * sizeof(int));
+		memcpy(m->window_host, cfg->window, c->L * sizeof(int));
+		m->cfg.window = m->window_host;
+		for (int l = 0; l < c->L; l++)
+			if (cfg->window[l] < 0)
+				die("model config: layer %d: sliding window %d is negative", l,
+				    cfg->window[l]);
+	}
+	if (c->attn_scale < 0 || c->attn_softcap < 0 || c->final_softcap < 0 || c->embed_scale < 0)
+		die("model config: a scale or softcap is negative");
 
 	m->embed = ops->weight_upload(w->embed, c->V, c->H);
 	m->final_norm = ops->weight_upload(w->final_norm, 1, c->H);
@@ -145,8 +187,29 @@ bk_model *bk_model_create(const bk_ops *ops, const bk_llama_config *cfg,
 			bk_model_module_dims(c, mod, &in, &out);
 			m->layers[l].w[mod] = ops->weight_upload(src[mod], out, in);
 		}
-		m->layers[l].attn_norm = ops->weight_upload(lw->attn_norm, 1, c->H);
-		m->layers[l].mlp_norm = ops->weight_upload(lw->mlp_norm, 1, c->H);
+		bk_layer *ly = &m->layers[l];
+		ly->attn_norm = ops->weight_upload(lw->attn_norm, 1, c->H);
+		ly->mlp_norm = ops->weight_upload(lw->mlp_norm, 1, c->H);
+		if (c->qkv_bias) {
+			ly->bq = ops->weight_upload(lw->bq, 1, c->NH * c->D);
+			ly->bk = ops->weight_upload(lw->bk, 1, c->NKV * c->D);
+			ly->bv = ops->weight_upload(lw->bv, 1, c->NKV * c->D);
+		}
+		if (c->qk_norm) {
+			ly->q_norm = ops->weight_upload(lw->q_norm, 1, c->D);
+			ly->k_norm = ops->weight_upload(lw->k_norm, 1, c->D);
+		}
+		if (c->sandwich) {
+			ly->post_attn_norm = ops->weight_upload(lw->post_attn_norm, 1, c->H);
+			ly->post_mlp_norm = ops->weight_upload(lw->post_mlp_norm, 1, c->H);
+		}
+		int win = c->window ? c->window[l] : 0;
+		ly->attn = bk_attn_default(c->D);
+		if (c->attn_scale > 0)
+			ly->attn.scale = c->attn_scale;
+		ly->attn.softcap = c->attn_softcap;
+		ly->attn.window = win;
+		ly->inv_freq = win > 0 && m->inv_freq_local ? m->inv_freq_local : m->inv_freq;
 	}
 	return m;
 }
@@ -159,15 +222,22 @@ void bk_model_free(bk_model *m)
 	for (int l = 0; l < m->cfg.L; l++) {
 		for (int mod = 0; mod < BK_LORA_NMOD; mod++)
 			ops->weight_free(m->layers[l].w[mod]);
-		ops->weight_free(m->layers[l].attn_norm);
-		ops->weight_free(m->layers[l].mlp_norm);
+		bk_layer *ly = &m->layers[l];
+		bk_weight *ws[] = { ly->attn_norm, ly->mlp_norm, ly->bq, ly->bk, ly->bv,
+				    ly->q_norm, ly->k_norm, ly->post_attn_norm, ly->post_mlp_norm };
+		for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
+			if (ws[i])
+				ops->weight_free(ws[i]);
 	}
 	if (m->lm_head != m->embed)
 		ops->weight_free(m->lm_head);
 	ops->weight_free(m->embed);
 	ops->weight_free(m->final_norm);
 	ops->free(m->inv_freq);
+	ops->free(m->inv_freq_local);
 	free(m->inv_freq_host);
+	free(m->inv_freq_local_host);
+	free(m->window_host);
 	free(m->layers);
 	free(m);
 }
@@ -228,6 +298,21 @@ bk_acts *bk_acts_create_ckpt(const bk_model *m, int max_T, int max_r, int checkp
 	a->dgate = aalloc(ops, a, T * I);
 	a->dup = aalloc(ops, a, T * I);
 	a->dh = aalloc(ops, a, T * I);
+	if (c->qk_norm) {
+		a->qraw = aalloc(ops, a, NS * T * QD);
+		a->kraw = aalloc(ops, a, NS * T * KVD);
+		a->rstdq = aalloc(ops, a, NS * T * c->NH);
+		a->rstdk = aalloc(ops, a, NS * T * c->NKV);
+		a->dqr = aalloc(ops, a, T * QD);
+		a->dkr = aalloc(ops, a, T * KVD);
+	}
+	if (c->sandwich) {
+		a->oout = aalloc(ops, a, NS * T * H);
+		a->dout = aalloc(ops, a, NS * T * H);
+		a->rstd3 = aalloc(ops, a, NS * T);
+		a->rstd4 = aalloc(ops, a, NS * T);
+		a->dtmp = aalloc(ops, a, T * H);
+	}
 	return a;
 }
 
@@ -245,7 +330,9 @@ void bk_acts_free(const bk_model *m, bk_acts *a)
 	void *bufs[] = { a->ids, a->pos, a->cu, a->resid, a->resid2, a->ln1, a->ln2,
 			 a->rstd1, a->rstd2, a->rstdf, a->q, a->k, a->v, a->att, a->lse,
 			 a->gate, a->up, a->hmlp, a->xa, a->tmp, a->scratch, a->dres, a->dln,
-			 a->dq, a->datt, a->dk, a->dv, a->dgate, a->dup, a->dh };
+			 a->dq, a->datt, a->dk, a->dv, a->dgate, a->dup, a->dh, a->qraw,
+			 a->kraw, a->rstdq, a->rstdk, a->dqr, a->dkr, a->oout, a->dout,
+			 a->rstd3, a->rstd4, a->dtmp };
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		m->ops->free(bufs[i]);
 	free(a);
@@ -395,6 +482,7 @@ static void check_batch(const bk_model *m, const bk_batch *b, const bk_acts *a, 
 /* the per-slot activations of layer l (slot(l)) */
 typedef struct {
 	float *ln1, *rstd1, *q, *k, *v, *att, *lse, *resid2, *ln2, *rstd2, *gate, *up, *hm;
+	float *qraw, *kraw, *rstdq, *rstdk, *oout, *dout, *rstd3, *rstd4; /* or NULL */
 } layer_acts;
 
 static layer_acts layer_slot(const bk_model *m, const bk_acts *a, int l)
@@ -409,6 +497,14 @@ static layer_acts layer_slot(const bk_model *m, const bk_acts *a, int l)
 		.resid2 = lay(a, a->resid2, s, H), .ln2 = lay(a, a->ln2, s, H),
 		.rstd2 = lay(a, a->rstd2, s, 1), .gate = lay(a, a->gate, s, I),
 		.up = lay(a, a->up, s, I), .hm = lay(a, a->hmlp, s, I),
+		.qraw = c->qk_norm ? lay(a, a->qraw, s, QD) : NULL,
+		.kraw = c->qk_norm ? lay(a, a->kraw, s, KVD) : NULL,
+		.rstdq = c->qk_norm ? lay(a, a->rstdq, s, c->NH) : NULL,
+		.rstdk = c->qk_norm ? lay(a, a->rstdk, s, c->NKV) : NULL,
+		.oout = c->sandwich ? lay(a, a->oout, s, H) : NULL,
+		.dout = c->sandwich ? lay(a, a->dout, s, H) : NULL,
+		.rstd3 = c->sandwich ? lay(a, a->rstd3, s, 1) : NULL,
+		.rstd4 = c->sandwich ? lay(a, a->rstd4, s, 1) : NULL,
 	};
 }
 
@@ -430,22 +526,47 @@ static void layer_forward(const bk_model *m, const bk_lora *lora, bk_acts *a, in
 
 	/* attention block */
 	ops->rmsnorm_forward(s.ln1, s.rstd1, x, w->attn_norm, T, c->H, c->rms_eps);
-	linear_fwd(m, lora, a, l, BK_LORA_Q, s.q, s.ln1, T);
-	linear_fwd(m, lora, a, l, BK_LORA_K, s.k, s.ln1, T);
+	float *q = c->qk_norm ? s.qraw : s.q, *k = c->qk_norm ? s.kraw : s.k;
+	linear_fwd(m, lora, a, l, BK_LORA_Q, q, s.ln1, T);
+	linear_fwd(m, lora, a, l, BK_LORA_K, k, s.ln1, T);
 	linear_fwd(m, lora, a, l, BK_LORA_V, s.v, s.ln1, T);
-	ops->rope_forward(s.q, a->pos, m->inv_freq, T, c->NH, c->D);
-	ops->rope_forward(s.k, a->pos, m->inv_freq, T, c->NKV, c->D);
+	if (c->qkv_bias) {
+		ops->bias_forward(q, w->bq, T);
+		ops->bias_forward(k, w->bk, T);
+		ops->bias_forward(s.v, w->bv, T);
+	}
+	if (c->qk_norm) { /* per head: rows of D */
+		ops->rmsnorm_forward(s.q, s.rstdq, s.qraw, w->q_norm, T * c->NH, c->D, c->rms_eps);
+		ops->rmsnorm_forward(s.k, s.rstdk, s.kraw, w->k_norm, T * c->NKV, c->D, c->rms_eps);
+	}
+	ops->rope_forward(s.q, a->pos, w->inv_freq, T, c->NH, c->D);
+	ops->rope_forward(s.k, a->pos, w->inv_freq, T, c->NKV, c->D);
 	ops->attention_forward(s.att, s.lse, s.q, s.k, s.v, a->cu, a->S, T, c->NH, c->NKV, c->D,
-			       pk, pv, P);
-	linear_fwd(m, lora, a, l, BK_LORA_O, a->tmp, s.att, T);
+			       pk, pv, P, &w->attn);
+	if (c->sandwich) {
+		linear_fwd(m, lora, a, l, BK_LORA_O, s.oout, s.att, T);
+		ops->rmsnorm_forward(a->tmp, s.rstd3, s.oout, w->post_attn_norm, T, c->H,
+				     c->rms_eps);
+	} else {
+		linear_fwd(m, lora, a, l, BK_LORA_O, a->tmp, s.att, T);
+	}
 	ops->residual_forward(s.resid2, x, a->tmp, (size_t)T * H);
 
 	/* MLP block */
 	ops->rmsnorm_forward(s.ln2, s.rstd2, s.resid2, w->mlp_norm, T, c->H, c->rms_eps);
 	linear_fwd(m, lora, a, l, BK_LORA_GATE, s.gate, s.ln2, T);
 	linear_fwd(m, lora, a, l, BK_LORA_UP, s.up, s.ln2, T);
-	ops->swiglu_forward(s.hm, s.gate, s.up, (size_t)T * I);
-	linear_fwd(m, lora, a, l, BK_LORA_DOWN, a->tmp, s.hm, T);
+	if (c->geglu)
+		ops->geglu_forward(s.hm, s.gate, s.up, (size_t)T * I);
+	else
+		ops->swiglu_forward(s.hm, s.gate, s.up, (size_t)T * I);
+	if (c->sandwich) {
+		linear_fwd(m, lora, a, l, BK_LORA_DOWN, s.dout, s.hm, T);
+		ops->rmsnorm_forward(a->tmp, s.rstd4, s.dout, w->post_mlp_norm, T, c->H,
+				     c->rms_eps);
+	} else {
+		linear_fwd(m, lora, a, l, BK_LORA_DOWN, a->tmp, s.hm, T);
+	}
 	ops->residual_forward(out, s.resid2, a->tmp, (size_t)T * H);
 }
 
@@ -473,6 +594,8 @@ static void forward_begin(const bk_model *m, const bk_lora *lora, const bk_batch
 	ops->upload(a->pos, b->pos, T * sizeof(int32_t));
 	ops->upload(a->cu, b->cu_seqlens, (b->S + 1) * sizeof(int32_t));
 	ops->embedding_forward(a->resid, a->ids, m->embed, T);
+	if (c->embed_scale > 0 && c->embed_scale != 1)
+		ops->scale(a->resid, c->embed_scale, (size_t)T * c->H);
 }
 
 void bk_model_forward(const bk_model *m, const bk_lora *lora, const bk_batch *b,
@@ -519,30 +642,53 @@ static void layer_backward(const bk_model *m, const bk_lora *lora, bk_lora *grad
 	const float *x = lay(a, a->resid, l, H);
 	layer_acts s = layer_slot(m, a, l);
 
-	/* MLP block: dres = d resid[l+1] = d (down output) */
+	/* MLP block: dres = d resid[l+1] = d (down output, after its norm when sandwich) */
+	const float *dy = a->dres;
+	if (c->sandwich) {
+		ops->zero(a->dtmp, fT * H);
+		ops->rmsnorm_backward(a->dtmp, a->dres, s.dout, w->post_mlp_norm, s.rstd4, T, c->H);
+		dy = a->dtmp;
+	}
 	ops->zero(a->dh, fT * I);
-	linear_bwd(m, lora, grads, a, l, BK_LORA_DOWN, a->dh, a->dres, s.hm, T);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_DOWN, a->dh, dy, s.hm, T);
 	ops->zero(a->dgate, fT * I);
 	ops->zero(a->dup, fT * I);
-	ops->swiglu_backward(a->dgate, a->dup, a->dh, s.gate, s.up, (size_t)T * I);
+	if (c->geglu)
+		ops->geglu_backward(a->dgate, a->dup, a->dh, s.gate, s.up, (size_t)T * I);
+	else
+		ops->swiglu_backward(a->dgate, a->dup, a->dh, s.gate, s.up, (size_t)T * I);
 	ops->zero(a->dln, fT * H);
 	linear_bwd(m, lora, grads, a, l, BK_LORA_GATE, a->dln, a->dgate, s.ln2, T);
 	linear_bwd(m, lora, grads, a, l, BK_LORA_UP, a->dln, a->dup, s.ln2, T);
 	ops->rmsnorm_backward(a->dres, a->dln, s.resid2, w->mlp_norm, s.rstd2, T, c->H);
 
-	/* attention block: dres = d resid2 = d (o_proj output) */
+	/* attention block: dres = d resid2 = d (o_proj output, after its norm) */
+	dy = a->dres;
+	if (c->sandwich) {
+		ops->zero(a->dtmp, fT * H);
+		ops->rmsnorm_backward(a->dtmp, a->dres, s.oout, w->post_attn_norm, s.rstd3, T, c->H);
+		dy = a->dtmp;
+	}
 	ops->zero(a->datt, fT * QD);
-	linear_bwd(m, lora, grads, a, l, BK_LORA_O, a->datt, a->dres, s.att, T);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_O, a->datt, dy, s.att, T);
 	ops->zero(a->dq, fT * QD);
 	ops->zero(a->dk, fT * KVD);
 	ops->zero(a->dv, fT * KVD);
 	ops->attention_backward(a->dq, a->dk, a->dv, a->datt, s.q, s.k, s.v, s.att, s.lse, a->cu,
-				a->S, T, c->NH, c->NKV, c->D);
-	ops->rope_backward(a->dq, a->pos, m->inv_freq, T, c->NH, c->D);
-	ops->rope_backward(a->dk, a->pos, m->inv_freq, T, c->NKV, c->D);
+				a->S, T, c->NH, c->NKV, c->D, &w->attn);
+	ops->rope_backward(a->dq, a->pos, w->inv_freq, T, c->NH, c->D);
+	ops->rope_backward(a->dk, a->pos, w->inv_freq, T, c->NKV, c->D);
+	float *dq = a->dq, *dk = a->dk;
+	if (c->qk_norm) {
+		ops->zero(a->dqr, fT * QD);
+		ops->zero(a->dkr, fT * KVD);
+		ops->rmsnorm_backward(a->dqr, a->dq, s.qraw, w->q_norm, s.rstdq, T * c->NH, c->D);
+		ops->rmsnorm_backward(a->dkr, a->dk, s.kraw, w->k_norm, s.rstdk, T * c->NKV, c->D);
+		dq = a->dqr, dk = a->dkr;
+	}
 	ops->zero(a->dln, fT * H);
-	linear_bwd(m, lora, grads, a, l, BK_LORA_Q, a->dln, a->dq, s.ln1, T);
-	linear_bwd(m, lora, grads, a, l, BK_LORA_K, a->dln, a->dk, s.ln1, T);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_Q, a->dln, dq, s.ln1, T);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_K, a->dln, dk, s.ln1, T);
 	linear_bwd(m, lora, grads, a, l, BK_LORA_V, a->dln, a->dv, s.ln1, T);
 	ops->rmsnorm_backward(a->dres, a->dln, x, w->attn_norm, s.rstd1, T, c->H);
 }
@@ -575,6 +721,8 @@ void bk_model_backward(const bk_model *m, const bk_lora *lora, const bk_batch *b
 void bk_model_logits(const bk_model *m, const float *hidden, float *logits, int T)
 {
 	m->ops->linear_forward(logits, hidden, m->lm_head, T);
+	if (m->cfg.final_softcap > 0)
+		m->ops->softcap_forward(logits, m->cfg.final_softcap, (size_t)T * m->cfg.V);
 }
 
 /* ---- shared prefix ---- */

@@ -1,4 +1,6 @@
-/* model.h - a Llama-architecture transformer over packed batches, forward and backward
+/* model.h - a Llama-architecture transformer with the deltas of Qwen2/3 and Gemma 1-3
+ * (bias, q/k norms, GeGLU, sandwich norms, attention scale/softcap/window, two RoPE
+ * bases, embedding scale; see bk_llama_config) over packed batches, forward and backward
  * (LoRA gradients only), built from the ops table in gpu/ops.h, so it runs on any
  * implementation.  Not a loader (formats/ turns checkpoints into bk_llama_weights) and
  * not the loss (gpu/loss.c takes the final hidden states).  Dimension letters: ops.h. */
@@ -21,9 +23,25 @@ typedef struct bk_llama_config {
 	float rms_eps;  /* rms_norm_eps */
 	const float *inv_freq; /* [D/2] RoPE inverse frequencies (host, copied by create) */
 	int tied;       /* tie_word_embeddings: lm_head is embed */
+	/* ---- family deltas (all 0 / NULL: a plain Llama) ---- */
+	int qkv_bias;   /* Qwen2: q/k/v projections add bq/bk/bv */
+	int qk_norm;    /* Qwen3, Gemma-3: RMSNorm of q and k per head (over D), before RoPE */
+	int geglu;      /* Gemma: gelu_tanh(gate) * up instead of silu(gate) * up */
+	int sandwich;   /* Gemma-2/3: norms on the attention and MLP outputs (post_attn_norm,
+			 * post_mlp_norm) before each residual add */
+	float embed_scale; /* 0 or 1: none; Gemma: x = embed[id] * embed_scale */
+	float attn_scale;  /* 0: D^-0.5; Gemma-2/3: query_pre_attn_scalar^-0.5 */
+	float attn_softcap; /* 0: none; Gemma-2 attn_logit_softcapping */
+	float final_softcap; /* 0: none; Gemma-2 final_logit_softcapping (the LM head's
+			      * logits; generation applies it, see gen.c) */
+	const int *window;  /* [L] sliding window of each layer (0 = full) or NULL (copied) */
+	const float *inv_freq_local; /* [D/2] RoPE of the sliding layers (Gemma-3), or NULL:
+				      * every layer uses inv_freq (copied) */
 } bk_llama_config;
 
-/* fp32 host pointers in HF layout (W [out,in]); only read by bk_model_create. */
+/* fp32 host pointers in HF layout (W [out,in]); only read by bk_model_create.  Norm
+ * weights are the multipliers the model applies: a Gemma checkpoint's (1 + w), made by
+ * the loader. */
 typedef struct bk_llama_layer_weights {
 	const float *wq;     /* [NH*D, H] */
 	const float *wk;     /* [NKV*D, H] */
@@ -33,7 +51,11 @@ typedef struct bk_llama_layer_weights {
 	const float *w_up;   /* [I, H] */
 	const float *w_down; /* [H, I] */
 	const float *attn_norm; /* [H] input_layernorm */
-	const float *mlp_norm;  /* [H] post_attention_layernorm */
+	const float *mlp_norm;  /* [H] post_attention_layernorm (sandwich: pre_feedforward_) */
+	const float *bq, *bk, *bv; /* [NH*D], [NKV*D], [NKV*D] when qkv_bias */
+	const float *q_norm, *k_norm; /* [D] when qk_norm */
+	const float *post_attn_norm, *post_mlp_norm; /* [H] when sandwich:
+						      * post_attention_, post_feedforward_ */
 } bk_llama_layer_weights;
 
 typedef struct bk_llama_weights {
@@ -55,6 +77,11 @@ extern const char *const bk_lora_module_names[BK_LORA_NMOD]; /* "q_proj", ... "d
 typedef struct bk_layer {
 	bk_weight *w[BK_LORA_NMOD]; /* indexed by enum bk_lora_module: [out,in] each */
 	bk_weight *attn_norm, *mlp_norm; /* [1,H] */
+	bk_weight *bq, *bk, *bv;         /* [1,NH*D], [1,NKV*D] or NULL */
+	bk_weight *q_norm, *k_norm;      /* [1,D] or NULL */
+	bk_weight *post_attn_norm, *post_mlp_norm; /* [1,H] or NULL */
+	bk_attn attn;                    /* scale, softcap, window of this layer */
+	const float *inv_freq;           /* [D/2] device: the model's or the local one */
 } bk_layer;
 
 typedef struct bk_model {
@@ -62,6 +89,9 @@ typedef struct bk_model {
 	bk_llama_config cfg; /* cfg.inv_freq points at inv_freq_host */
 	float *inv_freq_host; /* [D/2] */
 	float *inv_freq;      /* [D/2] device */
+	float *inv_freq_local; /* [D/2] device, or NULL */
+	int *window_host;     /* [L] (cfg.window points here), or NULL */
+	float *inv_freq_local_host; /* [D/2] (cfg.inv_freq_local), or NULL */
 	bk_weight *embed;     /* [V,H] */
 	bk_weight *final_norm; /* [1,H] */
 	bk_weight *lm_head;   /* [V,H]; == embed when tied */

@@ -27,6 +27,7 @@
 #ifndef BK_OPS_H
 #define BK_OPS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,6 +38,20 @@ typedef struct bk_weight {
 	int rows, cols;
 	void *data;
 } bk_weight;
+
+/* The attention parameters of attention_forward/backward (see there). */
+typedef struct bk_attn {
+	float scale;   /* score = q.k * scale */
+	float softcap; /* > 0: tanh(score / softcap) * softcap; 0 = none */
+	int window;    /* > 0: sliding window of this many positions; 0 = full causal */
+} bk_attn;
+
+/* HF's default: scale D^-0.5, no softcap, full causal */
+static inline bk_attn bk_attn_default(int D)
+{
+	bk_attn a = { (float)(1.0 / sqrt((double)D)), 0.0f, 0 };
+	return a;
+}
 
 typedef struct bk_ops {
 	const char *name; /* "host", "cuda" */
@@ -97,7 +112,17 @@ typedef struct bk_ops {
 	/* ---- causal GQA attention over packed sequences ----
 	 * Query t of sequence s (cu[s] <= t < cu[s+1]), head h, attends to every prefix
 	 * key 0..P-1 (if P > 0) and to the keys cu[s]..t of its own sequence, kv head
-	 * h / (NH/NKV), with scores q.k / sqrt(D).  lse[h,t] = log sum exp of its scores.
+	 * h / (NH/NKV).  Positions are absolute: prefix key p is at position p, token
+	 * cu[s]+i of a sequence at P + i (so with no prefix the sequence starts at 0).
+	 * The attention parameters (struct bk_attn below, the same for every
+	 * implementation):
+	 *   scale    score = q.k * scale (HF: head_dim^-0.5, Gemma-2/3:
+	 *            query_pre_attn_scalar^-0.5);
+	 *   softcap  > 0: score <- tanh(score / softcap) * softcap, before the mask
+	 *            (Gemma-2 attn_logit_softcapping); 0 = none;
+	 *   window   > 0: query at position i sees only keys j with i - window < j <= i
+	 *            (sliding window, prefix keys counted at their positions); 0 = full.
+	 * lse[h,t] = log sum exp of its (capped) scores.
 	 * The prefix (positions 0..P-1, already roped) is read-only and forward only:
 	 * pass P = 0 (and NULL) for a forward whose backward will run. */
 	void (*attention_forward)(float *out /* [T,NH,D] */, float *lse /* [NH,T] saved */,
@@ -105,14 +130,15 @@ typedef struct bk_ops {
 				  const float *v /* [T,NKV,D] */,
 				  const int32_t *cu_seqlens /* [S+1] */, int S, int T, int NH,
 				  int NKV, int D, const float *prefix_k /* [P,NKV,D] or NULL */,
-				  const float *prefix_v /* [P,NKV,D] or NULL */, int P);
+				  const float *prefix_v /* [P,NKV,D] or NULL */, int P,
+				  const struct bk_attn *ap);
 	/* recomputes the probabilities from q, k and lse (no [T,T] matrix kept) */
 	void (*attention_backward)(float *dq /* [T,NH,D] += */, float *dk /* [T,NKV,D] += */,
 				   float *dv /* [T,NKV,D] += */, const float *dout /* [T,NH,D] */,
 				   const float *q, const float *k, const float *v,
 				   const float *out /* [T,NH,D] */, const float *lse /* [NH,T] */,
 				   const int32_t *cu_seqlens /* [S+1] */, int S, int T, int NH,
-				   int NKV, int D);
+				   int NKV, int D, const struct bk_attn *ap);
 
 	/* ---- SwiGLU: h = silu(gate) * up, silu(g) = g / (1 + exp(-g)) ---- */
 	void (*swiglu_forward)(float *h /* [T,I] */, const float *gate /* [T,I] */,
@@ -120,6 +146,22 @@ typedef struct bk_ops {
 	void (*swiglu_backward)(float *dgate /* [T,I] += */, float *dup /* [T,I] += */,
 				const float *dh /* [T,I] */, const float *gate, const float *up,
 				size_t n);
+
+	/* ---- GeGLU (Gemma): h = gelu_tanh(gate) * up, HF gelu_pytorch_tanh:
+	 * gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) ---- */
+	void (*geglu_forward)(float *h /* [T,I] */, const float *gate /* [T,I] */,
+			      const float *up /* [T,I] */, size_t n /* T*I */);
+	void (*geglu_backward)(float *dgate /* [T,I] += */, float *dup /* [T,I] += */,
+			       const float *dh /* [T,I] */, const float *gate, const float *up,
+			       size_t n);
+
+	/* ---- frozen bias: y[t,:] += b (Qwen2 q/k/v).  The backward is the identity on
+	 * dy (the bias is frozen), so no op is needed. ---- */
+	void (*bias_forward)(float *y /* [T,n] += */, const bk_weight *b /* [1,n] */, int T);
+
+	/* ---- final-logit softcap (Gemma-2): x <- tanh(x / cap) * cap, in place
+	 * (generation's logits before sampling; the loss ops take the cap themselves) ---- */
+	void (*softcap_forward)(float *x /* [n] */, float cap, size_t n);
 
 	/* ---- residual: out = a + b (out may alias a or b); the backward is the identity:
 	 * the gradient of out flows unchanged to both a and b, so no op is needed. ---- */

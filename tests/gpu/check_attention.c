@@ -1,4 +1,5 @@
-/* check_attention.c - on a GPU: the CUDA fused attention (gpu/cuda_attention.cu) and the
+/* check_attention.c - on a GPU: the CUDA fused attention (gpu/cuda_attention.cu; with the
+ * attention parameters scale, softcap and sliding window too) and the
  * CUDA row and loss ops (gpu/cuda_loss.cu) against the host twin on the same random
  * inputs; then the attention's speed.  One line per case and output; exit 1 on any
  * failure (NaN never passes: every output is poisoned with NaN before the run, fenced by
@@ -139,7 +140,9 @@ static void report(const char *op, const char *size, const char *what, double er
 
 /* ---- attention ---- */
 
-static void check_attention(const int *lens, int S, int NH, int NKV, int D, int P)
+/* ap: the attention parameters (scale, softcap, window) of both sides */
+static void check_attention_p(const int *lens, int S, int NH, int NKV, int D, int P,
+			      const bk_attn *ap)
 {
 	int32_t cu[8];
 	cu[0] = 0;
@@ -149,19 +152,20 @@ static void check_attention(const int *lens, int S, int NH, int NKV, int D, int 
 	size_t nq = (size_t)T * NH * D, nk = (size_t)T * NKV * D, np = (size_t)P * NKV * D;
 	size_t nl = (size_t)NH * T;
 	char size[96];
-	snprintf(size, sizeof size, "T=%d S=%d NH=%d NKV=%d D=%d P=%d", T, S, NH, NKV, D, P);
+	snprintf(size, sizeof size, "T=%d S=%d NH=%d NKV=%d D=%d P=%d s%.3g c%g W%d", T, S, NH,
+		 NKV, D, P, (double)ap->scale, (double)ap->softcap, ap->window);
 	float *q = hrand(nq, 1.5f), *k = hrand(nk, 1.5f), *v = hrand(nk, 1.0f);
 	float *pk = hrand(np, 1.5f), *pv = hrand(np, 1.0f);
 	float *out_h = xmalloc((nq + 1) * 4), *lse_h = xmalloc((nl + 1) * 4);
 	float *out_g = xmalloc((nq + 1) * 4), *lse_g = xmalloc((nl + 1) * 4);
 	H->attention_forward(out_h, lse_h, q, k, v, cu, S, T, NH, NKV, D, P ? pk : NULL,
-			     P ? pv : NULL, P);
+			     P ? pv : NULL, P, ap);
 	float *dq_ = put(q, nq), *dk_ = put(k, nk), *dv_ = put(v, nk);
 	float *dpk = put(pk, np), *dpv = put(pv, np);
 	float *dout = put(NULL, nq), *dlse = put(NULL, nl);
 	int32_t *dcu = put_i(cu, (size_t)S + 1);
 	bk_cuda_attention_forward(dout, dlse, dq_, dk_, dv_, dcu, S, T, NH, NKV, D,
-				  P ? dpk : NULL, P ? dpv : NULL, P);
+				  P ? dpk : NULL, P ? dpv : NULL, P, ap);
 	int dmg = get(out_g, dout, nq);
 	report("attention fwd", size, "out", err_of(out_g, out_h, nq, 1e-3), TOL_ATT, dmg);
 	dmg = get(lse_g, dlse, nl);
@@ -173,11 +177,11 @@ static void check_attention(const int *lens, int S, int NH, int NKV, int D, int 
 		float *dq_h = xmalloc(nq * 4), *dk_h = xmalloc(nk * 4), *dv_h = xmalloc(nk * 4);
 		memcpy(dq_h, dq0, nq * 4), memcpy(dk_h, dk0, nk * 4), memcpy(dv_h, dv0, nk * 4);
 		H->attention_backward(dq_h, dk_h, dv_h, go, q, k, v, out_h, lse_h, cu, S, T, NH, NKV,
-				      D);
+				      D, ap);
 		float *dgo = put(go, nq), *dout_h = put(out_h, nq), *dlse_h = put(lse_h, nl);
 		float *ddq = put(dq0, nq), *ddk = put(dk0, nk), *ddv = put(dv0, nk);
 		bk_cuda_attention_backward(ddq, ddk, ddv, dgo, dq_, dk_, dv_, dout_h, dlse_h, dcu, S,
-					   T, NH, NKV, D);
+					   T, NH, NKV, D, ap);
 		float *g = xmalloc(nq * 4);
 		dmg = get(g, ddq, nq);
 		report("attention bwd", size, "dq", err_of(g, dq_h, nq, 1e-3), TOL_ATT, dmg);
@@ -199,6 +203,12 @@ static void check_attention(const int *lens, int S, int NH, int NKV, int D, int 
 	free(lse_g);
 	drop(dq_), drop(dk_), drop(dv_), drop(dpk), drop(dpv), drop(dout), drop(dlse);
 	G->free(dcu);
+}
+
+static void check_attention(const int *lens, int S, int NH, int NKV, int D, int P)
+{
+	bk_attn ap = bk_attn_default(D);
+	check_attention_p(lens, S, NH, NKV, D, P, &ap);
 }
 
 /* ---- rows and loss ---- */
@@ -370,17 +380,20 @@ static void bench(void)
 	float *lse = put(NULL, (size_t)NH * T);
 	int32_t *dcu = put_i(cu, S + 1);
 	double flops = 4.0 * D * ((double)L * (L + 1) / 2) * S * NH;
-	bk_cuda_attention_forward(o, lse, q, k, v, dcu, S, T, NH, NKV, D, NULL, NULL, 0);
-	bk_cuda_attention_backward(dq, dk, dv, go, q, k, v, o, lse, dcu, S, T, NH, NKV, D);
+	bk_attn ap = bk_attn_default(D);
+	bk_cuda_attention_forward(o, lse, q, k, v, dcu, S, T, NH, NKV, D, NULL, NULL, 0, &ap);
+	bk_cuda_attention_backward(dq, dk, dv, go, q, k, v, o, lse, dcu, S, T, NH, NKV, D, &ap);
 	bk_cuda_sync();
 	double t0 = now();
 	for (int i = 0; i < REP; i++)
-		bk_cuda_attention_forward(o, lse, q, k, v, dcu, S, T, NH, NKV, D, NULL, NULL, 0);
+		bk_cuda_attention_forward(o, lse, q, k, v, dcu, S, T, NH, NKV, D, NULL, NULL, 0,
+					  &ap);
 	bk_cuda_sync();
 	double tf = (now() - t0) / REP;
 	t0 = now();
 	for (int i = 0; i < REP; i++)
-		bk_cuda_attention_backward(dq, dk, dv, go, q, k, v, o, lse, dcu, S, T, NH, NKV, D);
+		bk_cuda_attention_backward(dq, dk, dv, go, q, k, v, o, lse, dcu, S, T, NH, NKV, D,
+					   &ap);
 	bk_cuda_sync();
 	double tb = (now() - t0) / REP;
 	printf("attention timing S=%d L=%d NH=%d NKV=%d D=%d: forward %.3f ms %.2f TFLOP/s, "
@@ -407,6 +420,17 @@ int main(int argc, char **argv)
 	const int odd[3] = {33, 1, 64}; /* tiles that start and end inside sequences */
 	check_attention(odd, 3, 6, 3, 96, 5);
 	check_attention(odd, 3, 6, 3, 96, 0);
+	/* the attention parameters: Gemma-2-like scale and softcap, sliding windows shorter
+	 * than the sequences and than a tile (and one reaching into the prefix), all three */
+	for (int p = 0; p < 2; p++) {
+		bk_attn a1 = {0.0625f, 50.0f, 0}, a2 = {0.125f, 0, 16}, a3 = {0.125f, 0, 100},
+			a4 = {0.2f, 3.0f, 40};
+		check_attention_p(lens, 4, 8, 2, 64, p ? 37 : 0, &a1);
+		check_attention_p(lens, 4, 8, 2, 64, p ? 37 : 0, &a2);
+		check_attention_p(lens, 4, 8, 2, 128, p ? 37 : 0, &a3);
+		check_attention_p(odd, 3, 6, 3, 96, p ? 5 : 0, &a4);
+		check_attention_p(lens, 4, 16, 2, 8, p ? 37 : 0, &a4);
+	}
 
 	check_rows();
 	check_loss(37, 64, 1000, 256, 1.0f, 16);      /* V not a multiple of the chunk */

@@ -153,8 +153,15 @@ static void check_lora(int T, int in, int out, int R)
 
 /* ---- paged KV cache + attention ---- */
 
-static void check_attend(int NH, int NKV, int Dh, const int *lens, int S, int qper)
+/* scale 0: Dh^-0.5; cap, window: ops.h bk_attn */
+static void check_attend_p(int NH, int NKV, int Dh, const int *lens, int S, int qper,
+			   float scale, float cap, int window)
 {
+	bk_attn ap = bk_attn_default(Dh);
+	if (scale > 0)
+		ap.scale = scale;
+	ap.softcap = cap;
+	ap.window = window;
 	const int L = 3, l = 1, BS = BK_GEN_BLOCK;
 	int W = 1, NB = 0;
 	for (int s = 0; s < S; s++) {
@@ -206,21 +213,21 @@ static void check_attend(int NH, int NKV, int Dh, const int *lens, int S, int qp
 		}
 	size_t qn = (size_t)Q * NH * Dh;
 	float *q = hrand(qn, 1, 0), *oh = xmalloc(qn * 4);
-	bk_gen_ops_host.attend(oh, q, seq, nkey, Q, NH, NKV, Dh, kph, vph, l, L, table, W);
+	bk_gen_ops_host.attend(oh, q, seq, nkey, Q, NH, NKV, Dh, kph, vph, l, L, table, W, &ap);
 	float *qd = dup_dev(q, qn * 4), *od = D_->alloc(qn * 4);
 	int32_t *seqd = dup_dev(seq, (size_t)Q * 4), *nkeyd = dup_dev(nkey, (size_t)Q * 4);
 	poison(od, qn * 4);
-	G->attend(od, qd, seqd, nkeyd, Q, NH, NKV, Dh, kpd, vpd, l, L, tabd, W);
+	G->attend(od, qd, seqd, nkeyd, Q, NH, NKV, Dh, kpd, vpd, l, L, tabd, W, &ap);
 	float *o = fetch(od, qn);
 	char what[128];
-	snprintf(what, sizeof(what), "kv_store+attend NH=%d NKV=%d D=%d S=%d queries=%d (max %d)",
-		 NH, NKV, Dh, S, Q, lens[S - 1]);
+	snprintf(what, sizeof(what), "kv_store+attend NH=%d NKV=%d D=%d S=%d queries=%d (max %d)%s",
+		 NH, NKV, Dh, S, Q, lens[S - 1], cap > 0 || window > 0 ? " cap/window" : "");
 	report(what, bk_max_relerr(o, oh, qn, 1e-3), 2e-3);
 	/* batch invariance: the last query alone */
 	float *o1d = D_->alloc((size_t)NH * Dh * 4);
 	poison(o1d, (size_t)NH * Dh * 4);
 	G->attend(o1d, qd + (size_t)(Q - 1) * NH * Dh, seqd + Q - 1, nkeyd + Q - 1, 1, NH, NKV, Dh,
-		  kpd, vpd, l, L, tabd, W);
+		  kpd, vpd, l, L, tabd, W, &ap);
 	float *o1 = fetch(o1d, (size_t)NH * Dh);
 	int same = !memcmp(o1, o + (size_t)(Q - 1) * NH * Dh, (size_t)NH * Dh * 4);
 	printf("%-58s %s\n", "  its last query alone: bit for bit", same ? "ok" : "FAIL");
@@ -230,6 +237,11 @@ static void check_attend(int NH, int NKV, int Dh, const int *lens, int S, int qp
 		D_->free(d[i]);
 	free(perm), free(table), free(k), free(v), free(slot), free(kph), free(vph);
 	free(seq), free(nkey), free(q), free(oh), free(o), free(o1);
+}
+
+static void check_attend(int NH, int NKV, int Dh, const int *lens, int S, int qper)
+{
+	check_attend_p(NH, NKV, Dh, lens, S, qper, 0, 0, 0);
 }
 
 /* ---- sampling ---- */
@@ -462,6 +474,13 @@ int main(int argc, char **argv)
 	check_attend(32, 4, 64, l2, 7, 9);
 	check_attend(4, 4, 128, l2, 7, 3);   /* no GQA, D 128 */
 	check_attend(16, 8, 64, l3, 2, 2);   /* group 2, a long context */
+	/* sliding windows (inside one split, across splits: whole splits skipped) and a
+	 * softcap with a Gemma-2 scale */
+	check_attend_p(8, 4, 8, l1, 5, 40, 0, 0, 5);
+	check_attend_p(32, 4, 64, l2, 7, 9, 0, 0, 100);
+	check_attend_p(16, 8, 64, l3, 2, 2, 0, 0, 512);
+	check_attend_p(16, 8, 64, l2, 7, 3, 0.0625f, 50.0f, 0);
+	check_attend_p(8, 1, 256, l2, 7, 2, 0.0625f, 3.0f, 300);
 
 	check_sample(512, 0, 1, 64);
 	check_sample(32000, 0, 1, 300); /* more draws than blocks of the grid */

@@ -8,7 +8,8 @@
  *
  * Error measure: max|cuda - host| / max(max|host|, 1e-3) per output.  Bounds:
  *   exact ops (embedding, residual, dropout masks)                0 (bit-equal)
- *   fp32 ops (rmsnorm, rope, swiglu: other summation order, 2-ulp libm)   1e-5
+ *   fp32 ops (rmsnorm, rope, swiglu, geglu, bias, softcap: other summation
+ *   order, 2-ulp libm)                                              1e-5
  *   bf16 linear (activation rounded to bf16: 2^-9 per element)     1e-2
  *   LoRA (TF32 operands, 2^-11 per element)                        5e-3
  *   attention (fp32 or bf16 inside, whichever cuda_attention.cu does) 2e-2
@@ -332,11 +333,50 @@ static void t_swiglu_residual(int T, int I)
 	free(g), free(u), free(dh), free(dg0), free(du0);
 }
 
-static void t_attention(int T, int NKV, int ratio, int D, int P)
+/* GeGLU (Gemma), the frozen bias (Qwen2) and the final-logit softcap (Gemma-2) */
+static void t_geglu_bias_softcap(int T, int I)
+{
+	char sz[64];
+	snprintf(sz, sizeof sz, "T=%d I=%d", T, I);
+	size_t n = (size_t)T * I;
+	float *g = hrand(n, 6), *u = hrand(n, 2), *dh = hrand(n, 1), *dg0 = hrand(n, 1),
+	      *du0 = hrand(n, 1), *b = hrand_bf16(I, 1);
+	pair pg = pput(g, n), pu = pput(u, n), h = pput(NULL, n);
+	ref->geglu_forward(h.r, pg.r, pu.r, n);
+	dut->geglu_forward(h.d, pg.d, pu.d, n);
+	pcmp("geglu_forward", sz, "h", h, TOL_FP32);
+	pair pdh = pput(dh, n), dg = pput(dg0, n), du = pput(du0, n);
+	ref->geglu_backward(dg.r, du.r, pdh.r, pg.r, pu.r, n);
+	dut->geglu_backward(dg.d, du.d, pdh.d, pg.d, pu.d, n);
+	pcmp("geglu_backward", sz, "dgate", dg, TOL_FP32);
+	pcmp("geglu_backward", sz, "dup", du, TOL_FP32);
+	bk_weight *br = ref->weight_upload(b, 1, I), *bd = dut->weight_upload(b, 1, I);
+	pair y = pput(u, n);
+	ref->bias_forward(y.r, br, T);
+	dut->bias_forward(y.d, bd, T);
+	pcmp("bias_forward", sz, "y+=", y, TOL_FP32);
+	pair x = pput(g, n); /* |g| up to 6: the cap of 2 bends them */
+	ref->softcap_forward(x.r, 2.0f, n);
+	dut->softcap_forward(x.d, 2.0f, n);
+	pcmp("softcap_forward", sz, "x", x, TOL_FP32);
+	ref->weight_free(br), dut->weight_free(bd);
+	pdrop(pg), pdrop(pu), pdrop(h), pdrop(pdh), pdrop(dg), pdrop(du), pdrop(y), pdrop(x);
+	free(g), free(u), free(dh), free(dg0), free(du0), free(b);
+}
+
+/* ap scale 0: D^-0.5 */
+static void t_attention_p(int T, int NKV, int ratio, int D, int P, float scale, float cap,
+			  int window)
 {
 	int NH = NKV * ratio, S = T < 4 ? 1 : 1 + (int)bk_rng_below(&rng, 4);
-	char sz[80];
-	snprintf(sz, sizeof sz, "T=%d S=%d NH=%d NKV=%d D=%d P=%d", T, S, NH, NKV, D, P);
+	bk_attn ap = bk_attn_default(D);
+	if (scale > 0)
+		ap.scale = scale;
+	ap.softcap = cap;
+	ap.window = window;
+	char sz[112];
+	snprintf(sz, sizeof sz, "T=%d S=%d NH=%d NKV=%d D=%d P=%d cap %g W %d", T, S, NH, NKV, D,
+		 P, (double)cap, window);
 	if (!dut->attention_forward || !dut->attention_backward) {
 		report("attention_forward", sz, "", 0, 0, 0, !dut->attention_forward);
 		report("attention_backward", sz, "", 0, 0, 0, !dut->attention_backward);
@@ -355,9 +395,9 @@ static void t_attention(int T, int NKV, int ratio, int D, int P)
 	pair pq = pput(q, nq), pk_ = pput(k, nk), pv_ = pput(v, nk), o = pput(NULL, nq),
 	     lse = pput(NULL, (size_t)NH * T), ppk = pput(pk, npk), ppv = pput(pv, npk);
 	ref->attention_forward(o.r, lse.r, pq.r, pk_.r, pv_.r, cr, S, T, NH, NKV, D,
-			       P ? ppk.r : NULL, P ? ppv.r : NULL, P);
+			       P ? ppk.r : NULL, P ? ppv.r : NULL, P, &ap);
 	dut->attention_forward(o.d, lse.d, pq.d, pk_.d, pv_.d, cd, S, T, NH, NKV, D,
-			       P ? ppk.d : NULL, P ? ppv.d : NULL, P);
+			       P ? ppk.d : NULL, P ? ppv.d : NULL, P, &ap);
 	pcmp("attention_forward", sz, "out", o, TOL_ATTN);
 	pcmp("attention_forward", sz, "lse", lse, TOL_ATTN);
 	if (!P) { /* the backward reads the reference's out and lse on both sides */
@@ -367,9 +407,9 @@ static void t_attention(int T, int NKV, int ratio, int D, int P)
 		pair o2 = pput(oh, nq), l2 = pput(lh, (size_t)NH * T), pdo = pput(dout, nq),
 		     dq = pput(dq0, nq), dk = pput(dk0, nk), dv = pput(dv0, nk);
 		ref->attention_backward(dq.r, dk.r, dv.r, pdo.r, pq.r, pk_.r, pv_.r, o2.r, l2.r, cr,
-					S, T, NH, NKV, D);
+					S, T, NH, NKV, D, &ap);
 		dut->attention_backward(dq.d, dk.d, dv.d, pdo.d, pq.d, pk_.d, pv_.d, o2.d, l2.d, cd,
-					S, T, NH, NKV, D);
+					S, T, NH, NKV, D, &ap);
 		pcmp("attention_backward", sz, "dq+=", dq, TOL_ATTN);
 		pcmp("attention_backward", sz, "dk+=", dk, TOL_ATTN);
 		pcmp("attention_backward", sz, "dv+=", dv, TOL_ATTN);
@@ -380,6 +420,11 @@ static void t_attention(int T, int NKV, int ratio, int D, int P)
 	ref->free(cr), dut->free(cd);
 	free(cu), free(q), free(k), free(v), free(dout), free(pk), free(pv), free(dq0), free(dk0),
 		free(dv0);
+}
+
+static void t_attention(int T, int NKV, int ratio, int D, int P)
+{
+	t_attention_p(T, NKV, ratio, D, P, 0, 0, 0);
 }
 
 /* Every function slot the host twin fills must be filled on the device too: ops that
@@ -397,7 +442,8 @@ static void t_complete(void)
 		const char *name;
 	} known[] = { K(attention_forward), K(attention_backward), K(gather_rows),
 		      K(scatter_rows), K(kl_exact), K(kl_topk), K(teacher_topk),
-		      K(teacher_logprobs), K(adamw_step), K(adamw8_step), K(grad_sumsq), K(scale) };
+		      K(teacher_logprobs), K(adamw_step), K(adamw8_step), K(grad_sumsq), K(scale),
+		      K(geglu_forward), K(geglu_backward), K(bias_forward), K(softcap_forward) };
 #undef K
 	int missing = 0;
 	for (size_t i = 0; i < nslots; i++) {
@@ -453,6 +499,7 @@ int main(int argc, char **argv)
 			t_lora(T, H, 3 * H, 8, 0.0f);
 			t_lora(T, 3 * H + 1, H, 5, 0.1f); /* odd in and rank, dropout */
 			t_swiglu_residual(T, 3 * H + 1);
+			t_geglu_bias_softcap(T, 3 * H + 1);
 		}
 		static const int Ds[] = { 64, 128 }, ratios[] = { 1, 4, 8 };
 		for (size_t d = 0; d < 2; d++) {
@@ -463,6 +510,11 @@ int main(int argc, char **argv)
 				if (r == 1)
 					t_attention(T, 2, ratios[r], Ds[d], 5); /* with a prefix */
 			}
+			/* scale, softcap and sliding window, with and without a prefix */
+			t_attention_p(T, 2, 4, Ds[d], 0, 0.0625f, 2.0f, 0);
+			t_attention_p(T, 2, 4, Ds[d], 0, 0, 0, 5);
+			t_attention_p(T, 2, 4, Ds[d], 7, 0, 0, 5);
+			t_attention_p(T, 1, 8, Ds[d], 7, 0.2f, 3.0f, 40);
 		}
 	}
 	printf("# %d checks, %d failed\n", n_lines, n_fail);

@@ -54,11 +54,44 @@ OPTIM = {
     "temperature": 1.0,
 }
 
+# The tiny random model of each family (hidden 32, 2 layers, V = 96): norm weights away
+# from identity, biases non-zero, a sliding window (4 or 5) shorter than the test
+# sequences (the teacher's are 15..18 tokens, its shared prefix 8), both RoPE bases.
+FAMILY_CONFIGS = {
+    "llama": dict(head_dim=8, tie_word_embeddings=False, rope_theta=10000.0),
+    # q/k/v bias; sliding window on layer 1 (i >= max_window_layers)
+    "qwen2": dict(tie_word_embeddings=False, rope_theta=10000.0, use_sliding_window=True,
+                  sliding_window=5, max_window_layers=1),
+    # q_norm/k_norm; explicit head_dim 12 != 32 / 4; tied like Qwen3-0.6B
+    "qwen3": dict(head_dim=12, tie_word_embeddings=True, rope_theta=1000000.0),
+    # (1+w) norms, sqrt(H) embedding scale, GeGLU, sandwich norms, attention softcap
+    # (small enough to bend the scores), query_pre_attn_scalar != head_dim, window 4 on
+    # layer 0; final_logit_softcapping off (not supported by the loss ops yet)
+    "gemma2": dict(head_dim=8, tie_word_embeddings=True, rope_theta=10000.0,
+                   hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=12,
+                   attn_logit_softcapping=3.0, final_logit_softcapping=None,
+                   sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+    # + q/k norms with (1+w), local RoPE base 1e4 on the sliding layer 0 and global 1e6
+    # with linear scaling (factor 2) on the full layer 1
+    "gemma3": dict(head_dim=8, tie_word_embeddings=True,
+                   hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=12,
+                   sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                   rope_parameters={"sliding_attention": {"rope_type": "default",
+                                                          "rope_theta": 10000.0},
+                                    "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                       "rope_theta": 1000000.0}}),
+}
+
 MODELS = {
     "tiny": {
         "path": str(OUT_DIR / "tiny" / "model"),
         "seed": 1234,
+        "family": "llama",
     },
+    "qwen2": {"path": str(OUT_DIR / "qwen2" / "model"), "seed": 2002, "family": "qwen2"},
+    "qwen3": {"path": str(OUT_DIR / "qwen3" / "model"), "seed": 3003, "family": "qwen3"},
+    "gemma2": {"path": str(OUT_DIR / "gemma2" / "model"), "seed": 4104, "family": "gemma2"},
+    "gemma3": {"path": str(OUT_DIR / "gemma3" / "model"), "seed": 5005, "family": "gemma3"},
     "stories260K": {
         "path": "models/stories260K",
         "seed": 260,
@@ -90,24 +123,37 @@ def versions():
 
 # ---------------------------------------------------------------- models and samples
 
-def make_tiny_model(path, seed):
-    """Builds the tiny random Llama (GQA, untied) and saves it with save_pretrained."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=56, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                      vocab_size=96, rms_norm_eps=1e-6, rope_theta=10000.0,
-                      max_position_embeddings=128, tie_word_embeddings=False,
-                      bos_token_id=1, eos_token_id=2, hidden_act="silu")
+def make_tiny_model(path, seed, family="llama"):
+    """Builds the tiny random model of a family (GQA) and saves it with save_pretrained."""
+    import transformers as tf
+    cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+           "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+           "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+           "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+           "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM")}[family]
+    kw = dict(hidden_size=32, intermediate_size=56, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, vocab_size=96,
+              rms_norm_eps=1e-6, max_position_embeddings=128, bos_token_id=1,
+              eos_token_id=2, pad_token_id=0)
+    if not family.startswith("gemma"):
+        kw["hidden_act"] = "silu"
+    kw.update(FAMILY_CONFIGS[family])
+    cfg = getattr(tf, cls[0])(**kw)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(torch.float32)
+    model = getattr(tf, cls[1])(cfg).to(torch.float32)
+    gemma = family.startswith("gemma")
     # HF's default init (std 0.02) gives near-uniform logits; use O(1) activations so
     # the KL and its gradients are far from zero, and non-unit norm weights so a C
     # side that forgets to apply them fails.
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            if name.endswith("norm.weight"):  # Gemma multiplies by (1 + w)
+                p.copy_((0.0 if gemma else 1.0) + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            elif "embed_tokens" in name and gemma:  # times sqrt(32) in the forward
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g))
             else:  # Linear weight [out, in]
@@ -130,7 +176,7 @@ def load_base(path):
 
 def make_samples(name, spec, vocab):
     """Returns 3 samples {t_prompt, s_prompt, resp} (lists of ids) and their texts."""
-    if name == "tiny":
+    if "tokenizer" not in spec:
         g = torch.Generator().manual_seed(spec["seed"] + 1)
         lo = max(SPECIAL_IDS) + 1
 
@@ -302,8 +348,8 @@ def write_fixture(name, spec):
 
     out = OUT_DIR / name
     out.mkdir(parents=True, exist_ok=True)
-    if name == "tiny":
-        make_tiny_model(spec["path"], spec["seed"])
+    if "family" in spec:
+        make_tiny_model(spec["path"], spec["seed"], spec["family"])
     base = load_base(spec["path"])
     vocab = base.config.vocab_size
     samples, texts = make_samples(name, spec, vocab)
@@ -481,13 +527,19 @@ def load_fixture(name):
 
 
 class RefLlama:
-    """Independent float64 Llama + LoRA forward (plain torch, weights read with
+    """Independent float64 forward of the families + LoRA (plain torch, weights read with
     safetensors): the math the C side implements, written out once.
-      x = embed[ids]; per layer: h = rms(x) * w_in; q,k,v = lin(h); RoPE (rotate-half,
-      theta from config); causal softmax(q k^T / sqrt(hd)) v with KV heads shared by
-      H/KV query heads; x += o(att); h = rms(x) * w_post; x += down(silu(gate h) * up h);
-      logits = (rms(x) * w_norm) @ lm_head^T (embed if tied).
-      lin(h) = h W^T + (alpha/r) (h A^T) B^T."""
+      x = embed[ids] (* sqrt(H) for Gemma, the fp32 value); per layer: h = rms(x) * w_in;
+      q,k,v = lin(h) (+ bias, Qwen2); q,k = rms(q) * w_q, rms(k) * w_k per head (Qwen3,
+      Gemma-3); RoPE (rotate-half; the layer's theta: Gemma-3's sliding layers use the
+      local base, its full layers the global one with linear scaling); softmax over
+      keys j <= i (and i - j < window on sliding layers) of cap(q k^T * scale) v, with KV
+      heads shared by H/KV query heads, scale = query_pre_attn_scalar^-0.5 (Gemma-2/3)
+      or hd^-0.5, cap(s) = tanh(s/c) c (Gemma-2); a = o(att) (rms(a) * w_post_attn for
+      Gemma-2/3); x += a; h = rms(x) * w_post (Gemma-2/3: w_pre_ff); m = down(act(gate h) *
+      up h), act = silu or gelu_tanh (Gemma); x += m (rms(m) * w_post_ff for Gemma-2/3);
+      logits = (rms(x) * w_norm) @ lm_head^T (embed if tied).  Gemma norm weights
+      multiply as (1 + w).  lin(h) = h W^T + (alpha/r) (h A^T) B^T."""
 
     def __init__(self, path):
         from safetensors.torch import load_file
@@ -496,20 +548,53 @@ class RefLlama:
         self.c = c
         self.W = {k: v.double() for k, v in
                   load_file(os.path.join(path, "model.safetensors")).items()}
+        mt = c["model_type"]
+        self.gemma = mt.startswith("gemma")
+        self.sandwich = mt in ("gemma2", "gemma3_text")
+        self.qk_norm = mt in ("qwen3", "gemma3_text")
         if "lm_head.weight" not in self.W:
             assert c.get("tie_word_embeddings", True)
             self.W["lm_head.weight"] = self.W["model.embed_tokens.weight"]
-        self.theta = c.get("rope_theta") or c["rope_parameters"]["rope_theta"]
         self.H, self.KV = c["num_attention_heads"], c["num_key_value_heads"]
         self.hd = c.get("head_dim") or c["hidden_size"] // self.H
         self.eps = c["rms_norm_eps"]
+        self.scale = (c.get("query_pre_attn_scalar") if mt in ("gemma2", "gemma3_text")
+                      else self.hd) ** -0.5
+        self.softcap = c.get("attn_logit_softcapping") if mt == "gemma2" else None
+        L = c["num_hidden_layers"]
+        types = c.get("layer_types") or ["full_attention"] * L
+        if mt in ("qwen2", "qwen3") and not c.get("use_sliding_window"):
+            types = ["full_attention"] * L
+        self.window = [c["sliding_window"] if t == "sliding_attention" else None
+                       for t in types]
+        rp = c.get("rope_parameters") or {}
+        if "full_attention" in rp:  # Gemma-3, transformers 5: one set per layer type
+            sets = {t: rp[t] for t in ("full_attention", "sliding_attention")}
+        else:
+            one = dict(rp) if rp else dict(c.get("rope_scaling") or {})
+            one.setdefault("rope_theta", c.get("rope_theta"))
+            sets = {"full_attention": one, "sliding_attention": one}
+        self.rope = []
+        for t in types:
+            p = sets[t]
+            theta = p["rope_theta"]
+            kind = p.get("rope_type", p.get("type", "default"))
+            assert kind in ("default", "linear"), kind
+            self.rope.append((theta, p["factor"] if kind == "linear" else 1.0))
 
-    def rms(self, x, w):
-        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * w
+    def norm_w(self, name):
+        w = self.W[name]
+        return 1.0 + w if self.gemma else w
+
+    def rms(self, x, name):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * self.norm_w(name)
 
     def lin(self, h, l, proj, lora):
         sub = "self_attn" if proj in ATTN else "mlp"
         y = h @ self.W[f"model.layers.{l}.{sub}.{proj}.weight"].T
+        b = self.W.get(f"model.layers.{l}.{sub}.{proj}.bias")
+        if b is not None:
+            y = y + b
         if lora is not None:
             A, B = lora[f"layers.{l}.{proj}.A"], lora[f"layers.{l}.{proj}.B"]
             y = y + (LORA_ALPHA / LORA_R) * ((h @ A.T) @ B.T)
@@ -518,29 +603,55 @@ class RefLlama:
     def logits(self, ids, lora):
         W, H, KV, hd, n = self.W, self.H, self.KV, self.hd, len(ids)
         x = W["model.embed_tokens.weight"][torch.tensor(ids)]
-        inv = 1.0 / (self.theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
-        ang = torch.arange(n, dtype=torch.float64)[:, None] * inv[None, :]
-        cos = torch.cat([ang.cos(), ang.cos()], -1)  # (n, hd)
-        sin = torch.cat([ang.sin(), ang.sin()], -1)
+        if self.gemma:  # torch.tensor(hidden ** 0.5) in the (fp32) weight dtype
+            x = x * float(torch.tensor(self.c["hidden_size"] ** 0.5, dtype=torch.float32))
 
-        def rope(t):  # (heads, n, hd)
-            t1, t2 = t[..., :hd // 2], t[..., hd // 2:]
-            return t * cos + torch.cat([-t2, t1], -1) * sin
-        mask = torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1)
+        def rope_of(theta, factor):
+            inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)) / factor
+            ang = torch.arange(n, dtype=torch.float64)[:, None] * inv[None, :]
+            cos = torch.cat([ang.cos(), ang.cos()], -1)  # (n, hd)
+            sin = torch.cat([ang.sin(), ang.sin()], -1)
+
+            def rope(t):  # (heads, n, hd)
+                t1, t2 = t[..., :hd // 2], t[..., hd // 2:]
+                return t * cos + torch.cat([-t2, t1], -1) * sin
+            return rope
+        i = torch.arange(n)[:, None]
+        j = torch.arange(n)[None, :]
         for l in range(self.c["num_hidden_layers"]):
-            h = self.rms(x, W[f"model.layers.{l}.input_layernorm.weight"])
-            q = self.lin(h, l, "q_proj", lora).view(n, H, hd).transpose(0, 1)
-            k = self.lin(h, l, "k_proj", lora).view(n, KV, hd).transpose(0, 1)
+            pre = f"model.layers.{l}."
+            rope = rope_of(*self.rope[l])
+            win = self.window[l]
+            hide = (j > i) | ((i - j >= win) if win else torch.zeros_like(j > i))
+            mask = torch.zeros((n, n), dtype=torch.float64).masked_fill(hide, float("-inf"))
+            h = self.rms(x, pre + "input_layernorm.weight")
+            q = self.lin(h, l, "q_proj", lora).view(n, H, hd)
+            k = self.lin(h, l, "k_proj", lora).view(n, KV, hd)
             v = self.lin(h, l, "v_proj", lora).view(n, KV, hd).transpose(0, 1)
-            q, k = rope(q), rope(k)
+            if self.qk_norm:
+                q = self.rms(q, pre + "self_attn.q_norm.weight")
+                k = self.rms(k, pre + "self_attn.k_norm.weight")
+            q, k = rope(q.transpose(0, 1)), rope(k.transpose(0, 1))
             k = k.repeat_interleave(H // KV, dim=0)
             v = v.repeat_interleave(H // KV, dim=0)
-            att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(hd) + mask, -1) @ v
-            x = x + self.lin(att.transpose(0, 1).reshape(n, H * hd), l, "o_proj", lora)
-            h = self.rms(x, W[f"model.layers.{l}.post_attention_layernorm.weight"])
-            g = F.silu(self.lin(h, l, "gate_proj", lora)) * self.lin(h, l, "up_proj", lora)
-            x = x + self.lin(g, l, "down_proj", lora)
-        return self.rms(x, W["model.norm.weight"]) @ W["lm_head.weight"].T  # (n, V)
+            s = q @ k.transpose(1, 2) * self.scale
+            if self.softcap:
+                s = torch.tanh(s / self.softcap) * self.softcap
+            att = torch.softmax(s + mask, -1) @ v
+            a = self.lin(att.transpose(0, 1).reshape(n, H * hd), l, "o_proj", lora)
+            if self.sandwich:
+                a = self.rms(a, pre + "post_attention_layernorm.weight")
+                h = self.rms(x + a, pre + "pre_feedforward_layernorm.weight")
+            else:
+                h = self.rms(x + a, pre + "post_attention_layernorm.weight")
+            x = x + a
+            gt = self.lin(h, l, "gate_proj", lora)
+            act = (F.gelu(gt, approximate="tanh") if self.gemma else F.silu(gt))
+            m = self.lin(act * self.lin(h, l, "up_proj", lora), l, "down_proj", lora)
+            if self.sandwich:
+                m = self.rms(m, pre + "post_feedforward_layernorm.weight")
+            x = x + m
+        return self.rms(x, "model.norm.weight") @ W["lm_head.weight"].T  # (n, V)
 
 
 

@@ -1,13 +1,19 @@
-/* test_hfconfig.c - config.json parsing for the Llama family: the published configs in
- * tests/data/hf-configs (right numbers, or refused naming the architecture), refusals of
- * unsupported options, stories260K checked against its safetensors (missing, mis-shaped
- * and extra tensors refused by name), RoPE frequencies against transformers' values. */
+/* test_hfconfig.c - config.json parsing of the supported families: the published
+ * configs in tests/data/hf-configs (right numbers and family deltas), each family's
+ * defaults and layer patterns (sliding windows, RoPE bases, softcaps) in both the
+ * transformers 4 and 5 layouts, refusals of unsupported architectures and options,
+ * stories260K checked against its safetensors (missing, mis-shaped and extra tensors
+ * refused by name), a Gemma3ForConditionalGeneration checkpoint's text tower (prefixes,
+ * vision tensors ignored, same logits as the Gemma3ForCausalLM it was made from), RoPE
+ * frequencies against transformers' values. */
 #include "common/diag.h"
 #include "common/files.h"
 #include "formats/hfconfig.h"
+#include "gpu/load.h"
 #include "tests/harness.h"
 
 #include <dirent.h>
+#include <math.h>
 #include <ftw.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -34,25 +40,30 @@ static const struct {
 	int L, H, I, NH, NKV, D, V, max_pos, tied, sliding, max_seq;
 	double theta;
 	float eps;
+	int bos, eos;
+	bk_family fam;
+	int qkv_bias, qk_norm, gemma; /* gemma: (1+w) norms, GeGLU, scaled embeddings */
 } good[] = {
 	{"TinyLlama-1.1B-Chat-v1.0", "LlamaForCausalLM", 22, 2048, 5632, 32, 4, 64, 32000,
-	 2048, 0, 0, 2048, 10000.0, 1e-5f},
+	 2048, 0, 0, 2048, 10000.0, 1e-5f, 1, 2, BK_FAM_LLAMA, 0, 0, 0},
 	{"Llama-2-7b-chat-hf", "LlamaForCausalLM", 32, 4096, 11008, 32, 32, 128, 32000, 4096,
-	 0, 0, 4096, 10000.0, 1e-5f},
+	 0, 0, 4096, 10000.0, 1e-5f, 1, 2, BK_FAM_LLAMA, 0, 0, 0},
+	/* the window is applied, not a limit on the sequence length */
 	{"Mistral-7B-Instruct-v0.1", "MistralForCausalLM", 32, 4096, 14336, 32, 8, 128, 32000,
-	 32768, 0, 4096, 4096, 10000.0, 1e-5f},
+	 32768, 0, 4096, 32768, 10000.0, 1e-5f, 1, 2, BK_FAM_LLAMA, 0, 0, 0},
 	{"Mistral-7B-Instruct-v0.2", "MistralForCausalLM", 32, 4096, 14336, 32, 8, 128, 32000,
-	 32768, 0, 0, 32768, 1000000.0, 1e-5f},
+	 32768, 0, 0, 32768, 1000000.0, 1e-5f, 1, 2, BK_FAM_LLAMA, 0, 0, 0},
 	{"SmolLM2-135M-Instruct", "LlamaForCausalLM", 30, 576, 1536, 9, 3, 64, 49152, 8192, 1,
-	 0, 8192, 100000.0, 1e-5f},
-};
-
-static const struct {
-	const char *dir, *arch;
-} refused_arch[] = {
-	{"Qwen2.5-0.5B-Instruct", "Qwen2ForCausalLM"},
-	{"Qwen3-0.6B", "Qwen3ForCausalLM"},
-	{"gemma-2b-it", "GemmaForCausalLM"},
+	 0, 8192, 100000.0, 1e-5f, 1, 2, BK_FAM_LLAMA, 0, 0, 0},
+	/* sliding_window 32768 with use_sliding_window false: no window */
+	{"Qwen2.5-0.5B-Instruct", "Qwen2ForCausalLM", 24, 896, 4864, 14, 2, 64, 151936,
+	 32768, 1, 0, 32768, 1000000.0, 1e-6f, 151643, 151645, BK_FAM_QWEN2, 1, 0, 0},
+	/* head_dim 128 != 1024 / 16 */
+	{"Qwen3-0.6B", "Qwen3ForCausalLM", 28, 1024, 3072, 16, 8, 128, 151936, 40960, 1, 0,
+	 40960, 1000000.0, 1e-6f, 151643, 151645, BK_FAM_QWEN3, 0, 1, 0},
+	/* hidden_act 'gelu' is the tanh GeGLU for Gemma (1); tied by default */
+	{"gemma-2b-it", "GemmaForCausalLM", 18, 2048, 16384, 8, 1, 256, 256000, 8192, 1, 0,
+	 8192, 10000.0, 1e-6f, 2, 1, BK_FAM_GEMMA, 0, 0, 1},
 };
 
 static void load_it(void *path) { bk_config_free(bk_config_load(path)); }
@@ -92,26 +103,30 @@ static void test_published(void)
 			CHECK(c->rope_theta == good[k].theta && c->rms_norm_eps == good[k].eps &&
 				      c->rope_type == BK_ROPE_DEFAULT,
 			      "%s: theta %g eps %g", path, c->rope_theta, c->rms_norm_eps);
-			CHECK(c->bos_token_id == 1 && c->n_eos == 1 && c->eos_token_ids[0] == 2,
+			CHECK(c->bos_token_id == good[k].bos && c->n_eos == 1 &&
+				      c->eos_token_ids[0] == good[k].eos,
 			      "%s: bos %d eos %d", path, c->bos_token_id, c->eos_token_ids[0]);
+			int g = good[k].gemma;
+			CHECK(c->family == good[k].fam && c->qkv_bias == good[k].qkv_bias &&
+				      c->qk_norm == good[k].qk_norm && c->norm_plus_one == g &&
+				      c->geglu == g && c->embed_scaled == g && !c->sandwich &&
+				      c->attn_softcap == 0 && c->final_softcap == 0,
+			      "%s: family %d deltas bias %d qk_norm %d gemma %d", path, c->family,
+			      c->qkv_bias, c->qk_norm, c->geglu);
+			int nwin = 0;
+			for (int l = 0; l < c->n_layers; l++)
+				nwin += c->layer_window[l] == good[k].sliding;
+			CHECK(nwin == c->n_layers, "%s: every layer's window is %d", path,
+			      good[k].sliding);
+			CHECK(bk_config_attn_scale(c) == (float)(1.0 / sqrt(good[k].D)),
+			      "%s: attention scale", path);
 			bk_config_free(c);
-		}
-		for (size_t k = 0; k < sizeof refused_arch / sizeof refused_arch[0]; k++) {
-			if (strcmp(refused_arch[k].dir, e->d_name))
-				continue;
-			known = 1;
-			seen_bad++;
-			char *want = xasprintf("architecture '%s' is not supported (supported: "
-					       "LlamaForCausalLM, MistralForCausalLM)",
-					       refused_arch[k].arch);
-			bk_expect_die(path, load_it, path, path, want);
-			free(want);
 		}
 		CHECK(known, "%s: not in this test's tables; add it", path);
 		free(path);
 	}
 	closedir(d);
-	CHECK(seen_good == 5 && seen_bad == 3, "saw %d good, %d refused configs", seen_good,
+	CHECK(seen_good == 8 && seen_bad == 0, "saw %d good, %d refused configs", seen_good,
 	      seen_bad);
 
 	/* a model directory works as well as the file */
@@ -149,10 +164,184 @@ static void test_published(void)
 	"\"num_attention_heads\": 4, \"vocab_size\": 100, \"max_position_embeddings\": 256, " \
 	"\"rms_norm_eps\": 1e-6"
 #define LLAMA "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", " BASE
+#define QWEN2 "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", " BASE
+#define QWEN3 "{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\", " BASE
+#define GEMMA2 "{\"architectures\": [\"Gemma2ForCausalLM\"], \"model_type\": \"gemma2\", " BASE
+#define GEMMA3                                                                          \
+	"{\"architectures\": [\"Gemma3ForCausalLM\"], \"model_type\": \"gemma3_text\", " BASE
 
 static void parse_it(void *text)
 {
 	bk_config_free(bk_config_parse("x/config.json", text, strlen(text)));
+}
+
+static bk_config *parse(const char *text)
+{
+	return bk_config_parse("x/config.json", text, strlen(text));
+}
+
+/* each family's defaults, deltas and layer patterns */
+static void test_families(void)
+{
+	/* Qwen2: bias; a window only with use_sliding_window, on layers >= max_window_layers */
+	bk_config *c = parse(QWEN2 ", \"sliding_window\": 64}");
+	CHECK(c->qkv_bias && !c->qk_norm && !c->tie_word_embeddings && c->sliding_window == 0 &&
+		      c->layer_window[0] == 0 && c->layer_window[1] == 0 && c->head_dim == 16,
+	      "qwen2 defaults");
+	bk_config_free(c);
+	c = parse(QWEN2 ", \"use_sliding_window\": true, \"sliding_window\": 64, "
+		  "\"max_window_layers\": 1}");
+	CHECK(c->layer_window[0] == 0 && c->layer_window[1] == 64, "qwen2 max_window_layers");
+	bk_config_free(c);
+	c = parse(QWEN2 ", \"use_sliding_window\": true, \"sliding_window\": 8, "
+		  "\"layer_types\": [\"sliding_attention\", \"full_attention\"]}");
+	CHECK(c->layer_window[0] == 8 && c->layer_window[1] == 0, "qwen2 layer_types");
+	bk_config_free(c);
+	/* Qwen3: q/k norms, head_dim 128 by default (not H / NH) */
+	c = parse(QWEN3 "}");
+	CHECK(c->qk_norm && !c->qkv_bias && c->head_dim == 128 && !c->norm_plus_one &&
+		      bk_config_attn_scale(c) == (float)(1.0 / sqrt(128.0)),
+	      "qwen3 defaults");
+	bk_config_free(c);
+	/* Gemma-2: softcap 50 by default, scale query_pre_attn_scalar^-0.5 (256), window
+	 * 4096 on even layers, sandwich norms */
+	c = parse(GEMMA2 ", \"final_logit_softcapping\": null}");
+	CHECK(c->family == BK_FAM_GEMMA2 && c->sandwich && c->geglu && c->norm_plus_one &&
+		      c->embed_scaled && !c->qk_norm && c->tie_word_embeddings &&
+		      c->head_dim == 256 && c->attn_softcap == 50 && c->final_softcap == 0 &&
+		      c->query_pre_attn_scalar == 256 &&
+		      bk_config_attn_scale(c) == (float)(1.0 / 16) && c->layer_window[0] == 4096 &&
+		      c->layer_window[1] == 0 && c->rope_local_theta == 0,
+	      "gemma2 defaults");
+	/* sqrt(64) = 8 is exact in every dtype; bf16 rounds sqrt(3072) to 55.5 */
+	CHECK(bk_config_embed_scale(c, BK_DT_BF16) == 8.0f, "gemma2 embed scale");
+	c->hidden_size = 3072;
+	CHECK(bk_config_embed_scale(c, BK_DT_BF16) == 55.5f &&
+		      bk_config_embed_scale(c, BK_DT_F32) == (float)sqrt(3072.0) &&
+		      bk_config_embed_scale(c, BK_DT_F16) == 55.4375f,
+	      "embed scale rounded to the weight dtype: bf16 %.9g f16 %.9g",
+	      bk_config_embed_scale(c, BK_DT_BF16), bk_config_embed_scale(c, BK_DT_F16));
+	bk_config_free(c);
+	c = parse(GEMMA2 ", \"final_logit_softcapping\": null, \"attn_logit_softcapping\": "
+			 "null, \"query_pre_attn_scalar\": 144, \"sliding_window\": 7, "
+			 "\"head_dim\": 16}");
+	CHECK(c->attn_softcap == 0 && bk_config_attn_scale(c) == (float)(1.0 / 12) &&
+		      c->layer_window[0] == 7 && c->head_dim == 16,
+	      "gemma2 explicit");
+	bk_config_free(c);
+	/* Gemma-3, transformers 4: pattern 6 (2 layers: both sliding), two RoPE bases,
+	 * linear scaling on the full layers */
+	c = parse(GEMMA3 ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8.0}, "
+			 "\"sliding_window\": 512}");
+	CHECK(c->qk_norm && c->sandwich && c->attn_softcap == 0 && c->final_softcap == 0 &&
+		      c->rope_theta == 1e6 && c->rope_local_theta == 1e4 &&
+		      c->rope_type == BK_ROPE_LINEAR && c->rope_factor == 8 &&
+		      c->layer_window[0] == 512 && c->layer_window[1] == 512,
+	      "gemma3 transformers-4 layout");
+	float g[8], lo[8];
+	bk_config_free(c);
+	c = parse(GEMMA3 ", \"sliding_window_pattern\": 2, \"head_dim\": 16, \"rope_scaling\": "
+			 "{\"rope_type\": \"linear\", \"factor\": 8.0}}");
+	CHECK(c->layer_window[0] == 4096 && c->layer_window[1] == 0, "gemma3 pattern 2");
+	bk_rope_inv_freq(c, g);
+	CHECK(bk_rope_inv_freq_local(c, lo) == 1, "gemma3 has a local rope");
+	CHECK(g[0] == 1.0f / 8 && lo[0] == 1.0f && g[1] == (1.0f / powf(1e6f, 2.0f / 16)) / 8 &&
+		      lo[1] == 1.0f / powf(1e4f, 2.0f / 16),
+	      "gemma3 global (linear / 8) and local inv_freq");
+	bk_config_free(c);
+	/* transformers 5: rope_parameters per layer type, layer_types */
+	c = parse(GEMMA3 ", \"layer_types\": [\"sliding_attention\", \"full_attention\"], "
+			 "\"rope_parameters\": {\"sliding_attention\": {\"rope_type\": "
+			 "\"default\", \"rope_theta\": 20000.0}, \"full_attention\": "
+			 "{\"rope_type\": \"default\", \"rope_theta\": 500000.0}}}");
+	CHECK(c->rope_theta == 5e5 && c->rope_local_theta == 2e4 &&
+		      c->rope_type == BK_ROPE_DEFAULT && c->layer_window[0] == 4096 &&
+		      c->layer_window[1] == 0,
+	      "gemma3 transformers-5 layout");
+	bk_config_free(c);
+	/* the text tower of a VLM: numbers from text_config, ids from the top level */
+	c = parse("{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": "
+		  "\"gemma3\", \"eos_token_id\": [1, 106], \"text_config\": {\"model_type\": "
+		  "\"gemma3_text\", " BASE "}, \"vision_config\": {\"hidden_size\": 1152}}");
+	CHECK(c->multimodal && c->family == BK_FAM_GEMMA3 && c->hidden_size == 64 &&
+		      c->n_eos == 2 && c->eos_token_ids[1] == 106 && c->tie_word_embeddings &&
+		      !strcmp(c->model_type, "gemma3_text"),
+	      "gemma3 conditional generation");
+	bk_config_free(c);
+	/* Gemma (1): no sandwich, no window, head_dim 256 */
+	c = parse("{\"architectures\": [\"GemmaForCausalLM\"], \"model_type\": \"gemma\", " BASE
+		  ", \"hidden_act\": \"gelu_pytorch_tanh\"}");
+	CHECK(c->geglu && !c->sandwich && c->head_dim == 256 && c->layer_window[1] == 0 &&
+		      bk_config_attn_scale(c) == (float)(1.0 / 16),
+	      "gemma defaults");
+	bk_config_free(c);
+}
+
+/* A Gemma3ForConditionalGeneration checkpoint made from the gemma3 parity model
+ * (language_model.* names, a vision tensor, the text config nested) loads as the same
+ * text model: its logits equal the Gemma3ForCausalLM's bit for bit. */
+static void test_vlm(void)
+{
+	const char *src = "tests/golden/parity/gemma3/model";
+	char *dir = xasprintf("%s/vlm", tmpdir);
+	bk_mkdir_p(dir);
+	bk_st *st = bk_st_open(src);
+	bk_st_writer *w = bk_st_writer_new();
+	for (size_t i = 0; i < bk_st_count(st); i++) {
+		const bk_st_tensor *t = bk_st_at(st, i);
+		char *n = xasprintf("language_model.%s", t->name);
+		bk_st_writer_add(w, n, t->dtype, t->ndim, t->shape, t->data);
+		free(n);
+	}
+	float vis[6] = {0};
+	int64_t vs[2] = {2, 3};
+	bk_st_writer_add(w, "vision_tower.vision_model.embeddings.patch_embedding.weight",
+			 BK_DT_F32, 2, vs, vis);
+	bk_st_writer_add(w, "multi_modal_projector.mm_input_projection_weight", BK_DT_F32, 2, vs,
+			 vis);
+	char *p = bk_path_join(dir, "model.safetensors");
+	bk_st_writer_write(w, p);
+	free(p);
+	bk_st_writer_free(w);
+	bk_st_close(st);
+	/* config: the text config nested */
+	char *cfgp = bk_path_join(src, "config.json");
+	size_t n;
+	char *text = bk_read_file(cfgp, &n);
+	free(cfgp);
+	json_error_t err;
+	json_t *tc = json_loadb(text, n, 0, &err);
+	free(text);
+	CHECK(tc, "gemma3 parity config: %s", err.text);
+	if (!tc)
+		return;
+	json_t *top = json_pack("{s:[s], s:s, s:o}", "architectures",
+				"Gemma3ForConditionalGeneration", "model_type", "gemma3",
+				"text_config", tc);
+	p = bk_path_join(dir, "config.json");
+	json_dump_file(top, p, 0);
+	free(p);
+	json_decref(top);
+
+	bk_loaded_model a = bk_model_load(&bk_ops_host, src), b = bk_model_load(&bk_ops_host, dir);
+	CHECK(b.cfg->multimodal, "vlm config");
+	enum { T = 6 };
+	int32_t ids[T] = {5, 17, 33, 2, 90, 41}, pos[T] = {0, 1, 2, 3, 4, 5}, cu[2] = {0, T};
+	bk_batch bt = {.T = T, .S = 1, .ids = ids, .pos = pos, .cu_seqlens = cu};
+	int H = a.model->cfg.H, V = a.model->cfg.V;
+	float *ha = xmalloc((size_t)T * H * 4), *hb = xmalloc((size_t)T * H * 4);
+	float *la = xmalloc((size_t)T * V * 4), *lb = xmalloc((size_t)T * V * 4);
+	bk_acts *aa = bk_acts_create(a.model, T, 1), *ab = bk_acts_create(b.model, T, 1);
+	bk_model_forward(a.model, NULL, &bt, NULL, aa, ha);
+	bk_model_forward(b.model, NULL, &bt, NULL, ab, hb);
+	bk_model_logits(a.model, ha, la, T);
+	bk_model_logits(b.model, hb, lb, T);
+	CHECK(!memcmp(la, lb, (size_t)T * V * 4), "vlm text tower logits differ from the causal LM's");
+	bk_acts_free(a.model, aa);
+	bk_acts_free(b.model, ab);
+	bk_model_unload(&a);
+	bk_model_unload(&b);
+	free(ha), free(hb), free(la), free(lb), free(dir);
 }
 
 static void test_refusals(void)
@@ -162,7 +351,34 @@ static void test_refusals(void)
 	} cases[] = {
 		{"gpt2", "{\"architectures\": [\"GPT2LMHeadModel\"], \"model_type\": \"gpt2\"}",
 		 "architecture 'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, "
-		 "MistralForCausalLM)"},
+		 "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM, "
+		 "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration)"},
+		{"phi3", "{\"architectures\": [\"Phi3ForCausalLM\"], \"model_type\": \"phi3\"}",
+		 "architecture 'Phi3ForCausalLM' is not supported"},
+		{"qwen3 attention_bias", QWEN3 ", \"attention_bias\": true}",
+		 "key 'attention_bias' is true (biases are not supported for Qwen3ForCausalLM)"},
+		{"qwen2 gelu", QWEN2 ", \"hidden_act\": \"gelu\"}", "'hidden_act' is gelu"},
+		{"gemma2 exact gelu",
+		 GEMMA2 ", \"hidden_activation\": \"gelu\", \"final_logit_softcapping\": null}",
+		 "key 'hidden_activation' is gelu (only 'gelu_pytorch_tanh' is supported"},
+		{"gemma2 final softcap default", GEMMA2 "}",
+		 "key 'final_logit_softcapping' (30) is not supported yet"},
+		{"gemma3 bidirectional", GEMMA3 ", \"use_bidirectional_attention\": true}",
+		 "'use_bidirectional_attention'"},
+		{"gemma3 layer type", GEMMA3 ", \"layer_types\": [\"full_attention\", "
+					     "\"chunked_attention\"]}",
+		 "key 'layer_types'[1] is 'chunked_attention'"},
+		{"gemma3 layer count", GEMMA3 ", \"layer_types\": [\"full_attention\"]}",
+		 "key 'layer_types' is not a list of 2 layer types"},
+		{"gemma3 local yarn", GEMMA3 ", \"rope_parameters\": {\"sliding_attention\": "
+					    "{\"rope_type\": \"yarn\", \"factor\": 2}}}",
+		 "rope_parameters.sliding_attention': rope type 'yarn' on the sliding layers"},
+		{"gemma3 vlm without text_config",
+		 "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": "
+		 "\"gemma3\"}",
+		 "key 'text_config' is missing"},
+		{"qwen2 window missing", QWEN2 ", \"use_sliding_window\": true}",
+		 "'sliding_window' is missing"},
 		{"no architectures", "{\"model_type\": \"llama\", " BASE "}", "'architectures'"},
 		{"model_type", "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": "
 			       "\"mistral\", " BASE "}",
@@ -226,9 +442,11 @@ static void test_refusals(void)
 	text = "{\"architectures\": [\"MistralForCausalLM\"], \"model_type\": \"mistral\", " BASE
 	       ", \"sliding_window\": 4096}";
 	c = bk_config_parse("x/config.json", text, strlen(text));
-	CHECK(c->sliding_window == 4096 && bk_config_max_seq(c) == 256,
-	      "window above max_pos does not limit");
+	CHECK(c->sliding_window == 4096 && bk_config_max_seq(c) == 256 &&
+		      c->layer_window[0] == 4096 && c->layer_window[1] == 4096,
+	      "mistral: the window on every layer; above max_pos it does not limit");
 	bk_config_free(c);
+	test_families();
 }
 
 /* ---- checkpoint against config ---- */
@@ -400,6 +618,7 @@ int main(int argc, char **argv)
 	test_published();
 	test_refusals();
 	test_check_st();
+	test_vlm();
 	test_rope();
 	nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 	return bk_test_done("test_hfconfig");

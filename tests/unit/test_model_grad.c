@@ -3,7 +3,11 @@
  * forward and logits against a naive double-precision model written here, LoRA
  * gradients of J = sum(c .* hidden) against central finite differences on A and B
  * entries of every module of every layer (with and without dropout, all targets and a
- * subset), and the shared-prefix path against the concatenated sequences.
+ * subset), and the shared-prefix path against the concatenated sequences.  Then the
+ * same gradient and prefix checks with every family delta switched on at once (q/k/v
+ * bias, per-head q/k norms, GeGLU, sandwich norms, embedding scale, attention scale and
+ * softcap, a sliding window of 3 on layer 0 with its own RoPE base): their forward is
+ * judged by the HF parity fixtures (test_parity.c), their backward here.
  * Tolerances: forward 1e-4 (relative to the largest value); gradients: max |analytic -
  * fd| / max(max |fd|, 1e-2) < 1e-2 per module, fd step 1e-2. */
 #include <stdlib.h>
@@ -30,7 +34,9 @@ static float *hrand(size_t n, float lo, float hi)
 
 /* ---- the tiny model's host weights ---- */
 
-static float inv_freq[D / 2];
+static float inv_freq[D / 2], inv_local[D / 2];
+static int windows[L] = { 3, 0 };
+static int family; /* the family deltas are on (no naive forward for them) */
 static bk_llama_config cfg = { .H = H, .I = I, .L = L, .NH = NH, .NKV = NKV, .D = D,
 			       .V = V, .rms_eps = EPS, .inv_freq = inv_freq };
 static bk_llama_layer_weights lw[L];
@@ -54,7 +60,16 @@ static void make_weights(void)
 		}
 		lw[l].attn_norm = hrand(H, 0.8f, 1.2f);
 		lw[l].mlp_norm = hrand(H, 0.8f, 1.2f);
+		lw[l].bq = hrand(NH * D, -0.5f, 0.5f);
+		lw[l].bk = hrand(NKV * D, -0.5f, 0.5f);
+		lw[l].bv = hrand(NKV * D, -0.5f, 0.5f);
+		lw[l].q_norm = hrand(D, 0.7f, 1.3f);
+		lw[l].k_norm = hrand(D, 0.7f, 1.3f);
+		lw[l].post_attn_norm = hrand(H, 0.7f, 1.3f);
+		lw[l].post_mlp_norm = hrand(H, 0.7f, 1.3f);
 	}
+	for (int i = 0; i < D / 2; i++)
+		inv_local[i] = (float)pow(100.0, -2.0 * i / D);
 }
 
 static void free_weights(void)
@@ -62,7 +77,9 @@ static void free_weights(void)
 	free((void *)hw.embed), free((void *)hw.final_norm), free((void *)hw.lm_head);
 	for (int l = 0; l < L; l++) {
 		const float *w[] = { lw[l].wq, lw[l].wk, lw[l].wv, lw[l].wo, lw[l].w_gate,
-				     lw[l].w_up, lw[l].w_down, lw[l].attn_norm, lw[l].mlp_norm };
+				     lw[l].w_up, lw[l].w_down, lw[l].attn_norm, lw[l].mlp_norm,
+				     lw[l].bq, lw[l].bk, lw[l].bv, lw[l].q_norm, lw[l].k_norm,
+				     lw[l].post_attn_norm, lw[l].post_mlp_norm };
 		for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++)
 			free((void *)w[i]);
 	}
@@ -230,7 +247,7 @@ static void check_grads(const bk_model *m, unsigned targets, float p)
 		       .dropout_key = 99 };
 
 	/* the forward with dropout off matches the naive model */
-	if (p == 0) {
+	if (p == 0 && !family) {
 		double want[T * H];
 		float got[T * H];
 		naive_lora nl = { lora, flat };
@@ -292,8 +309,8 @@ static void check_grads(const bk_model *m, unsigned targets, float p)
 			}
 			ops->upload(lora->flat, flat, lora->n_flat * sizeof(float));
 			double err = bad ? INFINITY : num / den;
-			CHECK(err < 1e-2, "layer %d %s p=%g targets %#x: lora gradient vs finite differences: error %.3g",
-			      l, bk_lora_module_names[mod], p, targets, err);
+			CHECK(err < 1e-2, "%slayer %d %s p=%g targets %#x: lora gradient vs finite differences: error %.3g",
+			      family ? "family deltas: " : "", l, bk_lora_module_names[mod], p, targets, err);
 			CHECK(any > 1e-3, "layer %d %s: finite differences are all ~0 (%.3g): test is blind",
 			      l, bk_lora_module_names[mod], any);
 			if (getenv("BK_TEST_VERBOSE"))
@@ -374,7 +391,10 @@ static void check_prefix(const bk_model *m)
 	bk_batch b = { .T = T, .S = S, .ids = ids, .pos = spos, .cu_seqlens = cu };
 	bk_model_forward(m, NULL, &b, pre, acts, dh);
 	ops->download(got, dh, sizeof(got));
-	check_close("model forward with a shared prefix", got, want, T * H, 1e-5);
+	check_close(family ? "family deltas: model forward with a shared prefix (window reaches "
+			     "into it on layer 0)"
+			   : "model forward with a shared prefix",
+		    got, want, T * H, 1e-5);
 	bk_prefix_free(m, pre);
 	ops->free(dh);
 	bk_acts_free(m, acts);
@@ -398,6 +418,22 @@ int main(void)
 		}
 		bk_model_free(m);
 	}
+	/* every family delta at once */
+	family = 1;
+	cfg.tied = 1;
+	cfg.qkv_bias = cfg.qk_norm = cfg.geglu = cfg.sandwich = 1;
+	cfg.embed_scale = 4.0f;
+	cfg.attn_scale = 0.3f;
+	cfg.attn_softcap = 1.5f;
+	cfg.window = windows;
+	cfg.inv_freq_local = inv_local;
+	bk_model *m = bk_model_create(ops, &cfg, &hw);
+	check_grads(m, BK_LORA_ALL, 0);
+	check_grads(m, BK_LORA_ALL, 0.25f);
+	check_prefix(m);
+	bk_acts *ck = bk_acts_create_ckpt(m, T, R, 1);
+	bk_acts_free(m, ck);
+	bk_model_free(m);
 	free_weights();
 	return bk_test_done("test_model_grad");
 }

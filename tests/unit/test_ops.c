@@ -444,6 +444,7 @@ typedef struct {
 	int S, T, NH, NKV, D, P;
 	int32_t *cu;
 	float *q, *k, *v, *pk, *pv, *c;
+	bk_attn ap; /* scale, softcap, window */
 } att_ctx;
 
 /* runs the op; returns out [T,NH,D] and lse [NH,T] (host, caller frees) */
@@ -456,7 +457,7 @@ static float *att_run(att_ctx *a, float **lse_out)
 	float *dout = dput(NULL, nq), *dl = dput(NULL, nl);
 	int32_t *dcu = iput(a->cu, a->S + 1);
 	ops->attention_forward(dout, dl, dq, dk, dv, dcu, a->S, a->T, a->NH, a->NKV, a->D, dpk,
-			       dpv, a->P);
+			       dpv, a->P, &a->ap);
 	float *out = xmalloc(nq * sizeof(float));
 	dget(out, dout, nq, "attention out");
 	if (lse_out) {
@@ -478,7 +479,9 @@ static double att_J(void *p)
 	return J;
 }
 
-/* naive: for each sequence, the explicit key list prefix ++ own tokens <= t */
+/* naive: for each sequence, the explicit key list prefix ++ own tokens <= t, keeping
+ * those within the window (query at position P + t - cu[s], prefix key j at j, own key
+ * j at P + j - cu[s]); score = cap(q.k * scale) */
 static void att_naive(const att_ctx *a, double *out, double *lse)
 {
 	int g = a->NH / a->NKV, D = a->D;
@@ -486,15 +489,20 @@ static void att_naive(const att_ctx *a, double *out, double *lse)
 	for (int s = 0; s < a->S; s++)
 		for (int t = a->cu[s]; t < a->cu[s + 1]; t++)
 			for (int h = 0; h < a->NH; h++) {
-				int kh = h / g, nk = 0;
+				int kh = h / g, nk = 0, W = a->ap.window;
+				int qpos = a->P + t - a->cu[s];
 				const float *qt = a->q + ((size_t)t * a->NH + h) * D;
 				const float *keys[512], *vals[512];
 				BUG_ON(a->P + a->T > 512);
 				for (int j = 0; j < a->P; j++) {
+					if (W > 0 && qpos - j >= W)
+						continue;
 					keys[nk] = a->pk + ((size_t)j * a->NKV + kh) * D;
 					vals[nk++] = a->pv + ((size_t)j * a->NKV + kh) * D;
 				}
 				for (int j = a->cu[s]; j <= t; j++) {
+					if (W > 0 && t - j >= W)
+						continue;
 					keys[nk] = a->k + ((size_t)j * a->NKV + kh) * D;
 					vals[nk++] = a->v + ((size_t)j * a->NKV + kh) * D;
 				}
@@ -503,7 +511,9 @@ static void att_naive(const att_ctx *a, double *out, double *lse)
 					double d = 0;
 					for (int i = 0; i < D; i++)
 						d += (double)qt[i] * keys[j][i];
-					sc[j] = d / sqrt(D);
+					sc[j] = d * a->ap.scale;
+					if (a->ap.softcap > 0)
+						sc[j] = tanh(sc[j] / a->ap.softcap) * a->ap.softcap;
 					mx = sc[j] > mx ? sc[j] : mx;
 				}
 				for (int j = 0; j < nk; j++)
@@ -519,9 +529,16 @@ static void att_naive(const att_ctx *a, double *out, double *lse)
 	free(sc);
 }
 
-static void test_attention(int S, const int *lens, int NH, int NKV, int D, int P, int fd)
+/* scale 0: D^-0.5 */
+static void test_attention_p(int S, const int *lens, int NH, int NKV, int D, int P, int fd,
+			     float scale, float softcap, int window)
 {
 	att_ctx a = { .S = S, .NH = NH, .NKV = NKV, .D = D, .P = P };
+	a.ap = bk_attn_default(D);
+	if (scale > 0)
+		a.ap.scale = scale;
+	a.ap.softcap = softcap;
+	a.ap.window = window;
 	a.cu = xmalloc((S + 1) * sizeof(int32_t));
 	a.cu[0] = 0;
 	for (int s = 0; s < S; s++)
@@ -536,7 +553,8 @@ static void test_attention(int S, const int *lens, int NH, int NKV, int D, int P
 	att_naive(&a, want, wl);
 	float *lse, *out = att_run(&a, &lse);
 	char what[96];
-	int n = snprintf(what, sizeof(what), "attention NH=%d NKV=%d D=%d P=%d lens", NH, NKV, D, P);
+	int n = snprintf(what, sizeof(what), "attention NH=%d NKV=%d D=%d P=%d cap %g W %d lens",
+			 NH, NKV, D, P, softcap, window);
 	for (int s = 0; s < S && n < 80; s++)
 		n += snprintf(what + n, sizeof(what) - n, " %d", lens[s]);
 	check_close(what, out, want, nq, FWD_TOL);
@@ -549,18 +567,21 @@ static void test_attention(int S, const int *lens, int NH, int NKV, int D, int P
 		float *dv = dput(a.v, nk), *dout = dput(out, nq), *dl = dput(lse, (size_t)NH * a.T);
 		int32_t *dcu = iput(a.cu, S + 1);
 		ops->attention_backward(dgq, dgk, dgv, dc, dq, dk, dv, dout, dl, dcu, S, a.T, NH, NKV,
-					D);
+					D, &a.ap);
 		float *gq = xmalloc(nq * sizeof(float)), *gk = xmalloc(nk * sizeof(float));
 		float *gv = xmalloc(nk * sizeof(float));
 		dget(gq, dgq, nq, "attention dq");
 		dget(gk, dgk, nk, "attention dk");
 		dget(gv, dgv, nk, "attention dv");
 		added(gq, gq0, nq), added(gk, gk0, nk), added(gv, gv0, nk);
-		snprintf(what, sizeof(what), "attention backward dq NH=%d NKV=%d", NH, NKV);
+		snprintf(what, sizeof(what), "attention backward dq NH=%d NKV=%d cap %g W %d", NH,
+			 NKV, softcap, window);
 		fd_check(what, a.q, nq, gq, att_J, &a, 2e-3f);
-		snprintf(what, sizeof(what), "attention backward dk NH=%d NKV=%d", NH, NKV);
+		snprintf(what, sizeof(what), "attention backward dk NH=%d NKV=%d cap %g W %d", NH,
+			 NKV, softcap, window);
 		fd_check(what, a.k, nk, gk, att_J, &a, 2e-3f);
-		snprintf(what, sizeof(what), "attention backward dv NH=%d NKV=%d", NH, NKV);
+		snprintf(what, sizeof(what), "attention backward dv NH=%d NKV=%d cap %g W %d", NH,
+			 NKV, softcap, window);
 		fd_check(what, a.v, nk, gv, att_J, &a, 2e-3f);
 		dfree(dgq), dfree(dgk), dfree(dgv), dfree(dc), dfree(dq), dfree(dk), dfree(dv);
 		dfree(dout), dfree(dl), ops->free(dcu);
@@ -570,11 +591,17 @@ static void test_attention(int S, const int *lens, int NH, int NKV, int D, int P
 	free(want), free(wl), free(out), free(lse);
 }
 
-/* ---- SwiGLU and residual ---- */
+static void test_attention(int S, const int *lens, int NH, int NKV, int D, int P, int fd)
+{
+	test_attention_p(S, lens, NH, NKV, D, P, fd, 0, 0, 0);
+}
+
+/* ---- SwiGLU, GeGLU, bias, softcap and residual ---- */
 
 typedef struct {
 	size_t n;
 	float *g, *u, *c;
+	int gelu;
 } glu_ctx;
 
 static double glu_J(void *p)
@@ -582,7 +609,10 @@ static double glu_J(void *p)
 	glu_ctx *k = p;
 	float *dg = dput(k->g, k->n), *du = dput(k->u, k->n), *dh = dput(NULL, k->n);
 	float *h = xmalloc(k->n * sizeof(float));
-	ops->swiglu_forward(dh, dg, du, k->n);
+	if (k->gelu)
+		ops->geglu_forward(dh, dg, du, k->n);
+	else
+		ops->swiglu_forward(dh, dg, du, k->n);
 	dget(h, dh, k->n, "swiglu fd");
 	double J = project(h, k->c, k->n);
 	dfree(dg), dfree(du), dfree(dh), free(h);
@@ -591,7 +621,7 @@ static double glu_J(void *p)
 
 static void test_swiglu(size_t n, int fd)
 {
-	glu_ctx k = { n, hrand(n), hrand(n), hrand(n) };
+	glu_ctx k = { n, hrand(n), hrand(n), hrand(n), 0 };
 	for (size_t i = 0; i < n; i++)
 		k.g[i] *= 4;
 	double *want = xmalloc(n * sizeof(double));
@@ -617,6 +647,76 @@ static void test_swiglu(size_t n, int fd)
 	}
 	dfree(dg), dfree(du), dfree(dh);
 	free(k.g), free(k.u), free(k.c), free(want), free(h);
+}
+
+/* gelu_pytorch_tanh(g) * up against double; backward against finite differences */
+static void test_geglu(size_t n, int fd)
+{
+	glu_ctx k = { n, hrand(n), hrand(n), hrand(n), 1 };
+	for (size_t i = 0; i < n; i++)
+		k.g[i] *= 4;
+	double *want = xmalloc(n * sizeof(double));
+	for (size_t i = 0; i < n; i++) {
+		double g = k.g[i];
+		want[i] = 0.5 * g * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * k.u[i];
+	}
+	float *dg = dput(k.g, n), *du = dput(k.u, n), *dh = dput(NULL, n);
+	float *h = xmalloc(n * sizeof(float));
+	ops->geglu_forward(dh, dg, du, n);
+	dget(h, dh, n, "geglu");
+	char what[64];
+	snprintf(what, sizeof(what), "geglu n=%zu", n);
+	check_close(what, h, want, n, FWD_TOL);
+	if (fd) {
+		float *gg0 = hrand(n), *gu0 = hrand(n), *dgg = dput(gg0, n), *dgu = dput(gu0, n);
+		float *dc = dput(k.c, n), *gg = xmalloc(n * sizeof(float)), *gu = xmalloc(n * sizeof(float));
+		ops->geglu_backward(dgg, dgu, dc, dg, du, n);
+		dget(gg, dgg, n, "geglu dgate");
+		dget(gu, dgu, n, "geglu dup");
+		added(gg, gg0, n), added(gu, gu0, n);
+		fd_check("geglu backward dgate", k.g, n, gg, glu_J, &k, 1e-2f);
+		fd_check("geglu backward dup", k.u, n, gu, glu_J, &k, 1e-2f);
+		dfree(dgg), dfree(dgu), dfree(dc), free(gg0), free(gu0), free(gg), free(gu);
+	}
+	dfree(dg), dfree(du), dfree(dh);
+	free(k.g), free(k.u), free(k.c), free(want), free(h);
+}
+
+/* y [T,n] += b; the bias is a [1,n] weight */
+static void test_bias(int T, int n)
+{
+	float *y0 = hrand((size_t)T * n), *b = hrand(n), *y = xmalloc((size_t)T * n * sizeof(float));
+	double *want = xmalloc((size_t)T * n * sizeof(double));
+	for (int t = 0; t < T; t++)
+		for (int i = 0; i < n; i++)
+			want[(size_t)t * n + i] = (double)y0[(size_t)t * n + i] + b[i];
+	bk_weight *w = ops->weight_upload(b, 1, n);
+	float *dy = dput(y0, (size_t)T * n);
+	ops->bias_forward(dy, w, T);
+	dget(y, dy, (size_t)T * n, "bias");
+	char what[64];
+	snprintf(what, sizeof(what), "bias T=%d n=%d", T, n);
+	check_close(what, y, want, (size_t)T * n, 1e-7);
+	ops->weight_free(w);
+	dfree(dy), free(y0), free(b), free(y), free(want);
+}
+
+/* x <- tanh(x / cap) * cap */
+static void test_softcap(size_t n, float cap)
+{
+	float *x = hrand(n), *y = xmalloc(n * sizeof(float));
+	double *want = xmalloc(n * sizeof(double));
+	for (size_t i = 0; i < n; i++) {
+		x[i] *= 3 * cap;
+		want[i] = tanh((double)x[i] / cap) * cap;
+	}
+	float *dx = dput(x, n);
+	ops->softcap_forward(dx, cap, n);
+	dget(y, dx, n, "softcap");
+	char what[64];
+	snprintf(what, sizeof(what), "softcap n=%zu cap %g", n, cap);
+	check_close(what, y, want, n, FWD_TOL);
+	dfree(dx), free(x), free(y), free(want);
 }
 
 static void test_residual(size_t n)
@@ -656,6 +756,9 @@ static void run_all(const bk_ops *o)
 		test_rope(T, 3, 8, 0);
 		test_rope(T, 2, 16, 0);
 		test_swiglu((size_t)T * 24, 0);
+		test_geglu((size_t)T * 24, 0);
+		test_bias(T, 24);
+		test_softcap((size_t)T * 19, 30.0f);
 		test_residual((size_t)T * 17);
 	}
 	test_linear(200, 300, 70, 0); /* big enough for threaded BLAS paths */
@@ -663,6 +766,8 @@ static void run_all(const bk_ops *o)
 	test_rmsnorm(40, 33, 0);
 	test_rope(40, 4, 16, 0);
 	test_swiglu(70000, 0);
+	test_geglu(70000, 0);
+	test_softcap(70000, 50.0f);
 	test_residual(70000);
 
 	/* attention: GQA ratios 1, 2, 4; D = 8, 16; one or several sequences of odd
@@ -679,6 +784,16 @@ static void run_all(const bk_ops *o)
 				test_attention(3, l9, heads[h][0], heads[h][1], D, P, 0);
 			}
 	test_attention(2, l40, 8, 2, 16, 5, 0);
+	/* the attention parameters: scale, softcap, sliding window (shorter than the
+	 * sequences, so keys drop out; with a prefix the window reaches into it) */
+	for (int P = 0; P <= 3; P += 3) {
+		test_attention_p(4, l13, 4, 2, 8, P, 0, 0.2f, 0, 0);
+		test_attention_p(4, l13, 4, 2, 8, P, 0, 0, 0.7f, 0);
+		test_attention_p(4, l13, 4, 2, 8, P, 0, 0, 0, 2);
+		test_attention_p(3, l9, 4, 1, 16, P, 0, 0.3f, 1.5f, 3);
+		test_attention_p(2, l40, 8, 2, 16, P, 0, 0, 0, 1);
+		test_attention_p(2, l40, 8, 2, 16, P, 0, 0, 0, 6);
+	}
 
 	/* backward vs finite differences on tiny shapes */
 	test_rmsnorm(3, 7, 1);
@@ -687,10 +802,14 @@ static void run_all(const bk_ops *o)
 	test_lora(4, 6, 5, 3, 0.4f, 1);
 	test_rope(3, 2, 8, 1);
 	test_swiglu(21, 1);
+	test_geglu(21, 1);
 	static const int f7[] = { 3, 4 }, f6[] = { 1, 5 };
 	test_attention(2, f7, 2, 2, 4, 0, 1);
 	test_attention(2, f7, 4, 2, 4, 0, 1);
 	test_attention(2, f6, 4, 1, 8, 0, 1);
+	test_attention_p(2, f7, 4, 2, 4, 0, 1, 0.6f, 0.8f, 0); /* softcap near saturation */
+	test_attention_p(2, f7, 4, 2, 4, 0, 1, 0, 0, 2);       /* window */
+	test_attention_p(2, f6, 4, 1, 8, 0, 1, 0.4f, 1.2f, 3); /* all three */
 }
 
 int main(void)

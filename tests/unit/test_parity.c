@@ -905,6 +905,10 @@ int main(void)
 {
 	run_case("tiny");
 	run_case("stories260K");
+	run_case("qwen2");
+	run_case("qwen3");
+	run_case("gemma2");
+	run_case("gemma3");
 	if (failed_list[0])
 		fprintf(stderr, "failed:%s\n", failed_list);
 	return bk_test_done("test_parity");
