@@ -199,10 +199,6 @@ for d in ${CUDA_HOME:-} /usr/local/cuda $(dirname "$(dirname "$(command -v nvcc 
 	done
 done
 export LD_LIBRARY_PATH="$W/lib${CUDA_LIBS:+:$CUDA_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-if ! "$P/bin/bk-dump" --help >/dev/null 2>"$W/probe.err" && grep -q 'GLIBCXX\|libstdc\|libgcc_s\|CXXABI' "$W/probe.err"; then
-	export LD_LIBRARY_PATH="$W/lib:$W/lib/sys:${LD_LIBRARY_PATH#"$W/lib:"}"
-	echo "run.sh: the image's libstdc++ does not do; using the pack's (lib/sys)" >>"$LOGS/run.log"
-fi
 # the CUDA runtime and cuBLAS come from the image: wherever they are (the toolkit, the
 # driver's folder, the pip packages of torch), add their folders
 for so in $(ldd "$P/bin/bk-step" 2>/dev/null | awk '/not found/ && /libcu/ {print $1}' | sort -u); do
@@ -210,6 +206,10 @@ for so in $(ldd "$P/bin/bk-step" 2>/dev/null | awk '/not found/ && /libcu/ {prin
 	[ -n "$hit" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$hit")" &&
 		echo "run.sh: $so from $(dirname "$hit")" >>"$LOGS/run.log"
 done
+if ! "$P/bin/bk-dump" --help >/dev/null 2>"$W/probe.err" && grep -q 'GLIBCXX\|libstdc\|libgcc_s\|CXXABI' "$W/probe.err"; then
+	export LD_LIBRARY_PATH="$W/lib:$W/lib/sys:${LD_LIBRARY_PATH#"$W/lib:"}"
+	echo "run.sh: the image's libstdc++ does not do; using the pack's (lib/sys)" >>"$LOGS/run.log"
+fi
 export PATH="$P/bin:$PATH"
 # every library must load, and from the pack unless it is one the image provides (glibc,
 # CUDA; libstdc++ / libgcc_s from lib/sys or the image): what resolves elsewhere here
