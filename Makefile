@@ -52,6 +52,7 @@ LIB_CXX := $(wildcard formats/*.cc)
 LIB_CU  := $(wildcard gpu/*.cu)
 CMDS    := $(patsubst cmd/%.c,%,$(wildcard cmd/bk-*.c))
 UNIT    := $(patsubst tests/unit/%.c,%,$(wildcard tests/unit/test_*.c))
+UNIT    += $(patsubst tests/unit/%.cc,%,$(wildcard tests/unit/test_*.cc)) # C++ (CUDA emulation)
 FUZZ    := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 
 LIB_OBJ := $(LIB_C:%.c=$(BUILD)/obj/%.o) $(LIB_CXX:%.cc=$(BUILD)/obj/%.o)

@@ -6,6 +6,7 @@
 // operands as TF32 with fp32 accumulation; norms, RoPE and SwiGLU compute and reduce in
 // fp32.  Not the judge (gpu/host_ops.c is) and not the model (gpu/model.c).
 #include "gpu/cuda_common.cuh"
+#include "gpu/cuda_attention_tc.h" // BK_ATTN: fp32 or tensor-core attention
 
 #include <math.h>
 #include <mutex>
@@ -703,8 +704,8 @@ extern "C" const bk_ops bk_ops_cuda = {
 	.lora_backward = cuda_lora_backward,
 	.rope_forward = cuda_rope_forward,
 	.rope_backward = cuda_rope_backward,
-	.attention_forward = bk_cuda_attention_forward,
-	.attention_backward = bk_cuda_attention_backward,
+	.attention_forward = bk_cuda_attention_forward_sel,   // BK_ATTN=fp32 (default) | tc
+	.attention_backward = bk_cuda_attention_backward_sel, // (gpu/cuda_attention_tc.cu)
 	.swiglu_forward = cuda_swiglu_forward,
 	.swiglu_backward = cuda_swiglu_backward,
 	.geglu_forward = cuda_geglu_forward,

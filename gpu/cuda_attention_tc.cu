@@ -1,0 +1,839 @@
+// cuda_attention_tc.cu - the tensor-core flash attention (ops.h attention_forward /
+// attention_backward, same contract as the fp32 kernel of gpu/cuda_attention.cu: out
+// [T,NH,D] fp32, lse [NH,T], the backward recomputes P from lse), and the BK_ATTN
+// selection between the two (gpu/cuda_attention_tc.h).  Not the decode attention.
+//
+// Choices:
+//  - bf16 mma.sync m16n8k16 with fp32 accumulation (sm_80+).  q/k/v/dout are fp32 in the
+//    interface; each tile is rounded to bf16 (round to nearest even) as it is staged in
+//    shared memory.  Scores, the online softmax (m, l), exp, lse, D_i = dout.out and every
+//    accumulator are fp32; P (forward, dv) and dS (dq, dk) are rounded to bf16 as the
+//    A operand of the second product, the FlashAttention-2 way.
+//  - fragments are read from shared memory with 32-bit loads of bf16 pairs whose
+//    addresses follow the PTX fragment layout of m16n8k16 directly (no ldmatrix), with
+//    rows padded by 8 bf16 so the 8 groups x 4 lanes hit 32 distinct banks.  Operands
+//    that a product needs "k-major" (V in P V, K in dS K, Q and dO in dS^T Q, P^T dO) are
+//    staged a second time transposed.  The C fragment of a product is re-packed in
+//    registers as the A fragment of the next (P never goes to shared memory).
+//  - forward and dq: a block is 64 query rows (4 warps x 16) of one head; it loops over
+//    every prefix key tile, then its own key tiles from row 0's sequence start (or window
+//    start) to its last row; masks as the fp32 kernel (per row: sequence start, causal,
+//    window; prefix keys by position).  dk/dv: a block is 64 keys (4 warps x 16) of one
+//    QUERY head (grid over NH, not NKV: 8x more blocks at 32/4 heads) looping over the
+//    query rows that can see them; with GQA each query head writes its partial dk/dv to
+//    a workspace [NH,T,D] and a reduction kernel adds the group's heads in head order
+//    (deterministic, no atomics).  dq is a kernel of its own (recomputes S and dP: 7
+//    products in the backward instead of FA2's 5 with atomics, but deterministic).
+//  - causal load balancing: forward and dq blocks run the last (longest) query tiles
+//    first; dk/dv blocks run the first (longest) key tiles first; a warp skips the key
+//    tiles wholly after its rows (forward, dq) and the query tiles wholly before its keys
+//    (dk/dv), so the causal half of a diagonal tile costs nothing but the barrier.
+//  - D = 64 and 128 (templates); other head dimensions, buffers not 16-byte aligned:
+//    the fp32 kernel (D = 256, Gemma: its tiles would need > 96 KiB of shared memory in
+//    this layout).
+//  - not validated on a GPU yet: BK_ATTN=fp32 stays the default; tests/gpu/
+//    check_attention_tc.c checks both kernels against the host twin and times them.
+#ifndef BK_TC_EMU
+#include "gpu/cuda_common.cuh"
+#else // tests/unit/test_attention_tc_emu.cc runs this file on the CPU (tests/unit/cuda_emu.h)
+#include "tests/unit/cuda_emu.h"
+#endif
+#include "gpu/cuda_attention_tc.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef __nv_bfloat16 tc_bf16;
+
+#define TC_WARPS 4
+#define TC_THREADS (TC_WARPS * 32)
+#define TC_SMEM_MAX (96 * 1024) // the opt-in limit of sm_80 / sm_86 / sm_90 we stay under
+
+#ifndef BK_TC_EMU
+#define TC_UNROLL _Pragma("unroll")
+#define TC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
+// kernel<<<grid, threads, smem, op stream>>>(args) and its launch check
+#define TC_LAUNCH(kernel, grid, threads, smem, ...)                                     \
+	do {                                                                           \
+		kernel<<<grid, threads, smem, bk_cuda_stream()>>>(__VA_ARGS__);        \
+		CUDA_LAUNCH_CHECK(#kernel);                                            \
+	} while (0)
+#endif
+
+// ---------------------------------------------------------------------------------
+// device helpers
+
+// the sequence of packed token t: the largest s with cu[s] <= t (cu [S+1], cu[S] = T > t)
+__device__ __forceinline__ int tc_seq_of(const int32_t *cu, int S, int t)
+{
+	int lo = 0, hi = S - 1;
+	while (lo < hi) {
+		int mid = (lo + hi + 1) >> 1;
+		if (cu[mid] <= t)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
+// two floats as a bf16 pair: lo in the low 16 bits (the lower column of a fragment)
+__device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
+{
+	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+	uint32_t r;
+	memcpy(&r, &v, 4);
+	return r;
+}
+
+__device__ __forceinline__ uint32_t tc_ld32(const tc_bf16 *p)
+{
+	return *reinterpret_cast<const uint32_t *>(p);
+}
+
+// c[16x8] += a[16x16] b[16x8]: bf16 inputs, fp32 accumulators.  Fragments (PTX ISA,
+// m16n8k16, g = lane / 4, t = lane % 4): a0 = A[g][2t,2t+1], a1 = A[g+8][2t..],
+// a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]; b0 = B[2t,2t+1][g], b1 = B[2t+8,2t+9][g];
+// c0,c1 = C[g][2t,2t+1], c2,c3 = C[g+8][2t,2t+1].
+__device__ __forceinline__ void tc_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+#ifndef BK_TC_EMU
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+	emu_mma_m16n8k16(c, a, b0, b1);
+#endif
+}
+
+// A fragment of rows r0..r0+15, columns k0..k0+15 of row-major X [*][LD]
+__device__ __forceinline__ void tc_frag_a(uint32_t a[4], const tc_bf16 *X, int LD, int r0,
+					  int k0, int g, int t)
+{
+	const tc_bf16 *p = X + (size_t)(r0 + g) * LD + k0 + 2 * t;
+	a[0] = tc_ld32(p);
+	a[1] = tc_ld32(p + 8 * LD);
+	a[2] = tc_ld32(p + 8);
+	a[3] = tc_ld32(p + 8 * LD + 8);
+}
+
+// B fragment (k0..k0+15) x (n0..n0+7) where B[k][n] = Y[n][k], Y row-major [*][LD]
+__device__ __forceinline__ void tc_frag_b(uint32_t &b0, uint32_t &b1, const tc_bf16 *Y, int LD,
+					  int n0, int k0, int g, int t)
+{
+	const tc_bf16 *p = Y + (size_t)(n0 + g) * LD + k0 + 2 * t;
+	b0 = tc_ld32(p);
+	b1 = tc_ld32(p + 8);
+}
+
+// A fragment of k-step kk from the C fragments of n-tiles 2kk and 2kk+1
+__device__ __forceinline__ void tc_c_to_a(uint32_t a[4], const float c0[4], const float c1[4])
+{
+	a[0] = tc_pack(c0[0], c0[1]);
+	a[1] = tc_pack(c0[2], c0[3]);
+	a[2] = tc_pack(c1[0], c1[1]);
+	a[3] = tc_pack(c1[2], c1[3]);
+}
+
+// dst [BR][LD] bf16 = rows r0..r0+n-1 of src [*,nh,D] at head h; rows n..BR-1 zero
+// (a zero row, not NaN: 0 * NaN would poison the products).  src 16-byte aligned.
+template <int D>
+__device__ __forceinline__ void tc_stage(tc_bf16 *dst, int LD, int BR, const float *src, int r0,
+					 int n, int nh, int h)
+{
+	constexpr int D4 = D / 4;
+	for (int i = threadIdx.x; i < BR * D4; i += blockDim.x) {
+		int r = i / D4, d = (i - r * D4) * 4;
+		float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		if (r < n)
+			x = *reinterpret_cast<const float4 *>(src + ((size_t)(r0 + r) * nh + h) * D + d);
+		uint2 w;
+		w.x = tc_pack(x.x, x.y);
+		w.y = tc_pack(x.z, x.w);
+		*reinterpret_cast<uint2 *>(dst + (size_t)r * LD + d) = w;
+	}
+}
+
+// dst [D][LDT] bf16 = the same rows transposed (dst[d][r]); columns n..BR-1 zero
+template <int D>
+__device__ __forceinline__ void tc_stage_t(tc_bf16 *dst, int LDT, int BR, const float *src,
+					   int r0, int n, int nh, int h)
+{
+	constexpr int D4 = D / 4;
+	for (int i = threadIdx.x; i < BR * D4; i += blockDim.x) {
+		int r = i / D4, d = (i - r * D4) * 4;
+		float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		if (r < n)
+			x = *reinterpret_cast<const float4 *>(src + ((size_t)(r0 + r) * nh + h) * D + d);
+		dst[(size_t)(d + 0) * LDT + r] = __float2bfloat16_rn(x.x);
+		dst[(size_t)(d + 1) * LDT + r] = __float2bfloat16_rn(x.y);
+		dst[(size_t)(d + 2) * LDT + r] = __float2bfloat16_rn(x.z);
+		dst[(size_t)(d + 3) * LDT + r] = __float2bfloat16_rn(x.w);
+	}
+}
+
+// the score of raw q.k: cap(acc * scale)
+__device__ __forceinline__ float tc_score(float acc, float scale, float cap)
+{
+	float s = acc * scale;
+	return cap > 0.0f ? tanhf(s / cap) * cap : s;
+}
+
+// can query token t (sequence start st) see own key j?  (causal, same sequence, window)
+__device__ __forceinline__ bool tc_vis_own(int t, int st, int j, int W)
+{
+	return j >= st && j <= t && (W <= 0 || t - j < W);
+}
+
+// ---------------------------------------------------------------------------------
+// forward
+
+template <int D> struct TcFwd {
+	static constexpr int BM = 64, BN = 64, LD = D + 8, LDT = BN + 8;
+	static constexpr size_t smem = ((size_t)BM * LD + (size_t)BN * LD + (size_t)D * LDT) * 2;
+};
+
+// one key tile (keys j0..j0+nc-1 of kg/vg [*,NKV,D]) into the warp's running m, l, o
+template <int D>
+__device__ __forceinline__ void tc_fwd_tile(const float *kg, const float *vg, int j0, int nc,
+					    bool prefix, int NKV, int kh, tc_bf16 *Ks, tc_bf16 *Vt,
+					    const uint32_t (*qa)[4], float (*o)[4], float *m,
+					    float *l, const int *trow, const int *srow,
+					    const bool *vrow, int P, float scale, float cap, int W,
+					    bool warp_live, int warp_last)
+{
+	typedef TcFwd<D> C;
+	constexpr int NK = D / 16, NN = C::BN / 8, ND = D / 8;
+	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+	__syncthreads(); // the previous tile's readers are done
+	tc_stage<D>(Ks, C::LD, C::BN, kg, j0, nc, NKV, kh);
+	tc_stage_t<D>(Vt, C::LDT, C::BN, vg, j0, nc, NKV, kh);
+	__syncthreads();
+	if (!warp_live || (!prefix && j0 > warp_last))
+		return; // every key of the tile is after every row of this warp
+	float s[NN][4];
+TC_UNROLL
+	for (int n = 0; n < NN; n++)
+		s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+TC_UNROLL
+	for (int kk = 0; kk < NK; kk++)
+TC_UNROLL
+		for (int n = 0; n < NN; n++) {
+			uint32_t b0, b1;
+			tc_frag_b(b0, b1, Ks, C::LD, n * 8, kk * 16, g, tq);
+			tc_mma(s[n], qa[kk], b0, b1);
+		}
+	// scale, cap, mask; row maxima (rows 0: g, 1: g+8 of the warp)
+	float mx[2] = {-INFINITY, -INFINITY};
+TC_UNROLL
+	for (int n = 0; n < NN; n++)
+TC_UNROLL
+		for (int e = 0; e < 4; e++) {
+			int ri = e >> 1, c = n * 8 + 2 * tq + (e & 1), j = j0 + c;
+			bool vis = false;
+			if (vrow[ri] && c < nc)
+				vis = prefix ? (W <= 0 || P + trow[ri] - srow[ri] - j < W)
+					     : tc_vis_own(trow[ri], srow[ri], j, W);
+			float sc = vis ? tc_score(s[n][e], scale, cap) : -INFINITY;
+			s[n][e] = sc;
+			mx[ri] = fmaxf(mx[ri], sc);
+		}
+	float alpha[2], sum[2] = {0.0f, 0.0f}, mu[2];
+TC_UNROLL
+	for (int ri = 0; ri < 2; ri++) {
+		mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
+		mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
+		float mnew = fmaxf(m[ri], mx[ri]);
+		mu[ri] = mnew == -INFINITY ? 0.0f : mnew; // nothing visible yet in this row
+		alpha[ri] = expf(m[ri] - mu[ri]);
+		m[ri] = mnew;
+	}
+TC_UNROLL
+	for (int n = 0; n < NN; n++)
+TC_UNROLL
+		for (int e = 0; e < 4; e++) {
+			float p = expf(s[n][e] - mu[e >> 1]);
+			s[n][e] = p;
+			sum[e >> 1] += p;
+		}
+TC_UNROLL
+	for (int ri = 0; ri < 2; ri++)
+		l[ri] = l[ri] * alpha[ri] + sum[ri]; // this thread's columns; quad-summed at the end
+TC_UNROLL
+	for (int dn = 0; dn < ND; dn++) {
+		o[dn][0] *= alpha[0];
+		o[dn][1] *= alpha[0];
+		o[dn][2] *= alpha[1];
+		o[dn][3] *= alpha[1];
+	}
+	// o += P V: A = P (bf16), B[k=key][n=d] = Vt[d][key]
+TC_UNROLL
+	for (int kk = 0; kk < C::BN / 16; kk++) {
+		uint32_t a[4];
+		tc_c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+TC_UNROLL
+		for (int dn = 0; dn < ND; dn++) {
+			uint32_t b0, b1;
+			tc_frag_b(b0, b1, Vt, C::LDT, dn * 8, kk * 16, g, tq);
+			tc_mma(o[dn], a, b0, b1);
+		}
+	}
+}
+
+// grid (ceil(T/64), NH); block x runs query tile ntiles-1-x (the longest first)
+template <int D>
+__global__ void __launch_bounds__(TC_THREADS)
+tc_fwd_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
+	      const int32_t *cu, int S, int T, int NH, int NKV, const float *pk, const float *pv,
+	      int P, float scale, float cap, int W)
+{
+	typedef TcFwd<D> C;
+	constexpr int NK = D / 16, ND = D / 8;
+	TC_SHARED(tc_sm);
+	tc_bf16 *Qs = (tc_bf16 *)tc_sm, *Ks = Qs + C::BM * C::LD, *Vt = Ks + C::BN * C::LD;
+	const int h = blockIdx.y, kh = h / (NH / NKV);
+	const int t0 = (gridDim.x - 1 - blockIdx.x) * C::BM, nr = min(C::BM, T - t0);
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+	const int w0 = t0 + warp * 16; // the warp's first row
+	const bool warp_live = w0 < T;
+	const int warp_last = min(w0 + 15, T - 1);
+	int trow[2] = {w0 + g, w0 + g + 8}, srow[2];
+	bool vrow[2];
+	for (int ri = 0; ri < 2; ri++) {
+		vrow[ri] = trow[ri] < T;
+		srow[ri] = vrow[ri] ? cu[tc_seq_of(cu, S, trow[ri])] : 0;
+	}
+	tc_stage<D>(Qs, C::LD, C::BM, q, t0, nr, NH, h);
+	__syncthreads();
+	uint32_t qa[NK][4];
+TC_UNROLL
+	for (int kk = 0; kk < NK; kk++)
+		tc_frag_a(qa[kk], Qs, C::LD, warp * 16, kk * 16, g, tq);
+	float o[ND][4];
+TC_UNROLL
+	for (int dn = 0; dn < ND; dn++)
+		o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
+	float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+	// every prefix tile (its keys masked by the window only), then the own-key tiles from
+	// row 0's sequence start (or row 0's window start) to the last row
+	for (int j0 = 0; j0 < P; j0 += C::BN)
+		tc_fwd_tile<D>(pk, pv, j0, min(C::BN, P - j0), true, NKV, kh, Ks, Vt, qa, o, m, l,
+			       trow, srow, vrow, P, scale, cap, W, warp_live, warp_last);
+	const int start0 = cu[tc_seq_of(cu, S, t0)];
+	const int kend = t0 + nr, kfirst = W > 0 ? max(start0, t0 - W + 1) : start0;
+	for (int j0 = kfirst; j0 < kend; j0 += C::BN)
+		tc_fwd_tile<D>(k, v, j0, min(C::BN, kend - j0), false, NKV, kh, Ks, Vt, qa, o, m, l,
+			       trow, srow, vrow, P, scale, cap, W, warp_live, warp_last);
+TC_UNROLL
+	for (int ri = 0; ri < 2; ri++) {
+		l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
+		l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 2);
+	}
+TC_UNROLL
+	for (int ri = 0; ri < 2; ri++) {
+		if (!vrow[ri])
+			continue;
+		float inv = 1.0f / l[ri];
+		float *orow = out + ((size_t)trow[ri] * NH + h) * D;
+TC_UNROLL
+		for (int dn = 0; dn < ND; dn++) {
+			float2 w = make_float2(o[dn][2 * ri] * inv, o[dn][2 * ri + 1] * inv);
+			*reinterpret_cast<float2 *>(orow + dn * 8 + 2 * tq) = w;
+		}
+		if (tq == 0)
+			lse[(size_t)h * T + trow[ri]] = m[ri] + logf(l[ri]);
+	}
+}
+
+// ---------------------------------------------------------------------------------
+// backward
+
+// Di [NH,T] = sum_d dout[t,h,d] * out[t,h,d] (fp32); one warp per (t, h)
+__global__ void tc_bwd_dot_kernel(float *Di, const float *dout, const float *out, int T, int NH,
+				  int D)
+{
+	size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	int lane = threadIdx.x & 31;
+	if (w >= (size_t)T * NH)
+		return;
+	int t = (int)(w / NH), h = (int)(w % NH);
+	const float *a = dout + w * D, *b = out + w * D;
+	float acc = 0.0f;
+	for (int d = lane; d < D; d += 32)
+		acc = fmaf(a[d], b[d], acc);
+	acc = bk_warp_sum(acc);
+	if (lane == 0)
+		Di[(size_t)h * T + t] = acc;
+}
+
+// dq: Q, dO [64][D+8]; K, V [BN][D+8]; K^T [D][BN+8]
+template <int D> struct TcDq {
+	static constexpr int BM = 64, BN = D <= 64 ? 64 : 32, LD = D + 8, LDT = BN + 8;
+	static constexpr size_t smem =
+		((size_t)2 * BM * LD + (size_t)2 * BN * LD + (size_t)D * LDT) * 2;
+};
+
+// grid (ceil(T/64), NH): dq rows of query tile ntiles-1-x, head h, += scale sum_j ds_ij k_j
+template <int D>
+__global__ void __launch_bounds__(TC_THREADS)
+tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k, const float *v,
+		 const float *lse, const float *Di, const int32_t *cu, int S, int T, int NH,
+		 int NKV, float scale, float cap, int W)
+{
+	typedef TcDq<D> C;
+	constexpr int NK = D / 16, NN = C::BN / 8, ND = D / 8;
+	TC_SHARED(tc_sm);
+	tc_bf16 *Qs = (tc_bf16 *)tc_sm, *dOs = Qs + C::BM * C::LD, *Ks = dOs + C::BM * C::LD;
+	tc_bf16 *Vs = Ks + C::BN * C::LD, *Kt = Vs + C::BN * C::LD;
+	const int h = blockIdx.y, kh = h / (NH / NKV);
+	const int t0 = (gridDim.x - 1 - blockIdx.x) * C::BM, nr = min(C::BM, T - t0);
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+	const int w0 = t0 + warp * 16;
+	const bool warp_live = w0 < T;
+	const int warp_last = min(w0 + 15, T - 1);
+	int trow[2] = {w0 + g, w0 + g + 8}, srow[2];
+	bool vrow[2];
+	float lrow[2], drow[2];
+	for (int ri = 0; ri < 2; ri++) {
+		vrow[ri] = trow[ri] < T;
+		srow[ri] = vrow[ri] ? cu[tc_seq_of(cu, S, trow[ri])] : 0;
+		lrow[ri] = vrow[ri] ? lse[(size_t)h * T + trow[ri]] : 0.0f;
+		drow[ri] = vrow[ri] ? Di[(size_t)h * T + trow[ri]] : 0.0f;
+	}
+	tc_stage<D>(Qs, C::LD, C::BM, q, t0, nr, NH, h);
+	tc_stage<D>(dOs, C::LD, C::BM, dout, t0, nr, NH, h);
+	float acc[ND][4];
+TC_UNROLL
+	for (int dn = 0; dn < ND; dn++)
+		acc[dn][0] = acc[dn][1] = acc[dn][2] = acc[dn][3] = 0.0f;
+	__syncthreads();
+	const int start0 = cu[tc_seq_of(cu, S, t0)];
+	const int kend = t0 + nr, kfirst = W > 0 ? max(start0, t0 - W + 1) : start0;
+	for (int j0 = kfirst; j0 < kend; j0 += C::BN) {
+		const int nc = min(C::BN, kend - j0);
+		__syncthreads();
+		tc_stage<D>(Ks, C::LD, C::BN, k, j0, nc, NKV, kh);
+		tc_stage<D>(Vs, C::LD, C::BN, v, j0, nc, NKV, kh);
+		tc_stage_t<D>(Kt, C::LDT, C::BN, k, j0, nc, NKV, kh);
+		__syncthreads();
+		if (!warp_live || j0 > warp_last)
+			continue;
+		float s[NN][4], dp[NN][4];
+TC_UNROLL
+		for (int n = 0; n < NN; n++)
+TC_UNROLL
+			for (int e = 0; e < 4; e++)
+				s[n][e] = dp[n][e] = 0.0f;
+TC_UNROLL
+		for (int kk = 0; kk < NK; kk++) {
+			uint32_t aq[4], ad[4];
+			tc_frag_a(aq, Qs, C::LD, warp * 16, kk * 16, g, tq);
+			tc_frag_a(ad, dOs, C::LD, warp * 16, kk * 16, g, tq);
+TC_UNROLL
+			for (int n = 0; n < NN; n++) {
+				uint32_t b0, b1;
+				tc_frag_b(b0, b1, Ks, C::LD, n * 8, kk * 16, g, tq);
+				tc_mma(s[n], aq, b0, b1);
+				tc_frag_b(b0, b1, Vs, C::LD, n * 8, kk * 16, g, tq);
+				tc_mma(dp[n], ad, b0, b1);
+			}
+		}
+		// ds = p (dp - D_i) (cap' factor); s <- ds
+TC_UNROLL
+		for (int n = 0; n < NN; n++)
+TC_UNROLL
+			for (int e = 0; e < 4; e++) {
+				int ri = e >> 1, c = n * 8 + 2 * tq + (e & 1), j = j0 + c;
+				float ds = 0.0f;
+				if (vrow[ri] && c < nc && tc_vis_own(trow[ri], srow[ri], j, W)) {
+					float sc = tc_score(s[n][e], scale, cap);
+					float p = expf(sc - lrow[ri]);
+					ds = p * (dp[n][e] - drow[ri]);
+					if (cap > 0.0f)
+						ds *= 1.0f - (sc / cap) * (sc / cap);
+				}
+				s[n][e] = ds;
+			}
+		// acc += dS K: B[k=key][n=d] = Kt[d][key]
+TC_UNROLL
+		for (int kk = 0; kk < C::BN / 16; kk++) {
+			uint32_t a[4];
+			tc_c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+TC_UNROLL
+			for (int dn = 0; dn < ND; dn++) {
+				uint32_t b0, b1;
+				tc_frag_b(b0, b1, Kt, C::LDT, dn * 8, kk * 16, g, tq);
+				tc_mma(acc[dn], a, b0, b1);
+			}
+		}
+	}
+TC_UNROLL
+	for (int ri = 0; ri < 2; ri++) {
+		if (!vrow[ri])
+			continue;
+		float *row = dq + ((size_t)trow[ri] * NH + h) * D;
+TC_UNROLL
+		for (int dn = 0; dn < ND; dn++) {
+			float2 *p = reinterpret_cast<float2 *>(row + dn * 8 + 2 * tq);
+			float2 w = *p;
+			w.x += acc[dn][2 * ri] * scale;
+			w.y += acc[dn][2 * ri + 1] * scale;
+			*p = w;
+		}
+	}
+}
+
+// dk/dv: K, V [64][D+8]; Q, dO [BQ][D+8]; Q^T, dO^T [D][BQ+8]; lse, Di, starts [BQ]
+template <int D> struct TcDkv {
+	static constexpr int BN = 64, BQ = D <= 64 ? 64 : 32, LD = D + 8, LDT = BQ + 8;
+	static constexpr size_t smem_bf16 =
+		((size_t)2 * BN * LD + (size_t)2 * BQ * LD + (size_t)2 * D * LDT) * 2;
+	static constexpr size_t smem = smem_bf16 + (size_t)3 * BQ * 4;
+};
+
+// grid (ceil(T/64), NH): keys j0..j0+63 of kv head h / group, gradient from query head h.
+// group == 1: dk/dv += directly (this block owns the rows); else the partials go to
+// wk, wv [NH,T,D] (overwritten) for tc_bwd_reduce_kernel.
+template <int D>
+__global__ void __launch_bounds__(TC_THREADS)
+tc_bwd_dkv_kernel(float *dk, float *dv, float *wk, float *wv, const float *dout,
+		  const float *q, const float *k, const float *v, const float *lse,
+		  const float *Di, const int32_t *cu, int S, int T, int NH, int NKV, float scale,
+		  float cap, int W)
+{
+	typedef TcDkv<D> C;
+	constexpr int NK = D / 16, NQ = C::BQ / 8, ND = D / 8;
+	TC_SHARED(tc_sm);
+	tc_bf16 *Ks = (tc_bf16 *)tc_sm, *Vs = Ks + C::BN * C::LD, *Qs = Vs + C::BN * C::LD;
+	tc_bf16 *dOs = Qs + C::BQ * C::LD, *Qt = dOs + C::BQ * C::LD, *dOt = Qt + D * C::LDT;
+	float *ls = (float *)(tc_sm + C::smem_bf16), *ds_ = ls + C::BQ;
+	int *ss = (int *)(ds_ + C::BQ);
+	const int group = NH / NKV, h = blockIdx.y, kh = h / group;
+	const int j0 = blockIdx.x * C::BN, nc = min(C::BN, T - j0);
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+	const int wj0 = j0 + warp * 16; // the warp's first key
+	const bool warp_live = wj0 < T;
+	int jrow[2] = {wj0 + g, wj0 + g + 8};
+	bool vrow[2] = {jrow[0] < T, jrow[1] < T};
+	tc_stage<D>(Ks, C::LD, C::BN, k, j0, nc, NKV, kh);
+	tc_stage<D>(Vs, C::LD, C::BN, v, j0, nc, NKV, kh);
+	float ak[ND][4], av[ND][4];
+TC_UNROLL
+	for (int dn = 0; dn < ND; dn++)
+TC_UNROLL
+		for (int e = 0; e < 4; e++)
+			ak[dn][e] = av[dn][e] = 0.0f;
+	// queries from j0 to the end of the last key's sequence (and its window)
+	int qend = cu[tc_seq_of(cu, S, j0 + nc - 1) + 1];
+	if (W > 0)
+		qend = min(qend, j0 + nc - 1 + W);
+	for (int i0 = j0; i0 < qend; i0 += C::BQ) {
+		const int nq = min(C::BQ, qend - i0);
+		__syncthreads();
+		tc_stage<D>(Qs, C::LD, C::BQ, q, i0, nq, NH, h);
+		tc_stage<D>(dOs, C::LD, C::BQ, dout, i0, nq, NH, h);
+		tc_stage_t<D>(Qt, C::LDT, C::BQ, q, i0, nq, NH, h);
+		tc_stage_t<D>(dOt, C::LDT, C::BQ, dout, i0, nq, NH, h);
+		for (int r = threadIdx.x; r < C::BQ; r += blockDim.x) {
+			ls[r] = r < nq ? lse[(size_t)h * T + i0 + r] : 0.0f;
+			ds_[r] = r < nq ? Di[(size_t)h * T + i0 + r] : 0.0f;
+			ss[r] = r < nq ? cu[tc_seq_of(cu, S, i0 + r)] : 0;
+		}
+		__syncthreads();
+		if (!warp_live || wj0 > i0 + nq - 1)
+			continue; // every query of the tile is before every key of this warp
+		// S^T = K Q^T and dP^T = V dO^T: rows = this warp's 16 keys, columns = queries
+		float st[NQ][4], dpt[NQ][4];
+TC_UNROLL
+		for (int n = 0; n < NQ; n++)
+TC_UNROLL
+			for (int e = 0; e < 4; e++)
+				st[n][e] = dpt[n][e] = 0.0f;
+TC_UNROLL
+		for (int kk = 0; kk < NK; kk++) {
+			uint32_t akf[4], avf[4];
+			tc_frag_a(akf, Ks, C::LD, warp * 16, kk * 16, g, tq);
+			tc_frag_a(avf, Vs, C::LD, warp * 16, kk * 16, g, tq);
+TC_UNROLL
+			for (int n = 0; n < NQ; n++) {
+				uint32_t b0, b1;
+				tc_frag_b(b0, b1, Qs, C::LD, n * 8, kk * 16, g, tq);
+				tc_mma(st[n], akf, b0, b1);
+				tc_frag_b(b0, b1, dOs, C::LD, n * 8, kk * 16, g, tq);
+				tc_mma(dpt[n], avf, b0, b1);
+			}
+		}
+		// st <- p, dpt <- ds (0 where the query cannot see the key)
+TC_UNROLL
+		for (int n = 0; n < NQ; n++)
+TC_UNROLL
+			for (int e = 0; e < 4; e++) {
+				int ri = e >> 1, c = n * 8 + 2 * tq + (e & 1), i = i0 + c;
+				float p = 0.0f, ds = 0.0f;
+				if (vrow[ri] && c < nq && tc_vis_own(i, ss[c], jrow[ri], W)) {
+					float sc = tc_score(st[n][e], scale, cap);
+					p = expf(sc - ls[c]);
+					ds = p * (dpt[n][e] - ds_[c]);
+					if (cap > 0.0f)
+						ds *= 1.0f - (sc / cap) * (sc / cap);
+				}
+				st[n][e] = p;
+				dpt[n][e] = ds;
+			}
+		// dV += P^T dO (B[k=query][n=d] = dOt[d][query]); dK += dS^T Q (Qt)
+TC_UNROLL
+		for (int kk = 0; kk < C::BQ / 16; kk++) {
+			uint32_t ap[4], as[4];
+			tc_c_to_a(ap, st[2 * kk], st[2 * kk + 1]);
+			tc_c_to_a(as, dpt[2 * kk], dpt[2 * kk + 1]);
+TC_UNROLL
+			for (int dn = 0; dn < ND; dn++) {
+				uint32_t b0, b1;
+				tc_frag_b(b0, b1, dOt, C::LDT, dn * 8, kk * 16, g, tq);
+				tc_mma(av[dn], ap, b0, b1);
+				tc_frag_b(b0, b1, Qt, C::LDT, dn * 8, kk * 16, g, tq);
+				tc_mma(ak[dn], as, b0, b1);
+			}
+		}
+	}
+TC_UNROLL
+	for (int ri = 0; ri < 2; ri++) {
+		if (!vrow[ri])
+			continue;
+		const int j = jrow[ri];
+TC_UNROLL
+		for (int dn = 0; dn < ND; dn++) {
+			const int d = dn * 8 + 2 * tq;
+			float2 gk = make_float2(ak[dn][2 * ri] * scale, ak[dn][2 * ri + 1] * scale);
+			float2 gv = make_float2(av[dn][2 * ri], av[dn][2 * ri + 1]);
+			if (group == 1) {
+				float2 *pk = reinterpret_cast<float2 *>(dk + ((size_t)j * NKV + kh) * D + d);
+				float2 *pv = reinterpret_cast<float2 *>(dv + ((size_t)j * NKV + kh) * D + d);
+				float2 x = *pk, y = *pv;
+				x.x += gk.x, x.y += gk.y, y.x += gv.x, y.y += gv.y;
+				*pk = x, *pv = y;
+			} else {
+				size_t o = ((size_t)h * T + j) * D + d;
+				*reinterpret_cast<float2 *>(wk + o) = gk;
+				*reinterpret_cast<float2 *>(wv + o) = gv;
+			}
+		}
+	}
+}
+
+// dk[j,kh,d] += sum over the group's query heads h (in order) of wk[h,j,d]; dv the same
+__global__ void tc_bwd_reduce_kernel(float *dk, float *dv, const float *wk, const float *wv,
+				     int T, int NH, int NKV, int D)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t n = (size_t)T * NKV * D;
+	if (i >= n)
+		return;
+	int d = (int)(i % D);
+	size_t r = i / D;
+	int kh = (int)(r % NKV), j = (int)(r / NKV), group = NH / NKV;
+	float sk = 0.0f, sv = 0.0f;
+	for (int h = kh * group; h < (kh + 1) * group; h++) {
+		size_t o = ((size_t)h * T + j) * D + d;
+		sk += wk[o];
+		sv += wv[o];
+	}
+	dk[i] += sk;
+	dv[i] += sv;
+}
+
+// ---------------------------------------------------------------------------------
+// host side
+
+static void tc_check(const char *what, int S, int T, int NH, int NKV, int D, const bk_attn *ap)
+{
+	if (S < 0 || T < 0 || NH <= 0 || NKV <= 0 || NH % NKV || D <= 0)
+		CUDA_BUG("cuda tc attention (%s): bad sizes S=%d T=%d NH=%d NKV=%d D=%d", what, S,
+			 T, NH, NKV, D);
+	if (T > 0 && S < 1)
+		CUDA_BUG("cuda tc attention (%s): %d tokens in no sequence", what, T);
+	if (!ap || ap->window < 0 || ap->softcap < 0)
+		CUDA_BUG("cuda tc attention (%s): bad attention parameters", what);
+}
+
+static int tc_aligned(const void *p) { return p == NULL || ((uintptr_t)p & 15) == 0; }
+
+extern "C" int bk_cuda_attention_tc_supports(int D) { return D == 64 || D == 128; }
+
+// opt in to the kernel's dynamic shared memory (once per kernel instance)
+template <typename K> static void tc_optin(K kernel, size_t bytes, int *done)
+{
+	if (*done)
+		return;
+	if (bytes > TC_SMEM_MAX)
+		CUDA_BUG("cuda tc attention: %zu bytes of shared memory", bytes);
+	CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					(int)bytes));
+	*done = 1;
+}
+
+template <int D>
+static void tc_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+		       const int32_t *cu, int S, int T, int NH, int NKV, const float *pk,
+		       const float *pv, int P, const bk_attn *ap)
+{
+	static int optin;
+	typedef TcFwd<D> C;
+	tc_optin(tc_fwd_kernel<D>, C::smem, &optin);
+	dim3 grid((unsigned)((T + C::BM - 1) / C::BM), (unsigned)NH);
+	TC_LAUNCH(tc_fwd_kernel<D>, grid, TC_THREADS, C::smem, out, lse, q, k, v, cu, S, T, NH,
+		  NKV, pk, pv, P, ap->scale, ap->softcap, ap->window);
+}
+
+template <int D>
+static void tc_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+			const float *k, const float *v, const float *Di, const float *lse,
+			const int32_t *cu, int S, int T, int NH, int NKV, const bk_attn *ap)
+{
+	static int optin_dq, optin_dkv;
+	float scale = ap->scale, cap = ap->softcap;
+	int W = ap->window;
+	typedef TcDq<D> Q;
+	tc_optin(tc_bwd_dq_kernel<D>, Q::smem, &optin_dq);
+	dim3 gq((unsigned)((T + Q::BM - 1) / Q::BM), (unsigned)NH);
+	TC_LAUNCH(tc_bwd_dq_kernel<D>, gq, TC_THREADS, Q::smem, dq, dout, q, k, v, lse, Di, cu, S,
+		  T, NH, NKV, scale, cap, W);
+
+	typedef TcDkv<D> K;
+	float *wk = NULL, *wv = NULL;
+	if (NH != NKV) { // per-query-head partials [NH,T,D] each
+		size_t bytes = (size_t)NH * T * D * sizeof(float);
+		wk = (float *)bk_cuda_workspace(1, bytes);
+		wv = (float *)bk_cuda_workspace(2, bytes);
+	}
+	tc_optin(tc_bwd_dkv_kernel<D>, K::smem, &optin_dkv);
+	dim3 gk((unsigned)((T + K::BN - 1) / K::BN), (unsigned)NH);
+	TC_LAUNCH(tc_bwd_dkv_kernel<D>, gk, TC_THREADS, K::smem, dk, dv, wk, wv, dout, q, k, v,
+		  lse, Di, cu, S, T, NH, NKV, scale, cap, W);
+	if (NH != NKV) {
+		size_t n = (size_t)T * NKV * D;
+		TC_LAUNCH(tc_bwd_reduce_kernel, bk_cuda_blocks(n, 256), 256, 0, dk, dv, wk, wv, T,
+			  NH, NKV, D);
+	}
+}
+
+extern "C" void bk_cuda_attention_tc_forward(float *out, float *lse, const float *q,
+					     const float *k, const float *v,
+					     const int32_t *cu_seqlens, int S, int T, int NH,
+					     int NKV, int D, const float *prefix_k,
+					     const float *prefix_v, int P, const bk_attn *ap)
+{
+	tc_check("forward", S, T, NH, NKV, D, ap);
+	if (P < 0 || (P > 0 && (!prefix_k || !prefix_v)))
+		CUDA_BUG("cuda tc attention (forward): prefix of %d tokens without K/V", P);
+	if (!bk_cuda_attention_tc_supports(D) || !tc_aligned(out) || !tc_aligned(q) ||
+	    !tc_aligned(k) || !tc_aligned(v) || !tc_aligned(prefix_k) || !tc_aligned(prefix_v)) {
+		bk_cuda_attention_forward(out, lse, q, k, v, cu_seqlens, S, T, NH, NKV, D,
+					  prefix_k, prefix_v, P, ap);
+		return;
+	}
+	if (T == 0)
+		return;
+	if (D == 64)
+		tc_forward<64>(out, lse, q, k, v, cu_seqlens, S, T, NH, NKV, prefix_k, prefix_v, P,
+			       ap);
+	else
+		tc_forward<128>(out, lse, q, k, v, cu_seqlens, S, T, NH, NKV, prefix_k, prefix_v, P,
+				ap);
+}
+
+extern "C" void bk_cuda_attention_tc_backward(float *dq, float *dk, float *dv,
+					      const float *dout, const float *q, const float *k,
+					      const float *v, const float *out, const float *lse,
+					      const int32_t *cu_seqlens, int S, int T, int NH,
+					      int NKV, int D, const bk_attn *ap)
+{
+	tc_check("backward", S, T, NH, NKV, D, ap);
+	if (!bk_cuda_attention_tc_supports(D) || !tc_aligned(dq) || !tc_aligned(dk) ||
+	    !tc_aligned(dv) || !tc_aligned(dout) || !tc_aligned(q) || !tc_aligned(k) ||
+	    !tc_aligned(v)) {
+		bk_cuda_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, S, T,
+					   NH, NKV, D, ap);
+		return;
+	}
+	if (T == 0)
+		return;
+	float *Di = (float *)bk_cuda_workspace(3, (size_t)NH * T * sizeof(float)); // [NH,T]
+	size_t warps = (size_t)T * NH;
+	TC_LAUNCH(tc_bwd_dot_kernel, bk_cuda_blocks(warps * 32, 256), 256, 0, Di, dout, out, T, NH,
+		  D);
+	if (D == 64)
+		tc_backward<64>(dq, dk, dv, dout, q, k, v, Di, lse, cu_seqlens, S, T, NH, NKV, ap);
+	else
+		tc_backward<128>(dq, dk, dv, dout, q, k, v, Di, lse, cu_seqlens, S, T, NH, NKV, ap);
+}
+
+// ---------------------------------------------------------------------------------
+// BK_ATTN: which kernel the op table runs
+
+static int tc_selected(void)
+{
+	static int sel = -1;
+	if (sel < 0) {
+		const char *e = getenv("BK_ATTN");
+		if (!e || !*e || !strcmp(e, "fp32"))
+			sel = 0;
+		else if (!strcmp(e, "tc"))
+			sel = 1;
+		else
+			die("BK_ATTN=%s: expected fp32 (the default) or tc", e);
+	}
+	return sel;
+}
+
+extern "C" void bk_cuda_attention_forward_sel(float *out, float *lse, const float *q,
+					      const float *k, const float *v,
+					      const int32_t *cu_seqlens, int S, int T, int NH,
+					      int NKV, int D, const float *prefix_k,
+					      const float *prefix_v, int P, const bk_attn *ap)
+{
+	if (tc_selected())
+		bk_cuda_attention_tc_forward(out, lse, q, k, v, cu_seqlens, S, T, NH, NKV, D,
+					     prefix_k, prefix_v, P, ap);
+	else
+		bk_cuda_attention_forward(out, lse, q, k, v, cu_seqlens, S, T, NH, NKV, D, prefix_k,
+					  prefix_v, P, ap);
+}
+
+extern "C" void bk_cuda_attention_backward_sel(float *dq, float *dk, float *dv,
+					       const float *dout, const float *q, const float *k,
+					       const float *v, const float *out, const float *lse,
+					       const int32_t *cu_seqlens, int S, int T, int NH,
+					       int NKV, int D, const bk_attn *ap)
+{
+	if (tc_selected())
+		bk_cuda_attention_tc_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, S, T,
+					      NH, NKV, D, ap);
+	else
+		bk_cuda_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, S, T,
+					   NH, NKV, D, ap);
+}
+
+#ifndef BK_TC_EMU
+extern "C" double bk_cuda_time_ms(void (*fn)(void *arg), void *arg, int reps)
+{
+	cudaStream_t st = bk_cuda_stream();
+	cudaEvent_t a, b;
+	CUDA_CHECK(cudaEventCreate(&a));
+	CUDA_CHECK(cudaEventCreate(&b));
+	fn(arg); // warm-up (first-call opt-ins, workspace growth)
+	CUDA_CHECK(cudaEventRecord(a, st));
+	for (int i = 0; i < reps; i++)
+		fn(arg);
+	CUDA_CHECK(cudaEventRecord(b, st));
+	CUDA_CHECK(cudaEventSynchronize(b));
+	float ms = 0.0f;
+	CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+	CUDA_CHECK(cudaEventDestroy(a));
+	CUDA_CHECK(cudaEventDestroy(b));
+	return reps > 0 ? (double)ms / reps : 0.0;
+}
+#endif

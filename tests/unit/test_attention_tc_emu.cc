@@ -1,0 +1,281 @@
+/* test_attention_tc_emu.cc - the tensor-core attention of gpu/cuda_attention_tc.cu,
+ * its own source compiled for the CPU under tests/unit/cuda_emu.h (threads for CUDA
+ * threads, an mma.sync m16n8k16 that decodes its fragments by the PTX layout), against
+ * the host twin: forward out / lse and backward dq / dk / dv on small packed shapes (odd
+ * lengths, tiles spanning sequences, GQA 4/2 and 4/1, D 64 and 128, a prefix, softcap and
+ * sliding window).  This checks the kernels' indexing, masks, online softmax, fragment
+ * packing, barriers and the GQA reduction without a GPU; not the hardware's rounding or
+ * speed (tests/gpu/check_attention_tc.c does that on a GPU).
+ * Inputs are rounded to bf16 first, so the only bf16 error left is P and dS rounded in
+ * the second products: each term off by <= 2^-8 relative, so
+ *   out <= 1.01 2^-8 max|v| + 1e-5;   lse <= 1e-4 (fp32 only);
+ *   dq, dk, dv <= 2e-2 max|gradient|  (2^-8 of the sums of |terms|, which for these short
+ *   sequences are within a few times the largest gradient: a loose bound, as a wrong
+ *   index or mask is off by O(1)). */
+#ifndef BK_HAVE_CUDA
+#define BK_HAVE_CUDA 1
+#endif
+#define BK_TC_EMU 1
+
+#include "tests/unit/cuda_emu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+// ---- the emulator ----
+
+thread_local emu_dim3 threadIdx, blockIdx;
+emu_dim3 gridDim, blockDim;
+unsigned char *emu_smem;
+
+static pthread_barrier_t emu_block_bar;
+static std::vector<pthread_barrier_t> emu_warp_bar;
+struct emu_warp_buf {
+	float f[32];
+	uint32_t a[32][4], b[32][2];
+	const __nv_bfloat16 *row[32];
+};
+static std::vector<emu_warp_buf> emu_wb;
+
+static void emu_warp_sync(int w) { pthread_barrier_wait(&emu_warp_bar[w]); }
+
+void __syncthreads(void) { pthread_barrier_wait(&emu_block_bar); }
+
+float __shfl_xor_sync(unsigned, float v, int lane_mask)
+{
+	int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+	emu_wb[w].f[lane] = v;
+	emu_warp_sync(w);
+	float r = emu_wb[w].f[lane ^ lane_mask];
+	emu_warp_sync(w);
+	return r;
+}
+
+static float emu_half(uint32_t reg, int half) { return emu_bf16_to_f32((uint16_t)(reg >> (16 * half))); }
+
+void emu_mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+	int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	emu_warp_buf &B = emu_wb[w];
+	memcpy(B.a[lane], a, sizeof B.a[lane]);
+	B.b[lane][0] = b0, B.b[lane][1] = b1;
+	emu_warp_sync(w);
+	float out[4];
+	for (int e = 0; e < 4; e++) {
+		int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+		float acc = 0.0f;
+		for (int kk = 0; kk < 16; kk++) {
+			// A[row][kk]: lane (row % 8) * 4 + (kk % 8) / 2, reg (row / 8) + 2 (kk / 8)
+			float av = emu_half(B.a[(row % 8) * 4 + (kk % 8) / 2][(row / 8) + 2 * (kk / 8)],
+					    kk % 2);
+			// B[kk][col]: lane col * 4 + (kk % 8) / 2, reg kk / 8
+			float bv = emu_half(B.b[col * 4 + (kk % 8) / 2][kk / 8], kk % 2);
+			acc += av * bv;
+		}
+		out[e] = c[e] + acc;
+	}
+	emu_warp_sync(w);
+	for (int e = 0; e < 4; e++)
+		c[e] = out[e];
+}
+
+void emu_ldmatrix_x2_trans(uint32_t &r0, uint32_t &r1, const __nv_bfloat16 *row)
+{
+	int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	emu_warp_buf &B = emu_wb[w];
+	B.row[lane] = row;
+	emu_warp_sync(w);
+	uint32_t r[2];
+	for (int m = 0; m < 2; m++) { // matrix m: rows from lanes 8m .. 8m+7
+		uint32_t lo = B.row[8 * m + 2 * t][g].bits, hi = B.row[8 * m + 2 * t + 1][g].bits;
+		r[m] = lo | hi << 16;
+	}
+	emu_warp_sync(w);
+	r0 = r[0], r1 = r[1];
+}
+
+struct emu_thread_arg {
+	unsigned tid, bx, by;
+	const std::function<void()> *body;
+};
+
+static void *emu_thread(void *p)
+{
+	emu_thread_arg *a = (emu_thread_arg *)p;
+	threadIdx = emu_dim3(a->tid);
+	blockIdx = emu_dim3(a->bx, a->by);
+	(*a->body)();
+	return NULL;
+}
+
+void emu_launch(emu_dim3 grid, int threads, size_t smem, const std::function<void()> &body)
+{
+	if (threads % 32)
+		die("emu_launch: %d threads is not whole warps", threads);
+	gridDim = grid;
+	blockDim = emu_dim3((unsigned)threads);
+	std::vector<unsigned char> sm(smem + 16, 0xff);
+	emu_smem = sm.data();
+	int nw = threads / 32;
+	emu_warp_bar.resize(nw);
+	emu_wb.resize(nw);
+	std::vector<pthread_t> th(threads);
+	std::vector<emu_thread_arg> args(threads);
+	for (unsigned by = 0; by < grid.y; by++)
+		for (unsigned bx = 0; bx < grid.x; bx++) {
+			memset(sm.data(), 0xff, sm.size());
+			pthread_barrier_init(&emu_block_bar, NULL, (unsigned)threads);
+			for (int w = 0; w < nw; w++)
+				pthread_barrier_init(&emu_warp_bar[w], NULL, 32);
+			for (int i = 0; i < threads; i++) {
+				args[i] = {(unsigned)i, bx, by, &body};
+				if (pthread_create(&th[i], NULL, emu_thread, &args[i]))
+					die("emu_launch: pthread_create failed");
+			}
+			for (int i = 0; i < threads; i++)
+				pthread_join(th[i], NULL);
+			pthread_barrier_destroy(&emu_block_bar);
+			for (int w = 0; w < nw; w++)
+				pthread_barrier_destroy(&emu_warp_bar[w]);
+		}
+}
+
+static std::vector<unsigned char> emu_ws[4];
+void *emu_workspace(int slot, size_t bytes)
+{
+	if (emu_ws[slot].size() < bytes)
+		emu_ws[slot].assign(bytes, 0xff);
+	return emu_ws[slot].data();
+}
+
+extern "C" void emu_fp32_forward(float *, float *, const float *, const float *, const float *,
+				 const int32_t *, int, int, int, int, int D, const float *,
+				 const float *, int, const bk_attn *)
+{
+	die("emulated tc attention: D=%d fell back to the fp32 kernel (not emulated)", D);
+}
+extern "C" void emu_fp32_backward(float *, float *, float *, const float *, const float *,
+				  const float *, const float *, const float *, const float *,
+				  const int32_t *, int, int, int, int, int D, const bk_attn *)
+{
+	die("emulated tc attention: D=%d fell back to the fp32 kernel (not emulated)", D);
+}
+
+// the kernels themselves
+#include "gpu/cuda_attention_tc.cu"
+
+// ---- the test ----
+
+extern "C" void bk_diag_init(const char *argv0);
+
+static uint64_t rs = 88172645463325252ull;
+static float urand(void) /* [-1, 1) */
+{
+	rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+	return (float)((double)(rs >> 11) * 0x1p-53 * 2 - 1);
+}
+
+static std::vector<float> rnd_bf16(size_t n, float scale)
+{
+	std::vector<float> x(n + 1);
+	for (size_t i = 0; i < n; i++)
+		x[i] = emu_bf16_to_f32(__float2bfloat16_rn(scale * urand()).bits);
+	return x;
+}
+
+static int n_fail, n_lines;
+
+static void check(const char *size, const char *what, const float *got, const float *want,
+		  size_t n, double bound)
+{
+	double err = 0;
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)got[i] - want[i]);
+		if (isnan(got[i]) || isnan(d)) {
+			err = INFINITY;
+			break;
+		}
+		err = d > err ? d : err;
+	}
+	int ok = err <= bound;
+	n_lines++;
+	n_fail += !ok;
+	printf("%-48s %-3s err %-10.3g bound %-10.3g %s\n", size, what, err, bound,
+	       ok ? "ok" : "FAIL");
+}
+
+static double maxabs(const float *x, size_t n)
+{
+	double m = 0;
+	for (size_t i = 0; i < n; i++)
+		m = fabs(x[i]) > m ? fabs(x[i]) : m;
+	return m;
+}
+
+static double maxdiff(const float *a, const float *b, size_t n)
+{
+	double m = 0;
+	for (size_t i = 0; i < n; i++)
+		m = fabs((double)a[i] - b[i]) > m ? fabs((double)a[i] - b[i]) : m;
+	return m;
+}
+
+static void run_case(const std::vector<int> &lens, int NH, int NKV, int D, int P, bk_attn ap,
+		     bool bwd)
+{
+	int S = (int)lens.size();
+	std::vector<int32_t> cu(S + 1, 0);
+	for (int s = 0; s < S; s++)
+		cu[s + 1] = cu[s] + lens[s];
+	int T = cu[S];
+	size_t nq = (size_t)T * NH * D, nk = (size_t)T * NKV * D, np = (size_t)P * NKV * D;
+	size_t nl = (size_t)NH * T;
+	char size[96];
+	snprintf(size, sizeof size, "T=%d S=%d NH=%d/%d D=%d P=%d c%g W%d", T, S, NH, NKV, D, P,
+		 (double)ap.softcap, ap.window);
+	std::vector<float> q = rnd_bf16(nq, 1.5f), k = rnd_bf16(nk, 1.5f), v = rnd_bf16(nk, 1.0f);
+	std::vector<float> pk = rnd_bf16(np, 1.5f), pv = rnd_bf16(np, 1.0f);
+	std::vector<float> oh(nq + 1), lh(nl + 1), og(nq + 1, NAN), lg(nl + 1, NAN);
+	bk_ops_host.attention_forward(oh.data(), lh.data(), q.data(), k.data(), v.data(), cu.data(),
+				      S, T, NH, NKV, D, P ? pk.data() : NULL,
+				      P ? pv.data() : NULL, P, &ap);
+	emu_tc_forward(og.data(), lg.data(), q.data(), k.data(), v.data(), cu.data(), S, T, NH,
+		       NKV, D, P ? pk.data() : NULL, P ? pv.data() : NULL, P, &ap);
+	double mv = maxabs(v.data(), nk);
+	if (P && maxabs(pv.data(), np) > mv)
+		mv = maxabs(pv.data(), np);
+	check(size, "out", og.data(), oh.data(), nq, 1.01 * 0x1p-8 * mv + 1e-5);
+	check(size, "lse", lg.data(), lh.data(), nl, 1e-4);
+	if (!bwd)
+		return;
+	std::vector<float> go = rnd_bf16(nq, 1.0f);
+	std::vector<float> dq0 = rnd_bf16(nq, 0.25f), dk0 = rnd_bf16(nk, 0.25f);
+	std::vector<float> dv0 = rnd_bf16(nk, 0.25f);
+	std::vector<float> dqh = dq0, dkh = dk0, dvh = dv0, dqg = dq0, dkg = dk0, dvg = dv0;
+	bk_ops_host.attention_backward(dqh.data(), dkh.data(), dvh.data(), go.data(), q.data(),
+				       k.data(), v.data(), oh.data(), lh.data(), cu.data(), S, T, NH,
+				       NKV, D, &ap);
+	emu_tc_backward(dqg.data(), dkg.data(), dvg.data(), go.data(), q.data(), k.data(), v.data(),
+			oh.data(), lh.data(), cu.data(), S, T, NH, NKV, D, &ap);
+	check(size, "dq", dqg.data(), dqh.data(), nq, 2e-2 * maxdiff(dqh.data(), dq0.data(), nq));
+	check(size, "dk", dkg.data(), dkh.data(), nk, 2e-2 * maxdiff(dkh.data(), dk0.data(), nk));
+	check(size, "dv", dvg.data(), dvh.data(), nk, 2e-2 * maxdiff(dvh.data(), dv0.data(), nk));
+}
+
+int main(int argc, char **argv)
+{
+	(void)argc;
+	bk_diag_init(argv[0]);
+	clock_t c0 = clock();
+	bk_attn a64 = bk_attn_default(64), a128 = bk_attn_default(128);
+	bk_attn capwin = {0.2f, 3.0f, 40}, win = {0.125f, 0, 16};
+	run_case({1, 7, 70, 80}, 4, 2, 64, 0, a64, true);   // GQA 2, tiles spanning sequences
+	run_case({1, 7, 70, 80}, 2, 2, 128, 37, a128, false); // prefix (forward only)
+	run_case({33, 1, 64}, 4, 1, 128, 0, capwin, true);   // softcap + window, GQA 4
+	run_case({100}, 2, 2, 64, 5, win, false);            // window into the prefix
+	run_case({100, 30}, 2, 1, 64, 0, win, true);         // window shorter than a tile
+	printf("test_attention_tc_emu: %d checks, %d failed (%.1f s CPU)\n", n_lines, n_fail,
+	       (double)(clock() - c0) / CLOCKS_PER_SEC);
+	return n_fail ? 1 : 0;
+}
