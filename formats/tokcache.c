@@ -96,10 +96,12 @@ static int index_body(bk_tokcache *c, uint64_t n)
 	return off == c->len;
 }
 
-/* Version of the code that turns texts into ids (templates, the sentencepiece shim):
- * part of every key, so a change of that code never serves ids made by the old one.
- * Bump it with any change to formats/template.c or formats/spm.cc that changes ids. */
-#define BK_TOKCACHE_CODE "bakery-0.1.0/templates-1"
+/* Version of the code that turns texts into ids (templates, the sentencepiece shim, the
+ * BPE of tokenizer.json): part of every key, so a change of that code never serves ids
+ * made by the old one.  Bump it with any change to formats/template.c, formats/spm.cc,
+ * formats/bpe.c or formats/tokenizer.c that changes ids.  (The template part of a key is
+ * bk_template_variant(): qwen3's thinking mode and the Llama-3.x date are in it.) */
+#define BK_TOKCACHE_CODE "bakery-0.1.0/templates-2/bpe-1"
 
 /* mkdir -p that reports failure instead of dying (it is only a cache) */
 static int try_mkdir_p(const char *path)
