@@ -1,14 +1,17 @@
 /* bk-bake - a whole bake from the reference tool's flat YAML config: maps its fields
- * onto the stages (formats/config_yaml.c), runs bk-tokenize, then bk-lens | bk-gen |
- * bk-teach | bk-step as processes joined by pipes, then bk-eval, and writes output_dir
- * in the reference layout.  No model code here: only processes, files and a summary. */
+ * onto the stages (formats/config_yaml.c), runs bk-tokenize, writes the epochs'
+ * prompt order, runs bk-lens | bk-gen | bk-teach | bk-step as processes joined by
+ * pipes, then bk-eval, and leaves output_dir in the tool's layout (formats/bakeout.c).
+ * No model code here: only processes, files and a summary. */
 #include "common/diag.h"
 #include "common/files.h"
 #include "common/flags.h"
 #include "common/progress.h"
+#include "formats/bakeout.h"
 #include "formats/config_yaml.h"
 #include "formats/stream.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -25,13 +28,16 @@
 
 static const char usage[] =
 	"usage: bk-bake [--dry-run] [-v] CONFIG [--FIELD VALUE]...\n"
-	"Bakes the system prompt of CONFIG (the reference tool's flat YAML config) into a\n"
+	"       bk-bake --fields\n"
+	"Bakes the system prompt of CONFIG (the Python tool's flat YAML config) into a\n"
 	"LoRA adapter: bk-tokenize, then bk-lens | bk-gen | bk-teach | bk-step in one pipe,\n"
-	"then bk-eval when eval files are given.  Writes output_dir/final_model (adapter +\n"
-	"tokenizer files), checkpoint-*, metrics.bk, results.json and prints a summary.\n"
+	"then bk-eval when eval files are given.  Writes output_dir as the tool does:\n"
+	"final_model/ (adapter, tokenizer files, README.md), checkpoint-*, results.json; and\n"
+	"metrics.bk and logs/; prints a summary.\n"
 	"Any config field can be overridden: --learning_rate 5e-5 (or --learning-rate=5e-5).\n"
 	"Fields bakery cannot honour are listed with the reason; unknown ones refuse the bake.\n"
 	"  --dry-run      check the config and print the commands it would run\n"
+	"  --fields       list every field bk-bake knows: origin, what is done, default, why\n"
 	"  -v, --verbose  stage messages on stderr instead of output_dir/logs/\n";
 
 /* ---- commands ---- */
@@ -326,14 +332,6 @@ static void metrics_copy(int fd, const char *path, int64_t total)
 
 /* ---- the bake ---- */
 
-static void copy_file(const char *src, const char *dst)
-{
-	size_t len;
-	char *data = bk_read_file(src, &len);
-	bk_write_file_atomic(dst, data, len);
-	free(data);
-}
-
 static int is_dir(const char *p)
 {
 	struct stat st;
@@ -343,14 +341,14 @@ static int is_dir(const char *p)
 /* the bk-step features some fields need, from its usage text */
 static bk_bake_caps probe_caps(void)
 {
-	bk_bake_caps caps = {0, 0};
+	bk_bake_caps caps = {0, 0, 0};
 	cmd c;
 	cmd_init(&c, "bk-step");
 	arg(&c, "--help");
 	int saved = verbose;
 	verbose = 1; /* no log directory yet; a --help has nothing to log */
 	int fd = pipe_start(&c, 1);
-	char buf[8192];
+	char buf[16384];
 	size_t n = 0;
 	ssize_t r;
 	while (n < sizeof buf - 1 && ((r = read(fd, buf + n, sizeof buf - 1 - n)) > 0 ||
@@ -367,24 +365,32 @@ static bk_bake_caps probe_caps(void)
 		    "bk-bake, then on PATH)");
 	caps.grad_checkpoint = strstr(buf, "--grad-checkpoint") != NULL;
 	caps.optim_8bit = strstr(buf, "--optim") && strstr(buf, "adamw8bit");
+	caps.save_total_limit = strstr(buf, "--save-total-limit") != NULL;
 	cmd_free(&c);
 	return caps;
 }
 
-static void add_system(cmd *c, const bk_bake_plan *p, const char *tmpl_file)
+typedef struct {
+	cmd tok, lens, gen, teach, step, eval;
+	int paired, has_eval;
+	char *tokens, *order, *teach_file, *metrics, *tmpl_file, *sys_file, *eval_json;
+	const char *resume; /* the checkpoint bk-step resumes from, or NULL */
+	/* the plan of steps (known after tokenizing; 0 before) */
+	int64_t prompts, epochs_written, last_records, order_records, total, per_epoch;
+} bake;
+
+static void add_system(cmd *c, const bk_bake_plan *p, const bake *b)
 {
 	if (p->template_name)
 		arg2(c, "--template", p->template_name);
 	if (p->system)
 		arg2(c, "--system", p->system);
 	if (p->system_file)
-		arg2(c, "--system-file", p->system_file);
+		arg2(c, "--system-file", b->sys_file);
 	if (p->corpus) {
 		arg2(c, "--corpus", p->corpus);
-		if (p->corpus_format)
-			arg2(c, "--corpus-format", p->corpus_format);
-		if (tmpl_file)
-			arg2(c, "--system-template", tmpl_file);
+		arg2(c, "--corpus-format", p->corpus_format);
+		arg2(c, "--system-template", b->tmpl_file);
 	}
 }
 
@@ -394,39 +400,64 @@ static void add_model(cmd *c, const bk_bake_plan *p)
 	arg2(c, "--device", p->device);
 }
 
-typedef struct {
-	cmd tok, lens, gen, teach, step, eval;
-	int paired, has_eval;
-	char *tokens, *teach_file, *metrics, *tmpl_file;
-} bake;
-
 static int64_t ceil_div(int64_t a, int64_t b)
 {
 	return (a + b - 1) / b;
 }
 
-/* bk-step's options; total = optimizer steps for a pipe (0 for a file) */
-static void build_step(bake *b, const bk_bake_plan *p, int64_t total, int64_t per_epoch)
+/* The steps as HF counts them: an epoch is ceil(ceil(N / batch) / accumulation)
+ * steps; num_train_epochs (maybe fractional) gives ceil(epochs x that), max_steps
+ * wins.  For prompts-only data the order stream holds the epochs those steps need,
+ * the last one cut to its steps' prompts; bk-step accumulates across an epoch's end
+ * over a pipe, so its total is ceil(micro-batches / accumulation). */
+static void plan_steps(bake *b, const bk_bake_plan *p, int64_t n)
+{
+	b->prompts = n;
+	int64_t mb = ceil_div(n, p->batch_size);
+	b->per_epoch = ceil_div(mb, p->grad_accum);
+	int64_t hf = p->max_steps > 0 ? p->max_steps : (int64_t)ceil(p->epochs * (double)b->per_epoch - 1e-9);
+	if (hf < 1)
+		hf = 1;
+	int64_t full = hf / b->per_epoch, rem = hf % b->per_epoch;
+	b->epochs_written = full + (rem > 0);
+	b->last_records = rem > 0 ? (rem * p->grad_accum * p->batch_size < n ? rem * p->grad_accum * p->batch_size : n) : -1;
+	if (b->paired) {
+		b->total = hf;
+		return;
+	}
+	int64_t m = full * mb + (rem > 0 ? ceil_div(b->last_records, p->batch_size) : 0);
+	b->order_records = full * n + (rem > 0 ? b->last_records : 0);
+	b->total = ceil_div(m, p->grad_accum);
+}
+
+/* bk-step's options */
+static void build_step(bake *b, const bk_bake_plan *p)
 {
 	cmd *c = &b->step;
 	cmd_init(c, "bk-step");
 	add_model(c, p);
 	arg2(c, "--out", p->output_dir);
-	arg_long(c, "--batch-size", b->paired ? p->batch_size : p->batch_size * p->num_trajectories);
+	/* over a pipe, bk-lens's batches: B prompts' trajectories (empty ones dropped, as
+	 * the tool drops them), never across an epoch's end */
+	if (b->paired)
+		arg_long(c, "--batch-size", p->batch_size);
 	arg_long(c, "--grad-accum", p->grad_accum);
-	if (b->paired) {
-		arg_long(c, "--epochs", p->epochs);
+	int whole = p->max_steps <= 0 && p->epochs == floor(p->epochs);
+	if (b->paired && whole) {
+		arg_long(c, "--epochs", (long)p->epochs);
 	} else {
 		arg(c, "--max-steps");
-		if (total > 0)
-			arg(c, "%lld", (long long)total);
+		if (b->total > 0)
+			arg(c, "%lld", (long long)b->total);
 		else
 			arg(c, "STEPS");
 	}
 	arg_num(c, "--lr", p->lr);
 	arg2(c, "--schedule", p->schedule);
-	if (p->warmup_steps > 0) {
-		arg_long(c, "--warmup-steps", p->warmup_steps);
+	if (p->warmup_steps >= 1) {
+		arg_long(c, "--warmup-steps", (long)p->warmup_steps);
+	} else if (p->warmup_steps > 0) {
+		arg_num(c, "--warmup-ratio", p->warmup_steps);
 	} else if (p->warmup_ratio > 0) {
 		arg_num(c, "--warmup-ratio", p->warmup_ratio);
 	}
@@ -438,40 +469,53 @@ static void build_step(bake *b, const bk_bake_plan *p, int64_t total, int64_t pe
 	arg2(c, "--target-modules", p->target_modules);
 	arg_num(c, "--temperature", p->temperature);
 	arg_long(c, "--seed", p->seed);
-	arg_long(c, "--logging-steps", p->logging_steps);
-	long save = 0;
-	if (!strcmp(p->save_strategy, "steps"))
-		save = p->save_steps;
-	else if (!strcmp(p->save_strategy, "epoch") && !b->paired)
-		save = per_epoch > 0 ? (long)per_epoch : -1; /* a pipe has no epoch ends */
-	if (save) {
+	if (p->logging_steps >= 1 || b->total > 0)
+		arg_long(c, "--logging-steps", bk_bake_steps(p->logging_steps, (long)b->total));
+	else
+		arg(c, "--logging-steps"), arg(c, "CEIL_%g_STEPS", p->logging_steps);
+	if (!strcmp(p->save_strategy, "steps")) {
 		arg(c, "--save-steps");
-		if (save > 0)
-			arg(c, "%ld", save);
+		if (p->save_steps >= 1 || b->total > 0)
+			arg(c, "%ld", bk_bake_steps(p->save_steps, (long)b->total));
+		else
+			arg(c, "CEIL_%g_STEPS", p->save_steps);
+	} else if (!strcmp(p->save_strategy, "epoch") && !b->paired) {
+		/* a pipe has no epoch ends: every epoch's steps */
+		arg(c, "--save-steps");
+		if (b->per_epoch > 0)
+			arg(c, "%lld", (long long)b->per_epoch);
 		else
 			arg(c, "STEPS_PER_EPOCH");
 	}
+	if (p->save_total_limit > 0)
+		arg_long(c, "--save-total-limit", p->save_total_limit);
 	if (p->grad_checkpoint)
 		arg(c, "--grad-checkpoint");
 	if (p->optim_8bit)
 		arg2(c, "--optim", "adamw8bit");
+	if (b->resume)
+		arg2(c, "--resume", b->resume);
+	else
+		arg(c, "--overwrite"); /* the tool writes into an output_dir that holds a run */
 	if (b->paired)
 		arg(c, "%s", b->teach_file);
 }
 
-static void build(bake *b, const bk_bake_plan *p, int paired, int64_t prompts)
+static void build(bake *b, const bk_bake_plan *p)
 {
 	const char *od = p->output_dir;
 	b->tokens = bk_path_join(od, "tokens.bk");
+	b->order = bk_path_join(od, "order.bk");
 	b->teach_file = bk_path_join(od, "teach.bk");
 	b->metrics = bk_path_join(od, "metrics.bk");
-	b->tmpl_file = p->system_template_text ? bk_path_join(od, "system_template.txt") : NULL;
-	b->paired = paired;
+	b->tmpl_file = p->corpus ? bk_path_join(od, "system_template.txt") : NULL;
+	b->sys_file = p->system_file ? bk_path_join(od, "system_prompt.txt") : NULL;
+	b->eval_json = bk_path_join(od, "logs/bk-eval.json");
 
 	cmd *c = &b->tok;
 	cmd_init(c, "bk-tokenize");
 	arg2(c, "--model", p->model);
-	add_system(c, p, b->tmpl_file);
+	add_system(c, p, b);
 	if (p->max_seq_length) {
 		arg_long(c, "--max-seq-length", p->max_seq_length);
 	}
@@ -481,19 +525,20 @@ static void build(bake *b, const bk_bake_plan *p, int paired, int64_t prompts)
 	for (int i = 0; i < p->data.n; i++)
 		arg(c, "%s", p->data.v[i]);
 
-	/* prompts-only: B prompts x T trajectories a micro-batch, as the reference */
-	int64_t mb_epoch = prompts > 0 ? ceil_div(prompts, p->batch_size) : 0;
-	int64_t per_epoch = mb_epoch ? ceil_div(mb_epoch, p->grad_accum) : 0;
-	int64_t total = prompts > 0 ? ceil_div(ceil_div(prompts * p->epochs, p->batch_size), p->grad_accum) : 0;
-
+	/* prompts-only: B prompts x T trajectories a micro-batch, as the tool; the order
+	 * stream is already shuffled per epoch, bk-lens only cuts it into batches that
+	 * do not cross an epoch's end (one window per epoch) */
 	c = &b->lens;
 	cmd_init(c, "bk-lens");
 	arg2(c, "--max-tokens", "0");
 	arg_long(c, "--max-batch", p->batch_size);
-	arg2(c, "--window", "1048576");
-	arg_long(c, "--seed", p->seed);
+	if (b->prompts > 0)
+		arg_long(c, "--window", (long)b->prompts);
+	else
+		arg2(c, "--window", "PROMPTS");
+	arg(c, "--no-shuffle");
 	arg(c, "-q");
-	arg(c, "%s", b->tokens);
+	arg(c, "%s", b->order);
 
 	c = &b->gen;
 	cmd_init(c, "bk-gen");
@@ -502,7 +547,6 @@ static void build(bake *b, const bk_bake_plan *p, int paired, int64_t prompts)
 	arg_num(c, "--temperature", p->sampling_temperature);
 	arg_num(c, "--top-p", p->top_p);
 	arg_long(c, "--max-new-tokens", p->trajectory_length);
-	arg_long(c, "--epochs", p->epochs);
 	arg_long(c, "--seed", p->seed);
 
 	c = &b->teach;
@@ -510,11 +554,11 @@ static void build(bake *b, const bk_bake_plan *p, int paired, int64_t prompts)
 	add_model(c, p);
 	arg_long(c, "--top-k", p->top_k);
 	arg_num(c, "--temperature", p->temperature);
-	if (paired) {
+	if (b->paired) {
 		arg(c, "%s", b->tokens);
 		arg2(c, "-o", b->teach_file);
 	}
-	build_step(b, p, total, per_epoch);
+	build_step(b, p);
 
 	b->has_eval = p->eval_file || p->held_out_file || p->kl_prompts;
 	c = &b->eval;
@@ -523,7 +567,7 @@ static void build(bake *b, const bk_bake_plan *p, int paired, int64_t prompts)
 	char *ad = bk_path_join(od, "final_model");
 	arg2(c, "--adapter", ad);
 	free(ad);
-	add_system(c, p, b->tmpl_file);
+	add_system(c, p, b);
 	if (p->eval_file)
 		arg2(c, "--eval", p->eval_file);
 	if (p->held_out_file)
@@ -531,9 +575,8 @@ static void build(bake *b, const bk_bake_plan *p, int paired, int64_t prompts)
 	if (p->kl_prompts)
 		arg2(c, "--kl-prompts", p->kl_prompts);
 	arg_num(c, "--temperature", p->temperature);
-	char *rj = bk_path_join(od, "results.json");
-	arg2(c, "-o", rj);
-	free(rj);
+	arg2(c, "--show", "1000000"); /* every answer: the tool's per-question results */
+	arg2(c, "-o", b->eval_json);
 }
 
 static void bake_free(bake *b)
@@ -541,19 +584,48 @@ static void bake_free(bake *b)
 	cmd *all[] = {&b->tok, &b->lens, &b->gen, &b->teach, &b->step, &b->eval};
 	for (int i = 0; i < 6; i++)
 		cmd_free(all[i]);
-	free(b->tokens), free(b->teach_file), free(b->metrics), free(b->tmpl_file);
+	free(b->tokens), free(b->order), free(b->teach_file), free(b->metrics);
+	free(b->tmpl_file), free(b->sys_file), free(b->eval_json);
 }
 
-static void print_plan(bake *b, int paired_known)
+static void rebuild(bake *b, const bk_bake_plan *p)
 {
-	printf("# 1. tokenize (the prompt count sets bk-step's --max-steps)\n");
+	cmd *all[] = {&b->tok, &b->lens, &b->gen, &b->teach, &b->step, &b->eval};
+	for (int i = 0; i < 6; i++)
+		cmd_free(all[i]);
+	free(b->tokens), free(b->order), free(b->teach_file), free(b->metrics);
+	free(b->tmpl_file), free(b->sys_file), free(b->eval_json);
+	build(b, p);
+}
+
+static void print_plan(bake *b, const bk_bake_plan *p, int paired_known)
+{
+	if (b->sys_file)
+		printf("# 0. the system prompt: %s stripped at both ends into %s\n", p->system_file,
+		       b->sys_file);
+	if (b->tmpl_file)
+		printf("# 0. the corpus template%s into %s\n",
+		       p->system_template_text && strcmp(p->system_template_text, BK_TOOL_CORPUS_TEMPLATE)
+			       ? ""
+			       : " (the tool's default wrapper)",
+		       b->tmpl_file);
+	printf("# 1. tokenize (the prompt count sets the steps)\n");
 	print_pipe(stdout, &b->tok, 1, NULL);
 	if (!paired_known || !b->paired) {
-		printf("# 2. prompts-only data: one pipe, the stages overlap\n");
+		printf("# 2. prompts-only data: the epochs' prompt order, then one pipe\n");
+		if (b->prompts > 0)
+			printf("#    %s: %lld epoch%s of %lld prompts, each shuffled with seed %ld%s; "
+			       "%lld steps\n", b->order, (long long)b->epochs_written,
+			       b->epochs_written == 1 ? "" : "s", (long long)b->prompts, p->data_seed,
+			       b->last_records >= 0 ? " (the last one cut)" : "", (long long)b->total);
+		else
+			printf("#    %s: ceil(epochs) epochs of the prompts, each shuffled with seed "
+			       "%ld\n", b->order, p->data_seed);
 		cmd v[] = {b->lens, b->gen, b->teach, b->step};
 		print_pipe(stdout, v, 4, b->metrics);
 		if (!paired_known)
-			printf("#    STEPS = ceil(ceil(prompts x epochs / batch) / accumulation)\n");
+			printf("#    STEPS = max_steps, or ceil(epochs x ceil(ceil(prompts / batch) / "
+			       "accumulation))\n");
 	}
 	if (!paired_known || b->paired) {
 		printf("# 2. paired data (responses given): teacher file, then epochs over it\n");
@@ -567,7 +639,7 @@ static void print_plan(bake *b, int paired_known)
 		}
 	}
 	if (b->has_eval) {
-		printf("# 3. evaluate\n");
+		printf("# 3. evaluate, then results.json in the tool's shape\n");
 		print_pipe(stdout, &b->eval, 1, NULL);
 	}
 }
@@ -614,100 +686,115 @@ static double jnum(json_t *o, const char *path)
 	return o && json_is_number(o) ? json_number_value(o) : NAN;
 }
 
-static void summary(const bk_bake_plan *p, const bake *b, int64_t prompts, int64_t sys_tokens,
-		    double t_tok, double t_train, double t_eval)
+/* the last step record and the checkpoints, from the metrics stream */
+typedef struct {
+	double loss;
+	int64_t step;
+	BK_VEC(char *) ckpts;
+} last_logged;
+
+static void read_metrics(const char *path, last_logged *m)
 {
-	const char *od = p->output_dir;
-	/* the last step record and the checkpoints, from the metrics stream */
-	bk_reader *r = bk_reader_open(b->metrics);
-	double last_loss = NAN;
-	int64_t steps = 0;
-	BK_VEC(char *) ckpts = {0};
+	memset(m, 0, sizeof *m);
+	m->loss = NAN;
+	bk_reader *r = bk_reader_open(path);
 	const msgpack_object *rec;
 	while ((rec = bk_reader_next(r))) {
 		const msgpack_object *s = bk_obj_get(rec, "step"), *l = bk_obj_get(rec, "loss"),
 				     *c = bk_obj_get(rec, "checkpoints");
-		if (s && s->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-			steps = (int64_t)s->via.u64;
-		if (l && l->type == MSGPACK_OBJECT_FLOAT64)
-			last_loss = l->via.f64;
+		if (s && s->type == MSGPACK_OBJECT_POSITIVE_INTEGER && l &&
+		    l->type == MSGPACK_OBJECT_FLOAT64) {
+			m->step = (int64_t)s->via.u64;
+			m->loss = l->via.f64;
+		}
 		if (c && c->type == MSGPACK_OBJECT_ARRAY)
 			for (uint32_t i = 0; i < c->via.array.size; i++)
 				if (c->via.array.ptr[i].type == MSGPACK_OBJECT_STR)
-					bk_vec_push(&ckpts, xstrndup(c->via.array.ptr[i].via.str.ptr,
-								      c->via.array.ptr[i].via.str.size));
+					bk_vec_push(&m->ckpts, xstrndup(c->via.array.ptr[i].via.str.ptr,
+									c->via.array.ptr[i].via.str.size));
 	}
 	bk_reader_close(r);
-	char *ts = xasprintf("%s/final_model/trainer_state.json", od);
-	json_t *st = json_load_file(ts, 0, NULL);
-	free(ts);
-	double samples = jnum(st, "progress.records"), tokens = jnum(st, "progress.tokens"),
-	       loss_sum = jnum(st, "progress.loss_sum");
+}
 
+static void summary(const bk_bake_plan *p, const bake *b, const bk_bake_train *tr,
+		    const last_logged *lg, json_t *res, double t_tok, double t_train, double t_eval)
+{
+	const char *od = p->output_dir;
 	printf("\n======================== bakery: bake summary ========================\n");
 	printf("%-20s %s\n", "model", p->model);
+	int64_t pt = (int64_t)jnum(res, "prompt_tokens");
 	if (p->system)
-		printf("%-20s %lld tokens: \"%.60s%s\"\n", "system prompt", (long long)sys_tokens,
-		       p->system, strlen(p->system) > 60 ? "..." : "");
+		printf("%-20s %lld tokens: \"%.60s%s\"\n", "system prompt", (long long)pt, p->system,
+		       strlen(p->system) > 60 ? "..." : "");
 	else
-		printf("%-20s %lld tokens, from %s\n", "system prompt", (long long)sys_tokens,
+		printf("%-20s %lld tokens, from %s\n", "system prompt", (long long)pt,
 		       p->system_file ? p->system_file : p->corpus);
 	if (b->paired)
-		printf("%-20s %lld prompt/response pairs, %ld epoch%s\n", "data",
-		       (long long)prompts, p->epochs, p->epochs == 1 ? "" : "s");
+		printf("%-20s %lld prompt/response pairs, %g epoch%s\n", "data",
+		       (long long)b->prompts, p->epochs, p->epochs == 1 ? "" : "s");
 	else
-		printf("%-20s %lld prompts x %ld trajectories (up to %ld tokens) x %ld epoch%s\n",
-		       "data", (long long)prompts, p->num_trajectories, p->trajectory_length,
+		printf("%-20s %lld prompts x %ld trajectories (up to %ld tokens) x %g epoch%s\n",
+		       "data", (long long)b->prompts, p->num_trajectories, p->trajectory_length,
 		       p->epochs, p->epochs == 1 ? "" : "s");
-	printf("%-20s %.0f samples, %.0f tokens\n", "trained on", samples, tokens);
+	printf("%-20s %lld samples, %lld tokens\n", "trained on", (long long)tr->records,
+	       (long long)tr->tokens);
 	printf("%-20s %lld (batch %ld x accumulation %ld, lr %g %s)\n", "optimizer steps",
-	       (long long)steps, p->batch_size, p->grad_accum, p->lr, p->schedule);
-	printf("%-20s %.4f (mean over the bake %.4f)\n", "final loss", last_loss,
-	       steps ? loss_sum / (double)steps : NAN);
+	       (long long)tr->steps, p->batch_size, p->grad_accum, p->lr, p->schedule);
+	printf("%-20s %.4f over %lld steps", "mean loss", tr->mean_loss, (long long)tr->steps);
+	if (lg->step > 0)
+		printf(" (last logged: %.4f at step %lld)\n", lg->loss, (long long)lg->step);
+	else
+		printf("\n");
 	printf("%-20s %.1f s (tokenize %.1f s, train %.1f s%s", "time", t_tok + t_train + t_eval,
 	       t_tok, t_train, b->has_eval ? "" : ")\n");
 	if (b->has_eval)
 		printf(", evaluate %.1f s)\n", t_eval);
-	printf("%-20s %s/final_model (PEFT adapter + tokenizer files)\n", "adapter", od);
+	printf("%-20s %s/final_model (PEFT adapter, tokenizer files, README.md)\n", "adapter", od);
 	printf("%-20s", "checkpoints");
-	for (size_t i = 0; i < ckpts.n; i++)
-		printf(" %s", ckpts.v[i]);
-	printf("%s\n", ckpts.n ? "" : " none");
+	for (size_t i = 0; i < lg->ckpts.n; i++)
+		printf(" %s", lg->ckpts.v[i]);
+	printf("%s\n", lg->ckpts.n ? "" : " none");
 	printf("%-20s %s (bk-dump; pipelines/bk-plot %s)\n", "metrics", b->metrics, b->metrics);
-	if (b->has_eval) {
-		char *rp = xasprintf("%s/results.json", od);
-		json_t *res = json_load_file(rp, 0, NULL);
-		printf("%-20s %s\n", "results", rp);
-		static const char *const sets[] = {"eval", "held_out"};
-		for (int i = 0; i < 2; i++) {
-			json_t *s = json_object_get(res, sets[i]);
-			if (!s)
-				continue;
-			printf("%-20s %.0f samples: baseline %.1f%%, prompted %.1f%%, baked %.1f%%\n",
-			       i ? "held-out accuracy" : "eval accuracy", jnum(s, "samples"),
-			       100 * jnum(s, "baseline_accuracy"), 100 * jnum(s, "discrete_accuracy"),
-			       100 * jnum(s, "baked_accuracy"));
-		}
-		if (json_object_get(res, "kl"))
-			printf("%-20s base %.4f, baked %.4f per token (%.1f%% of base)\n",
-			       "KL(teacher||model)", jnum(res, "kl.base.per_token"),
-			       jnum(res, "kl.baked.per_token"), 100 * jnum(res, "kl.baked_over_base"));
-		json_decref(res);
-		free(rp);
+	printf("%-20s %s/results.json\n", "results", od);
+	static const char *const sets[][4] = {
+		{"eval accuracy", "baseline_none", "baseline_discrete", "baked_eval"},
+		{"held-out accuracy", NULL, "heldout_discrete", "baked_heldout"}};
+	for (int i = 0; i < 2; i++) {
+		json_t *baked = json_object_get(res, sets[i][3]);
+		if (!baked)
+			continue;
+		printf("%-20s %.0f samples:", sets[i][0], jnum(baked, "total"));
+		char k[64];
+		if (sets[i][1] && json_object_get(res, sets[i][1]))
+			snprintf(k, sizeof k, "%s.accuracy", sets[i][1]),
+				printf(" baseline %.1f%%,", 100 * jnum(res, k));
+		if (json_object_get(res, sets[i][2]))
+			snprintf(k, sizeof k, "%s.accuracy", sets[i][2]),
+				printf(" prompted %.1f%%,", 100 * jnum(res, k));
+		printf(" baked %.1f%%\n", 100 * jnum(baked, "accuracy"));
 	}
+	if (json_object_get(json_object_get(res, "bakery"), "kl"))
+		printf("%-20s base %.4f, baked %.4f per token (%.1f%% of base)\n",
+		       "KL(teacher||model)", jnum(res, "bakery.kl.base.per_token"),
+		       jnum(res, "bakery.kl.baked.per_token"),
+		       100 * jnum(res, "bakery.kl.baked_over_base"));
 	printf("======================================================================\n");
-	json_decref(st);
-	for (size_t i = 0; i < ckpts.n; i++)
-		free(ckpts.v[i]);
-	free(ckpts.v);
 }
 
-/* the tokenizer files next to the adapter, as the reference saves them */
+static void copy_file(const char *src, const char *dst)
+{
+	size_t len;
+	char *data = bk_read_file(src, &len);
+	bk_write_file_atomic(dst, data, len);
+	free(data);
+}
+
+/* the tokenizer files next to the adapter, as the tool's tokenizer.save_pretrained */
 static void copy_tokenizer(const char *model, const char *dst)
 {
 	static const char *const files[] = {"tokenizer.model", "tokenizer.json",
 					    "tokenizer_config.json", "special_tokens_map.json",
-					    "chat_template.jinja", NULL};
+					    "added_tokens.json", "chat_template.jinja", NULL};
 	for (int i = 0; files[i]; i++) {
 		char *s = bk_path_join(model, files[i]), *d = bk_path_join(dst, files[i]);
 		if (bk_file_exists(s))
@@ -717,11 +804,101 @@ static void copy_tokenizer(const char *model, const char *dst)
 	}
 }
 
+/* the earlier bake's outputs (overwrite_output_dir), except keep (a checkpoint resumed
+ * from) */
+static void clear_outputs(const char *od, const char *keep)
+{
+	DIR *d = opendir(od);
+	if (!d)
+		return;
+	struct dirent *e;
+	BK_VEC(char *) rm = {0};
+	while ((e = readdir(d))) {
+		const char *n = e->d_name;
+		if (!strncmp(n, "checkpoint-", 11) || !strcmp(n, "final_model") || !strcmp(n, "final"))
+			bk_vec_push(&rm, bk_path_join(od, n));
+	}
+	closedir(d);
+	for (size_t i = 0; i < rm.n; i++) {
+		if (!keep || strcmp(rm.v[i], keep))
+			if (bk_remove_flat_dir(rm.v[i]))
+				die("overwrite_output_dir: cannot remove %s: %s", rm.v[i], strerror(errno));
+		free(rm.v[i]);
+	}
+	free(rm.v);
+	static const char *const files[] = {"results.json", "metrics.bk", "tokens.bk", "order.bk",
+					    "teach.bk", NULL};
+	for (int i = 0; files[i]; i++) {
+		char *p = bk_path_join(od, files[i]);
+		unlink(p);
+		free(p);
+	}
+}
+
+static char *model_card(const bk_bake_plan *p, const bake *b, const bk_bake_train *tr,
+			int64_t prompt_tokens)
+{
+	char *per = b->paired ? xstrdup("")
+			      : xasprintf(" x %ld teacher trajectories per epoch", p->num_trajectories);
+	char *card = xasprintf(
+		"A LoRA adapter for `%s` that behaves as the model does with its system prompt "
+		"(%lld tokens), without the prompt: prompt baking by KL distillation "
+		"(arXiv:2409.13697), made by bakery's bk-bake.\n\n"
+		"## Training\n\n"
+		"- data: %lld %s%s\n"
+		"- %lld optimizer steps, batch %ld x accumulation %ld, learning rate %g (%s)\n"
+		"- LoRA r %ld, alpha %g, dropout %g, targets %s\n"
+		"- KL temperature %g; mean loss over the bake %.6f\n\n"
+		"## Use\n\n"
+		"Load with PEFT on the base model (`PeftModel.from_pretrained(base, DIR)`), or "
+		"merge it with `bk-merge`.\n",
+		p->model, (long long)prompt_tokens, (long long)b->prompts,
+		b->paired ? "prompt/response pairs" : "prompts",
+		per, (long long)tr->steps, p->batch_size, p->grad_accum, p->lr, p->schedule,
+		p->lora_r, p->lora_alpha, p->lora_dropout, p->target_modules, p->temperature,
+		tr->mean_loss);
+	free(per);
+	return card;
+}
+
+static void list_fields(void)
+{
+	size_t n;
+	const bk_cfg_known *k = bk_cfg_fields(&n);
+	printf("# field\torigin\thow\tdefault\twhy\n");
+	for (size_t i = 0; i < n; i++)
+		printf("%s\t%s\t%s\t%s\t%s\n", k[i].key, k[i].origin, k[i].how,
+		       k[i].def ? k[i].def : "null", k[i].text);
+}
+
+/* the checkpoint to resume from: a directory, or "true" for output_dir's last */
+static const char *resolve_resume(const bk_bake_plan *p, char **owned)
+{
+	*owned = NULL;
+	if (!p->resume)
+		return NULL;
+	if (!strcmp(p->resume, "true")) {
+		*owned = bk_bake_last_checkpoint(p->output_dir);
+		if (!*owned)
+			die("resume_from_checkpoint: true, but %s holds no checkpoint-N (HF: no valid "
+			    "checkpoint found in the output directory)", p->output_dir);
+		return *owned;
+	}
+	char *ts = bk_path_join(p->resume, "trainer_state.json");
+	int ok = bk_file_exists(ts);
+	free(ts);
+	if (!ok)
+		die("resume_from_checkpoint: %s is not a checkpoint directory (no "
+		    "trainer_state.json)", p->resume);
+	return p->resume;
+}
+
 int main(int argc, char **argv)
 {
-	int dry_run = 0;
+	int dry_run = 0, fields = 0;
 	bk_opt opts[] = {
 		{"dry-run", 0, BK_OPT_FLAG, &dry_run, 0, 0},
+		{"fields", 0, BK_OPT_FLAG, &fields, 0, 0},
 		{"verbose", 'v', BK_OPT_FLAG, &verbose, 0, 0},
 		{0},
 	};
@@ -736,7 +913,8 @@ int main(int argc, char **argv)
 		const char *a = argv[i];
 		int is_own = !strcmp(a, "--dry-run") || !strcmp(a, "-v") || !strcmp(a, "--verbose") ||
 			     !strcmp(a, "--help") || !strcmp(a, "-h") || !strcmp(a, "--version") ||
-			     !strncmp(a, "--dry-run=", 10) || a[0] != '-' || !strcmp(a, "-");
+			     !strcmp(a, "--fields") || !strncmp(a, "--dry-run=", 10) || a[0] != '-' ||
+			     !strcmp(a, "-");
 		if (is_own) {
 			own[n_own++] = argv[i];
 			continue;
@@ -758,6 +936,14 @@ int main(int argc, char **argv)
 		bk_vec_push(&ov, xstrdup(val));
 	}
 	int npos = bk_flags_parse(n_own, own, opts, usage);
+	if (fields) {
+		if (npos)
+			die_usage("--fields takes no CONFIG");
+		list_fields();
+		free(own);
+		bk_stdout_close();
+		return 0;
+	}
 	if (npos != 1)
 		die_usage(npos ? "one CONFIG file, please" : "no CONFIG file given");
 	const char *config = own[0];
@@ -781,8 +967,19 @@ int main(int argc, char **argv)
 	bk_bake_caps caps = probe_caps();
 	bk_bake_plan p;
 	bk_bake_plan_make(&p, &cfg, &caps);
+	/* in config line order (overrides after), stable */
+	size_t *ord = xmalloc((p.n_notes + 1) * sizeof *ord);
 	for (size_t i = 0; i < p.n_notes; i++) {
-		const bk_cfg_note *nt = &p.notes[i];
+		size_t j = i;
+		int li = p.notes[i].line ? p.notes[i].line : INT_MAX;
+		while (j > 0 && (p.notes[ord[j - 1]].line ? p.notes[ord[j - 1]].line : INT_MAX) > li) {
+			ord[j] = ord[j - 1];
+			j--;
+		}
+		ord[j] = i;
+	}
+	for (size_t i = 0; i < p.n_notes; i++) {
+		const bk_cfg_note *nt = &p.notes[ord[i]];
 		char at[64] = "";
 		if (nt->line)
 			snprintf(at, sizeof at, ":%d", nt->line);
@@ -791,33 +988,46 @@ int main(int argc, char **argv)
 		fprintf(stderr, "%s: %s%s: %s '%s': %s\n", bk_prog, config, at,
 			bk_cfg_kind_name(nt->kind), nt->key, nt->text);
 	}
+	free(ord);
 	if (p.n_refused)
 		die("%s: %d field%s cannot be baked as given (listed above)", config, p.n_refused,
 		    p.n_refused == 1 ? "" : "s");
 
 	bake b;
 	memset(&b, 0, sizeof b);
+	const char *od = p.output_dir;
 	if (dry_run) {
-		build(&b, &p, 0, 0);
-		print_plan(&b, 0);
+		if (p.resume)
+			b.resume = strcmp(p.resume, "true") ? p.resume : "LAST_CHECKPOINT";
+		build(&b, &p);
+		print_plan(&b, &p, 0);
 		bake_free(&b);
 		goto done;
 	}
 
-	const char *od = p.output_dir;
+	char *resume_owned;
+	b.resume = resolve_resume(&p, &resume_owned);
+	if (p.overwrite)
+		clear_outputs(od, b.resume);
 	char *fm = bk_path_join(od, "final_model");
-	if (is_dir(fm))
-		die("%s: holds a previous bake (final_model/); remove it or choose another "
-		    "output_dir", od);
 	bk_mkdir_p(od);
 	char *ld = bk_path_join(od, "logs");
 	bk_mkdir_p(ld);
 	logdir = ld;
 	double t0 = now_s();
-	build(&b, &p, 0, 0);
+	build(&b, &p);
 	if (b.tmpl_file)
 		bk_write_file_atomic(b.tmpl_file, p.system_template_text,
 				     strlen(p.system_template_text));
+	if (b.sys_file) {
+		size_t n;
+		char *text = bk_read_file(p.system_file, &n), *st = bk_bake_strip(text);
+		if (!*st)
+			die("%s: empty system prompt", p.system_file);
+		bk_write_file_atomic(b.sys_file, st, strlen(st));
+		free(text);
+		free(st);
+	}
 	pipe_start(&b.tok, 1);
 	pipe_wait(&b.tok, 1);
 	show_log_warnings("bk-tokenize");
@@ -825,44 +1035,92 @@ int main(int argc, char **argv)
 	int64_t sys_tokens, prompts = scan_tokens(b.tokens, &paired, &sys_tokens);
 	if (!prompts)
 		die("%s: no samples to train on", b.tokens);
-	bake_free(&b);
-	memset(&b, 0, sizeof b);
-	build(&b, &p, paired, prompts);
+	b.paired = paired;
+	plan_steps(&b, &p, prompts);
+	rebuild(&b, &p);
 	double t1 = now_s();
+	if (!paired) {
+		int64_t n = bk_bake_epoch_order(b.tokens, b.order, b.epochs_written, b.last_records,
+						(uint64_t)p.data_seed);
+		if (n != b.order_records)
+			BUG("order stream: %lld records, planned %lld", (long long)n,
+			    (long long)b.order_records);
+	}
 	if (verbose)
-		print_plan(&b, 1);
+		print_plan(&b, &p, 1);
 
-	int64_t total;
 	if (paired) {
-		int64_t mb = ceil_div(prompts, p.batch_size);
-		total = p.epochs * ceil_div(mb, p.grad_accum);
 		b.teach.out = "/dev/null"; /* it writes -o teach.bk */
 		pipe_start(&b.teach, 1);
 		pipe_wait(&b.teach, 1);
 		int fd = pipe_start(&b.step, 1);
-		metrics_copy(fd, b.metrics, total);
+		metrics_copy(fd, b.metrics, b.total);
 		pipe_wait(&b.step, 1);
 	} else {
-		total = ceil_div(ceil_div(prompts * p.epochs, p.batch_size), p.grad_accum);
 		cmd v[] = {b.lens, b.gen, b.teach, b.step};
 		int fd = pipe_start(v, 4);
-		metrics_copy(fd, b.metrics, total);
+		metrics_copy(fd, b.metrics, b.total);
 		pipe_wait(v, 4);
 		show_log_warnings("bk-gen");
 	}
+	show_log_warnings("bk-teach");
 	double t2 = now_s();
 	char *fin = bk_path_join(od, "final");
+	if (is_dir(fm) && bk_remove_flat_dir(fm))
+		die("%s: cannot replace the previous final_model: %s", fm, strerror(errno));
 	if (rename(fin, fm))
 		die("%s -> %s: %s", fin, fm, strerror(errno));
+	bk_bake_metrics_final(b.metrics, fin, fm);
 	free(fin);
+	last_logged lg;
+	read_metrics(b.metrics, &lg);
+	if (!strcmp(p.save_strategy, "no")) {
+		/* bk-step saves at epoch ends over a file: not wanted here */
+		for (size_t i = 0; i < lg.ckpts.n; i++)
+			if (bk_remove_flat_dir(lg.ckpts.v[i]))
+				warn("cannot remove %s: %s", lg.ckpts.v[i], strerror(errno));
+		lg.ckpts.n = 0;
+	}
 	copy_tokenizer(p.model, fm);
+	bk_bake_train tr;
+	bk_bake_train_read(fm, &tr);
+	int64_t prompt_tokens = bk_bake_prompt_tokens(p.model, sys_tokens);
+	json_t *bkeval = NULL;
 	if (b.has_eval) {
 		pipe_start(&b.eval, 1);
 		pipe_wait(&b.eval, 1);
+		json_error_t err;
+		bkeval = json_load_file(b.eval_json, 0, &err);
+		if (!bkeval)
+			die("%s:%d: %s", b.eval_json, err.line, err.text);
 	}
 	double t3 = now_s();
-	summary(&p, &b, prompts, sys_tokens, t1 - t0, t2 - t1, t3 - t2);
+	json_t *train = json_pack("{s:I, s:f, s:I, s:I, s:f, s:s?}", "steps", (json_int_t)tr.steps,
+				  "mean_loss", tr.steps ? tr.mean_loss : 0.0, "samples",
+				  (json_int_t)tr.records, "tokens", (json_int_t)tr.tokens,
+				  "train_seconds", t2 - t1, "resumed_from", b.resume);
+	json_t *res = bk_bake_results(bkeval, b.eval_json, prompt_tokens, p.eval_file != NULL,
+				      p.held_out_file != NULL, train);
+	char *rp = bk_path_join(od, "results.json");
+	char *text = json_dumps(res, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
+	size_t tl = strlen(text);
+	text = xrealloc(text, tl + 2);
+	text[tl] = '\n', text[tl + 1] = 0;
+	bk_write_file_atomic(rp, text, tl + 1);
+	free(text);
+	free(rp);
+	char *card = model_card(&p, &b, &tr, prompt_tokens);
+	bk_bake_model_card(fm, p.model, card);
+	free(card);
+	summary(&p, &b, &tr, &lg, res, t1 - t0, t2 - t1, t3 - t2);
+	json_decref(train);
+	json_decref(res);
+	json_decref(bkeval);
+	for (size_t i = 0; i < lg.ckpts.n; i++)
+		free(lg.ckpts.v[i]);
+	free(lg.ckpts.v);
 	bake_free(&b);
+	free(resume_owned);
 	free(fm);
 	free(ld);
 done:

@@ -179,7 +179,9 @@ void bk_cfg_set(bk_cfg *c, const char *key, const char *value)
 		f = add(c, key, 0);
 	}
 	f->v = xmalloc(sizeof(*f->v));
-	f->v[0] = xstrdup(value);
+	/* null on the command line: null, None, ~ or nothing */
+	int null = !*value || !strcmp(value, "null") || !strcmp(value, "None") || !strcmp(value, "~");
+	f->v[0] = null ? NULL : xstrdup(value);
 	f->n = 1;
 }
 
@@ -347,6 +349,282 @@ static int looks_like_hub_id(const char *s)
 	return sl && sl != s && sl[1] && !strchr(sl + 1, '/') && *s != '.' && *s != '~';
 }
 
+/* ---- the fields ---- */
+
+/* how: "mapped" (map_* below), or for the table-driven ones what happens when the
+ * value is not def (NULL = null): "note" (accepted, the note says why it has no
+ * effect), "ignored" (accepted; only speed, memory or reporting differ) or "refused"
+ * (the bake refuses: the result would differ) */
+#define TA "TrainingArguments"
+#define TA4 "TrainingArguments (transformers 4)"
+#define BC "BakeryConfig"
+#define DC "DataConfig"
+#define LC "LoraConfig"
+#define EXT "bakery"
+#define NOVAL "no effect: no validation loss during training; bk-eval scores eval_file and heldout_file after it"
+#define ONEDEV "no effect: bakery trains in one process on one device"
+#define NOHUB "no effect: bakery never uploads; the adapter is in output_dir/final_model"
+#define NOLOG "no effect: no logging integrations; the metrics stream is output_dir/metrics.bk (bk-dump, bk-plot)"
+#define NOLOADER "no effect: the stages are processes joined by pipes, not a torch DataLoader"
+#define NOTORCH "no effect on the result: there is no torch; bakery's kernels are compiled ahead"
+static const bk_cfg_known known[] = {
+	/* the tool's BakeryConfig (config.py) */
+	{"system_prompt", BC, "mapped", NULL, "the system prompt (wins over system_prompt_file and corpus_file, as in the tool)"},
+	{"system_prompt_file", BC, "mapped", NULL, "read and stripped at both ends (str.strip), as the tool does"},
+	{"num_trajectories", BC, "mapped", "4", "bk-gen --num-trajectories"},
+	{"trajectory_length", BC, "mapped", "128", "bk-gen --max-new-tokens"},
+	{"temperature", BC, "mapped", "1.0", "the KL temperature: bk-teach, bk-step, bk-eval --temperature"},
+	{"sampling_temperature", BC, "mapped", "0.8", "bk-gen --temperature"},
+	{"max_seq_length", BC, "mapped", NULL, "bk-tokenize --max-seq-length"},
+	{"sequential_eval", BC, "note", "false", "no effect: no validation loss during training (it only lowers the tool's peak memory there)"},
+	/* DataConfig */
+	{"model_name_or_path", DC, "mapped", NULL, "--model of every stage; a local HF directory (hub ids are refused: bakery never downloads)"},
+	{"torch_dtype", DC, "note", "bfloat16", "no effect: weights are read in their stored dtype; the GPU computes in bf16, the CPU twin in fp32"},
+	{"trust_remote_code", DC, "note", "false", "no effect: bakery runs Llama-family checkpoints with its own code, never the model's"},
+	{"load_in_4bit", DC, "refused", "false", "4-bit (QLoRA) base weights are not supported: bf16 on the GPU, fp32 on the CPU"},
+	{"bnb_4bit_quant_type", DC, "note", "nf4", "no effect without load_in_4bit"},
+	{"bnb_4bit_use_double_quant", DC, "note", "true", "no effect without load_in_4bit"},
+	{"attn_implementation", DC, "note", NULL, "no effect on the result: bakery's own attention (flash-style kernels on the GPU, exact on the CPU)"},
+	{"auto_install_optional_deps", DC, "note", "true", "no effect: bakery installs nothing at run time"},
+	{"use_unsloth", DC, "mapped", "false", "true: lora_dropout 0, as the tool's Unsloth path; bakery's own kernels otherwise"},
+	{"dataset", DC, "mapped", NULL, "a local JSON/JSONL file for bk-tokenize (hub datasets are refused: bakery never downloads)"},
+	{"dataset_split", DC, "mapped", "train", "hub datasets only; a local file is read whole, as the tool does"},
+	{"training_prompts", DC, "mapped", NULL, "bk-tokenize --prompt"},
+	{"eval_dataset_split", DC, "ignored", NULL, NOVAL},
+	{"eval_dataset", DC, "ignored", NULL, NOVAL},
+	{"eval_file", DC, "mapped", NULL, "bk-eval --eval: baseline_none, baseline_discrete, baked_eval"},
+	{"heldout_file", DC, "mapped", NULL, "bk-eval --held-out: heldout_discrete, baked_heldout"},
+	{"corpus_file", DC, "mapped", NULL, "bk-tokenize --corpus"},
+	{"corpus_format", DC, "mapped", "papers", "bk-tokenize --corpus-format (papers, text, list; others as JSON)"},
+	{"system_prompt_template", DC, "mapped", NULL, "--system-template (the tool's wrapper text when absent)"},
+	/* LoraConfig */
+	{"r", LC, "mapped", "64", "bk-step --lora-r"},
+	{"lora_alpha", LC, "mapped", "128", "bk-step --lora-alpha"},
+	{"target_modules", LC, "mapped", "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj", "bk-step --target-modules (all, all-linear or the Llama projections)"},
+	{"lora_dropout", LC, "mapped", "0.05", "bk-step --lora-dropout"},
+	{"bias", LC, "refused", "none", "bakery trains no bias terms (LoRA A and B only)"},
+	/* HF TrainingArguments (transformers 5.24) */
+	{"output_dir", TA, "mapped", NULL, "final_model/, checkpoint-*, results.json, metrics.bk, logs/ (default 'output')"},
+	{"per_device_train_batch_size", TA, "mapped", "8", "prompts (or pairs) per micro-batch; x num_trajectories records for bk-step --batch-size"},
+	{"num_train_epochs", TA, "mapped", "3", "bk-gen --epochs (whole epochs, rounded up) and bk-step's step count (fractions as HF: ceil)"},
+	{"max_steps", TA, "mapped", "-1", "> 0: bk-step --max-steps, bk-gen makes the epochs it needs"},
+	{"learning_rate", TA, "mapped", "5e-5", "bk-step --lr"},
+	{"lr_scheduler_type", TA, "mapped", "linear", "bk-step --schedule (linear, cosine, constant, constant_with_warmup)"},
+	{"lr_scheduler_kwargs", TA, "refused", NULL, "bk-step's schedules take no extra arguments"},
+	{"warmup_steps", TA, "mapped", "0", "bk-step --warmup-steps (below 1: a ratio of the steps, as HF 5)"},
+	{"optim", TA, "mapped", "adamw_torch_fused", "AdamW (adamw_torch*, adamw_hf) or bk-step --optim adamw8bit (adamw_bnb_8bit, adamw_8bit, paged_adamw_8bit)"},
+	{"optim_args", TA, "refused", NULL, "bk-step's AdamW takes no extra arguments"},
+	{"weight_decay", TA, "mapped", "0", "bk-step --weight-decay"},
+	{"adam_beta1", TA, "refused", "0.9", "bk-step's AdamW has beta1 0.9 (the default) only"},
+	{"adam_beta2", TA, "refused", "0.999", "bk-step's AdamW has beta2 0.999 (the default) only"},
+	{"adam_epsilon", TA, "refused", "1e-8", "bk-step's AdamW has epsilon 1e-8 (the default) only"},
+	{"optim_target_modules", TA, "refused", NULL, "GaLore/APOLLO targets: bk-step trains LoRA with AdamW"},
+	{"gradient_accumulation_steps", TA, "mapped", "1", "bk-step --grad-accum (each micro-batch's mean loss / the count, as HF)"},
+	{"average_tokens_across_devices", TA, "note", "true", ONEDEV},
+	{"max_grad_norm", TA, "mapped", "1.0", "bk-step --max-grad-norm"},
+	{"label_smoothing_factor", TA, "note", "0", "no effect: the KL loss has no labels to smooth (the tool's compute_loss ignores it too)"},
+	{"bf16", TA, "note", "false", "no effect on the choice: the GPU always computes in bf16 with fp32 accumulation and fp32 master LoRA weights, the CPU twin in fp32"},
+	{"fp16", TA, "note", "false", "no effect: the GPU computes in bf16 (not fp16) with fp32 accumulation, the CPU twin in fp32"},
+	{"bf16_full_eval", TA, "note", "false", "no effect: bk-eval computes as training does (bf16 on the GPU, fp32 on the CPU)"},
+	{"fp16_full_eval", TA, "note", "false", "no effect: bk-eval computes as training does (bf16 on the GPU, fp32 on the CPU)"},
+	{"tf32", TA, "note", NULL, "no effect: the GPU linears run in bf16 with fp32 accumulation"},
+	{"activation_checkpointing", TA, "mapped", NULL, "as gradient_checkpointing (its new name)"},
+	{"activation_checkpointing_kwargs", TA, "note", NULL, "no effect: bk-step recomputes each layer; torch's checkpoint options do not apply"},
+	{"gradient_checkpointing", TA, "mapped", NULL, "bk-step --grad-checkpoint (same result, less memory)"},
+	{"gradient_checkpointing_kwargs", TA, "note", NULL, "no effect: bk-step recomputes each layer; torch's checkpoint options do not apply"},
+	{"torch_compile", TA, "note", "false", NOTORCH},
+	{"torch_compile_backend", TA, "note", NULL, NOTORCH},
+	{"torch_compile_mode", TA, "note", NULL, NOTORCH},
+	{"use_liger_kernel", TA, "note", "false", "no effect on the result: bakery's fused chunked LM-head loss plays that part"},
+	{"liger_kernel_config", TA, "note", NULL, "no effect on the result: bakery's fused chunked LM-head loss plays that part"},
+	{"use_cache", TA, "note", "false", "no effect: training uses no KV cache; generation always does"},
+	{"neftune_noise_alpha", TA, "refused", NULL, "bakery adds no NEFTune noise to the input embeddings"},
+	{"torch_empty_cache_steps", TA, "note", NULL, NOTORCH},
+	{"auto_find_batch_size", TA, "ignored", "false", "the batch size is the one given; no retry with a smaller one on out-of-memory"},
+	{"logging_strategy", TA, "note", "steps", "bk-step writes a metrics record every logging_steps steps; the summary and results.json are computed over every step"},
+	{"logging_steps", TA, "mapped", "1", "bk-step --logging-steps (default 1, HF's 500; below 1: a ratio of the steps)"},
+	{"logging_first_step", TA, "note", "false", "no effect on the bake: the summary is computed over every step, logged or not"},
+	{"log_on_each_node", TA, "note", "true", ONEDEV},
+	{"logging_nan_inf_filter", TA, "note", "true", "no effect: a step whose gradient norm is not finite is skipped with a warning"},
+	{"include_num_input_tokens_seen", TA, "note", "no", "no effect: the metrics stream always counts tokens"},
+	{"log_level", TA, "note", "passive", "no effect: stage messages go to output_dir/logs/ (bk-bake -v: the terminal)"},
+	{"log_level_replica", TA, "note", "warning", ONEDEV},
+	{"disable_tqdm", TA, "note", NULL, "no effect: a progress line is drawn on a terminal only"},
+	{"report_to", TA, "note", "none", NOLOG},
+	{"run_name", TA, "note", NULL, NOLOG},
+	{"project", TA, "note", "huggingface", NOLOG},
+	{"trackio_space_id", TA, "note", NULL, NOLOG},
+	{"trackio_bucket_id", TA, "note", NULL, NOLOG},
+	{"trackio_static_space_id", TA, "note", NULL, NOLOG},
+	{"eval_strategy", TA, "ignored", "no", NOVAL},
+	{"eval_steps", TA, "note", NULL, NOVAL},
+	{"eval_delay", TA, "note", "0", NOVAL},
+	{"per_device_eval_batch_size", TA, "note", "8", "no effect on the result: bk-eval batches its greedy answers itself"},
+	{"prediction_loss_only", TA, "note", "false", NOVAL},
+	{"eval_on_start", TA, "note", "false", NOVAL},
+	{"eval_do_concat_batches", TA, "note", "true", NOVAL},
+	{"eval_use_gather_object", TA, "note", "false", NOVAL},
+	{"eval_accumulation_steps", TA, "note", NULL, NOVAL},
+	{"include_for_metrics", TA, "note", "[]", NOVAL},
+	{"batch_eval_metrics", TA, "note", "false", NOVAL},
+	{"save_only_model", TA, "note", "false", "no effect: checkpoints always hold the adapter and bk-step's optimizer state (resumable)"},
+	{"save_strategy", TA, "mapped", "steps", "bk-step --save-steps (epoch: the steps of an epoch; no: none)"},
+	{"save_steps", TA, "mapped", "500", "bk-step --save-steps with save_strategy steps (below 1: a ratio of the steps)"},
+	{"save_on_each_node", TA, "note", "false", ONEDEV},
+	{"save_total_limit", TA, "mapped", NULL, "bk-step --save-total-limit: the newest N checkpoint-* kept"},
+	{"enable_jit_checkpoint", TA, "note", "false", "no effect: bk-step saves a checkpoint on SIGINT and SIGTERM anyway"},
+	{"push_to_hub", TA, "refused", "false", "bakery never uploads; the adapter is in output_dir/final_model"},
+	{"hub_token", TA, "note", NULL, NOHUB},
+	{"hub_private_repo", TA, "note", NULL, NOHUB},
+	{"hub_model_id", TA, "note", NULL, NOHUB},
+	{"hub_strategy", TA, "note", "every_save", NOHUB},
+	{"hub_always_push", TA, "note", "false", NOHUB},
+	{"hub_revision", TA, "note", NULL, NOHUB},
+	{"load_best_model_at_end", TA, "refused", "false", "needs a validation loss during training, which bakery does not compute"},
+	{"metric_for_best_model", TA, "note", NULL, NOVAL},
+	{"greater_is_better", TA, "note", NULL, NOVAL},
+	{"ignore_data_skip", TA, "refused", "false", "bk-step --resume always continues where the checkpoint stopped in the data"},
+	{"restore_callback_states_from_checkpoint", TA, "note", "false", "no effect: there are no callbacks"},
+	{"full_determinism", TA, "note", "false", "no effect: a bake is deterministic for a seed on one device anyway"},
+	{"seed", TA, "mapped", "42", "bk-gen, bk-step (LoRA init, dropout) and bk-lens --seed"},
+	{"data_seed", TA, "mapped", NULL, "bk-lens --seed: the prompt order (default: seed)"},
+	{"use_cpu", TA, "mapped", "false", "true: --device cpu"},
+	{"accelerator_config", TA, "note", NULL, ONEDEV},
+	{"parallelism_config", TA, "note", NULL, ONEDEV},
+	{"dataloader_drop_last", TA, "refused", "false", "bakery trains the last partial micro-batch of an epoch, as the default does"},
+	{"dataloader_num_workers", TA, "note", "0", NOLOADER},
+	{"dataloader_pin_memory", TA, "note", "true", NOLOADER},
+	{"dataloader_persistent_workers", TA, "note", "false", NOLOADER},
+	{"dataloader_prefetch_factor", TA, "note", NULL, NOLOADER},
+	{"dataloader_multiprocessing_context", TA, "note", NULL, NOLOADER},
+	{"dataloader_in_order", TA, "note", "true", NOLOADER},
+	{"remove_unused_columns", TA, "note", "true", "no effect (the tool sets it to false itself)"},
+	{"label_names", TA, "note", NULL, "no effect: the KL loss has no labels"},
+	{"train_sampling_strategy", TA, "refused", "random", "bk-lens shuffles the prompts with the seed (random) only"},
+	{"length_column_name", TA, "note", "length", "no effect: there is no length grouping"},
+	{"ddp_find_unused_parameters", TA, "note", NULL, ONEDEV},
+	{"ddp_bucket_cap_mb", TA, "note", NULL, ONEDEV},
+	{"ddp_broadcast_buffers", TA, "note", NULL, ONEDEV},
+	{"ddp_static_graph", TA, "note", NULL, ONEDEV},
+	{"ddp_backend", TA, "note", NULL, ONEDEV},
+	{"ddp_timeout", TA, "note", "1800", ONEDEV},
+	{"fsdp", TA, "refused", NULL, "bakery trains on one device, without FSDP"},
+	{"fsdp_config", TA, "note", NULL, ONEDEV},
+	{"deepspeed", TA, "refused", NULL, "bakery trains on one device, without DeepSpeed"},
+	{"debug", TA, "note", "", "no effect (torch debug modes)"},
+	{"skip_memory_metrics", TA, "note", "true", "no effect: no memory metrics"},
+	{"do_train", TA, "note", "false", "no effect: the tool trains whatever it says, and so does bk-bake"},
+	{"do_eval", TA, "note", "false", "no effect: bk-eval runs when eval_file or heldout_file is given, as in the tool"},
+	{"do_predict", TA, "note", "false", "no effect: there is no prediction pass"},
+	{"resume_from_checkpoint", TA, "mapped", NULL, "bk-step --resume: a checkpoint directory, or true for the last output_dir/checkpoint-N"},
+	{"local_rank", TA, "note", "-1", ONEDEV},
+	/* fields of older transformers that configs still carry */
+	{"warmup_ratio", TA4, "mapped", "0", "bk-step --warmup-ratio (transformers >= 5.2 drops it silently; bakery keeps it)"},
+	{"overwrite_output_dir", TA4, "mapped", "false", "true: the previous bake's outputs in output_dir are removed first"},
+	{"evaluation_strategy", TA4, "ignored", "no", NOVAL},
+	{"logging_dir", TA4, "note", NULL, NOLOG},
+	{"no_cuda", TA4, "mapped", "false", "true: --device cpu"},
+	{"save_safetensors", TA4, "note", "true", "no effect: adapters are always safetensors"},
+	{"group_by_length", TA4, "refused", "false", "bk-lens does not group prompts by length"},
+	{"include_tokens_per_second", TA4, "note", "false", "no effect: the metrics stream always has tokens/s"},
+	/* bakery's own fields */
+	{"template", EXT, "mapped", NULL, "the chat template by name (raw, llama2, chatml, ...) for models without one"},
+	{"prompts_file", EXT, "mapped", NULL, "a text/JSON/JSONL data file for bk-tokenize"},
+	{"dataset_path", EXT, "mapped", NULL, "a data file for bk-tokenize"},
+	{"dataset_file", EXT, "mapped", NULL, "a data file for bk-tokenize"},
+	{"data_file", EXT, "mapped", NULL, "a data file for bk-tokenize"},
+	{"train_file", EXT, "mapped", NULL, "a data file for bk-tokenize"},
+	{"dataset_name", EXT, "mapped", NULL, "as dataset"},
+	{"lora_r", EXT, "mapped", NULL, "as r"},
+	{"held_out_file", EXT, "mapped", NULL, "as heldout_file"},
+	{"kl_prompts", EXT, "mapped", NULL, "bk-eval --kl-prompts: held-out KL(teacher || model), base and baked"},
+	{"teacher_top_k", EXT, "mapped", "64", "bk-teach --top-k (0: the full distribution)"},
+	{"top_p", EXT, "mapped", "0.9", "bk-gen --top-p (the tool's fixed 0.9)"},
+	{"device", EXT, "mapped", "auto", "--device of every stage: cpu, cuda or auto"},
+	{"use_flash_attention", EXT, "note", "false", "no effect: bakery's attention runs over packed sequences with its own kernels; there is no switch"},
+	{"validation_split", EXT, "ignored", NULL, NOVAL},
+	{"use_peft", EXT, "refused", "true", "bakery only trains LoRA adapters"},
+	{"load_in_8bit", EXT, "refused", "false", "quantised base weights are not supported (bf16 on the GPU, fp32 on the CPU)"},
+};
+
+const bk_cfg_known *bk_cfg_fields(size_t *n)
+{
+	*n = sizeof known / sizeof known[0];
+	return known;
+}
+
+long bk_bake_steps(double v, long total)
+{
+	if (v <= 0)
+		return 0;
+	if (v < 1)
+		return (long)ceil(v * (double)total);
+	return (long)v;
+}
+
+/* the value of f is the default def: bool words, numbers and null compared by meaning */
+static int bool_word(const char *s)
+{
+	static const char *const yes[] = {"true", "True", "TRUE", "yes", "Yes", "on", NULL};
+	static const char *const no[] = {"false", "False", "FALSE", "no", "No", "off", NULL};
+	for (int i = 0; yes[i]; i++)
+		if (!strcmp(s, yes[i]))
+			return 1;
+	for (int i = 0; no[i]; i++)
+		if (!strcmp(s, no[i]))
+			return 0;
+	return -1;
+}
+
+static int same_value(const char *v, const char *def)
+{
+	if (!v || !strcmp(v, "None"))
+		return !def;
+	if (!def)
+		return 0;
+	int a = bool_word(v), b = bool_word(def);
+	if (a >= 0 || b >= 0)
+		return a == b;
+	char *e1, *e2;
+	double x = strtod(v, &e1), y = strtod(def, &e2);
+	if (e1 != v && !*e1 && e2 != def && !*e2)
+		return x == y;
+	return !strcmp(v, def);
+}
+
+static int is_default(const bk_cfg_field *f, const char *def)
+{
+	if (f->is_list)
+		return f->n == 0 ? !def || !strcmp(def, "[]") : f->n == 1 && same_value(f->v[0], def);
+	return f->n == 0 || same_value(f->v[0], def);
+}
+
+/* the table's note, ignored and refused fields */
+static void map_table(mapper *m)
+{
+	for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+		const bk_cfg_known *k = &known[i];
+		if (!strcmp(k->how, "mapped"))
+			continue;
+		bk_cfg_field *f = find(m->c, k->key);
+		if (!f)
+			continue;
+		m->used[f - m->c->v] = 1;
+		if (is_default(f, k->def))
+			continue;
+		bk_cfg_kind kind = !strcmp(k->how, "note")      ? BK_CFG_NOTE
+				   : !strcmp(k->how, "ignored") ? BK_CFG_IGNORED
+								: BK_CFG_UNSUPPORTED;
+		if (kind == BK_CFG_UNSUPPORTED)
+			note_add(m, kind, k->key, "'%s': %s", f->n && f->v[0] ? f->v[0] : "null",
+				 k->text);
+		else
+			note_add(m, kind, k->key, "%s", k->text);
+	}
+}
+
+/* ---- mapping ---- */
+
 static const char *const lora_targets[] = {"q_proj", "k_proj", "v_proj", "o_proj",
 					   "gate_proj", "up_proj", "down_proj", NULL};
 
@@ -360,9 +638,9 @@ static void map_targets(mapper *m)
 		return;
 	}
 	/* items may themselves be "a,b" or "a b" (an override) */
-	size_t cap = 1;
+	size_t cap = 16;
 	for (int i = 0; i < t.n; i++)
-		cap += strlen(t.v[i]) + 1;
+		cap += strlen(t.v[i]) + 12;
 	char *out = xmalloc(cap);
 	out[0] = 0;
 	int bad = 0;
@@ -370,6 +648,8 @@ static void map_targets(mapper *m)
 		char *copy = xstrdup(t.v[i]), *save = NULL;
 		for (char *tok = strtok_r(copy, ", \t[]'\"", &save); tok;
 		     tok = strtok_r(NULL, ", \t[]'\"", &save)) {
+			if (!strcmp(tok, "all")) /* the tool's shorthand (PEFT's all-linear) */
+				tok = "all-linear";
 			int ok = !strcmp(tok, "all-linear");
 			for (int k = 0; lora_targets[k] && !ok; k++)
 				ok = !strcmp(tok, lora_targets[k]);
@@ -408,17 +688,18 @@ static void map_model(mapper *m)
 				 "'%s' is not a directory", p->model);
 	} else {
 		char *cj = bk_path_join(p->model, "config.json"),
-		     *tk = bk_path_join(p->model, "tokenizer.model");
+		     *tk = bk_path_join(p->model, "tokenizer.model"),
+		     *tj = bk_path_join(p->model, "tokenizer.json");
 		if (!is_file(cj))
 			note_add(m, BK_CFG_UNSUPPORTED, "model_name_or_path",
 				 "'%s' has no config.json (an HF model directory is expected)",
 				 p->model);
-		else if (!is_file(tk))
+		else if (!is_file(tk) && !is_file(tj))
 			note_add(m, BK_CFG_UNSUPPORTED, "model_name_or_path",
-				 "'%s' has no tokenizer.model (bakery reads sentencepiece "
-				 "tokenizers)", p->model);
+				 "'%s' has no tokenizer.json or tokenizer.model", p->model);
 		free(cj);
 		free(tk);
+		free(tj);
 	}
 }
 
@@ -431,6 +712,7 @@ static void map_data(mapper *m)
 	for (int i = 0; files[i]; i++)
 		get_strs(m, files[i], &p->data);
 	static const char *const named[] = {"dataset", "dataset_name", NULL};
+	int local = 0;
 	for (int i = 0; named[i]; i++) {
 		const char *d = scalar(m, named[i]);
 		if (!d)
@@ -438,20 +720,59 @@ static void map_data(mapper *m)
 		if (is_file(d)) {
 			p->data.v = xrealloc(p->data.v, (size_t)(p->data.n + 1) * sizeof(char *));
 			p->data.v[p->data.n++] = d;
+			local = 1;
 		} else {
 			note_add(m, BK_CFG_UNSUPPORTED, named[i],
 				 "'%s' is not a local file (hub datasets are not downloaded; save "
 				 "it as JSON/JSONL and give the file)", d);
 		}
 	}
+	const char *split = scalar(m, "dataset_split");
+	if (split && strcmp(split, "train") && local)
+		note_add(m, BK_CFG_NOTE, "dataset_split",
+			 "'%s' applies to hub datasets; a local file is read whole, as the tool "
+			 "does", split);
 	for (int i = 0; i < p->data.n; i++)
 		if (!is_file(p->data.v[i]))
 			note_add(m, BK_CFG_UNSUPPORTED, "training data",
 				 "'%s' is not a readable file", p->data.v[i]);
+	if (p->prompts.n && p->data.n)
+		note_add(m, BK_CFG_NOTE, "training_prompts",
+			 "not used: the tool trains on 'dataset' when both are given");
+	if (p->prompts.n && p->data.n)
+		p->prompts.n = 0;
 	if (!p->data.n && !p->prompts.n)
 		note_add(m, BK_CFG_UNSUPPORTED, "training_prompts",
-			 "missing: no training data (training_prompts, dataset_path, data_file, "
-			 "train_file or prompts_file)");
+			 "missing: no training data (dataset, training_prompts, or bakery's "
+			 "prompts_file, data_file, train_file)");
+}
+
+/* str.format's unescaping of a template whose only field is {corpus}: "{{" -> "{",
+ * "}}" -> "}"; NULL when it has another field (the tool's format() would fail) */
+static char *unformat(const char *t)
+{
+	char *out = xmalloc(strlen(t) + 1), *o = out;
+	for (const char *s = t; *s;) {
+		if ((s[0] == '{' && s[1] == '{') || (s[0] == '}' && s[1] == '}')) {
+			*o++ = *s;
+			s += 2;
+		} else if (*s == '{') {
+			if (strncmp(s, "{corpus}", 8)) {
+				free(out);
+				return NULL;
+			}
+			memcpy(o, "{corpus}", 8);
+			o += 8;
+			s += 8;
+		} else if (*s == '}') {
+			free(out);
+			return NULL;
+		} else {
+			*o++ = *s++;
+		}
+	}
+	*o = 0;
+	return out;
 }
 
 static void map_system(mapper *m)
@@ -461,30 +782,51 @@ static void map_system(mapper *m)
 	p->system_file = scalar(m, "system_prompt_file");
 	p->corpus = scalar(m, "corpus_file");
 	p->corpus_format = scalar(m, "corpus_format");
-	p->system_template_text = scalar(m, "system_prompt_template");
-	int n = !!p->system + !!p->system_file + !!p->corpus;
-	if (!n)
+	const char *tmpl = scalar(m, "system_prompt_template");
+	if (p->system && !*p->system)
+		p->system = NULL; /* the tool's "if system_prompt:" */
+	if (!p->system && !p->system_file && !p->corpus) {
 		note_add(m, BK_CFG_UNSUPPORTED, "system_prompt",
 			 "missing: give system_prompt, system_prompt_file or corpus_file");
-	else if (n > 1)
-		note_add(m, BK_CFG_UNSUPPORTED, p->corpus ? "corpus_file" : "system_prompt_file",
-			 "give one of system_prompt, system_prompt_file and corpus_file");
-	if (p->corpus_format && strcmp(p->corpus_format, "papers") && strcmp(p->corpus_format, "text") &&
+		return;
+	}
+	/* the tool's order: system_prompt, then the file, then the corpus */
+	if (p->system && (p->system_file || p->corpus))
+		note_add(m, BK_CFG_NOTE, p->system_file ? "system_prompt_file" : "corpus_file",
+			 "not used: system_prompt is given, and the tool uses it");
+	else if (p->system_file && p->corpus)
+		note_add(m, BK_CFG_NOTE, "corpus_file",
+			 "not used: the tool uses system_prompt_file when both are given");
+	if (p->system)
+		p->system_file = NULL;
+	if (p->system || p->system_file) {
+		p->corpus = NULL;
+		p->corpus_format = NULL;
+		return;
+	}
+	if (!p->corpus_format)
+		p->corpus_format = "papers"; /* the tool's default */
+	if (strcmp(p->corpus_format, "papers") && strcmp(p->corpus_format, "text") &&
 	    strcmp(p->corpus_format, "list") && strcmp(p->corpus_format, "json"))
 		note_add(m, BK_CFG_NOTE, "corpus_format",
-			 "'%s' is rendered as pretty-printed JSON (as the reference does for "
+			 "'%s' is rendered as pretty-printed JSON (as the tool does for "
 			 "formats other than papers, text and list)", p->corpus_format);
-	if (p->corpus_format && strcmp(p->corpus_format, "papers") && strcmp(p->corpus_format, "text") &&
+	if (strcmp(p->corpus_format, "papers") && strcmp(p->corpus_format, "text") &&
 	    strcmp(p->corpus_format, "list"))
 		p->corpus_format = "json";
-	if ((p->corpus_format || p->system_template_text) && !p->corpus)
-		note_add(m, BK_CFG_UNSUPPORTED, p->corpus_format ? "corpus_format" : "system_prompt_template",
-			 "needs corpus_file");
-	if (p->system_template_text && !strstr(p->system_template_text, "{corpus}"))
+	if (!tmpl) {
+		p->system_template_text = xstrdup(BK_TOOL_CORPUS_TEMPLATE);
+	} else if (!(p->system_template_text = unformat(tmpl))) {
+		note_add(m, BK_CFG_UNSUPPORTED, "system_prompt_template",
+			 "has a {field} other than {corpus} (the tool's str.format would fail); "
+			 "write braces as {{ and }}");
+	} else if (!strstr(p->system_template_text, "{corpus}")) {
+		/* the tool's format() then leaves the corpus out; bakery wants it in */
 		note_add(m, BK_CFG_UNSUPPORTED, "system_prompt_template", "has no {corpus}");
+	}
 }
 
-static void map_training(mapper *m)
+static void map_training(mapper *m, const bk_bake_caps *caps)
 {
 	bk_bake_plan *p = m->p;
 	get_long(m, "num_trajectories", &p->num_trajectories, 1, 1 << 16);
@@ -495,27 +837,54 @@ static void map_training(mapper *m)
 	get_long(m, "teacher_top_k", &p->top_k, 0, 1L << 30);
 	double ep;
 	if (get_double(m, "num_train_epochs", &ep, 0, 1 << 16)) {
-		if (ep != floor(ep) || ep < 1)
+		if (!(ep > 0))
 			note_add(m, BK_CFG_UNSUPPORTED, "num_train_epochs",
-				 "%g: bakery trains whole epochs (1 or more)", ep);
+				 "%g: no training (give more than 0)", ep);
 		else
-			p->epochs = (long)ep;
+			p->epochs = ep;
 	}
+	long ms;
+	if (get_long(m, "max_steps", &ms, -1, 1L << 40) && ms > 0)
+		p->max_steps = ms;
 	get_long(m, "per_device_train_batch_size", &p->batch_size, 1, 1 << 20);
 	get_long(m, "gradient_accumulation_steps", &p->grad_accum, 1, 1 << 20);
 	get_double(m, "learning_rate", &p->lr, 0, 1e3);
 	get_double(m, "warmup_ratio", &p->warmup_ratio, 0, 1);
-	get_long(m, "warmup_steps", &p->warmup_steps, 0, 1L << 40);
+	get_double(m, "warmup_steps", &p->warmup_steps, 0, 1e15);
+	if (p->warmup_steps > 1 && p->warmup_steps != floor(p->warmup_steps))
+		note_add(m, BK_CFG_UNSUPPORTED, "warmup_steps",
+			 "%g: a whole number of steps, or a ratio below 1", p->warmup_steps);
 	get_double(m, "weight_decay", &p->weight_decay, 0, 1e3);
 	get_double(m, "max_grad_norm", &p->max_grad_norm, 0, 1e12);
-	get_long(m, "lora_r", &p->lora_r, 1, 1 << 16);
+	long r = 0, r2 = 0;
+	int has_r = get_long(m, "r", &r, 1, 1 << 16), has_r2 = get_long(m, "lora_r", &r2, 1, 1 << 16);
+	if (has_r && has_r2 && r != r2)
+		note_add(m, BK_CFG_UNSUPPORTED, "lora_r", "%ld and r %ld: give one LoRA rank", r2, r);
+	if (has_r || has_r2)
+		p->lora_r = has_r ? r : r2;
 	get_double(m, "lora_alpha", &p->lora_alpha, 1e-9, 1e9);
 	get_double(m, "lora_dropout", &p->lora_dropout, 0, 0.999999);
+	if (get_bool(m, "use_unsloth") == 1) {
+		p->lora_dropout = 0;
+		note_add(m, BK_CFG_NOTE, "use_unsloth",
+			 "bakery's own kernels; lora_dropout is 0, as on the tool's Unsloth path");
+	}
 	get_long(m, "seed", &p->seed, 0, 1L << 62);
-	get_long(m, "logging_steps", &p->logging_steps, 1, 1L << 40);
-	get_long(m, "save_steps", &p->save_steps, 1, 1L << 40);
+	p->data_seed = -1;
+	get_long(m, "data_seed", &p->data_seed, 0, 1L << 62);
+	get_double(m, "logging_steps", &p->logging_steps, 1e-9, 1e15);
+	get_double(m, "save_steps", &p->save_steps, 1e-9, 1e15);
 	get_long(m, "max_seq_length", &p->max_seq_length, 0, 1L << 30);
 	map_targets(m);
+	long lim;
+	if (get_long(m, "save_total_limit", &lim, 0, 1L << 30) && lim > 0) {
+		if (caps->save_total_limit)
+			p->save_total_limit = lim;
+		else
+			note_add(m, BK_CFG_IGNORED, "save_total_limit",
+				 "this bk-step has no --save-total-limit; every checkpoint is kept "
+				 "(more disk, same result)");
+	}
 
 	const char *s = scalar(m, "lr_scheduler_type");
 	if (s) {
@@ -535,21 +904,18 @@ static void map_training(mapper *m)
 			note_add(m, BK_CFG_UNSUPPORTED, "save_strategy",
 				 "'%s': bakery saves by epoch, steps or no", s);
 	}
-	if (p->save_strategy && !strcmp(p->save_strategy, "no"))
-		note_add(m, BK_CFG_NOTE, "save_strategy",
-			 "'no': only final_model/ is kept by bk-bake (bk-step may still write "
-			 "epoch checkpoints, which are removed)");
 }
 
 static void map_perf(mapper *m, const bk_bake_caps *caps)
 {
 	bk_bake_plan *p = m->p;
-	int b = get_bool(m, "gradient_checkpointing");
-	if (b == 1) {
+	int b = get_bool(m, "gradient_checkpointing"), a = get_bool(m, "activation_checkpointing");
+	if (b == 1 || a == 1) {
+		const char *key = b == 1 ? "gradient_checkpointing" : "activation_checkpointing";
 		if (caps->grad_checkpoint)
 			p->grad_checkpoint = 1;
 		else
-			note_add(m, BK_CFG_IGNORED, "gradient_checkpointing",
+			note_add(m, BK_CFG_IGNORED, key,
 				 "this bk-step has no --grad-checkpoint; activations are kept "
 				 "(more memory, same result)");
 	}
@@ -573,74 +939,47 @@ static void map_perf(mapper *m, const bk_bake_caps *caps)
 				 "(adamw_bnb_8bit)", o);
 		}
 	}
-	if (get_bool(m, "use_flash_attention") == 1)
-		note_add(m, BK_CFG_NOTE, "use_flash_attention",
-			 "accepted, no effect: bakery's attention runs over packed sequences "
-			 "with its own kernels; there is no switch");
-	int bf = get_bool(m, "bf16"), fp = get_bool(m, "fp16");
-	if (bf == 1 || fp == 1)
-		note_add(m, BK_CFG_NOTE, bf == 1 ? "bf16" : "fp16",
-			 "accepted: the GPU always computes in bf16 with fp32 accumulation and "
-			 "fp32 master LoRA weights, the CPU twin in fp32");
-	if (fp == 1 && bf == 1)
-		note_add(m, BK_CFG_NOTE, "fp16", "bf16 and fp16 both given: bf16 is what runs");
+	if (get_bool(m, "use_cpu") == 1 || get_bool(m, "no_cuda") == 1)
+		p->device = "cpu";
 }
 
-/* fields of HF TrainingArguments a reference config may carry that only touch
- * logging, hub or data loading: each is named with what bakery does instead */
-static void map_misc(mapper *m)
+static void map_outputs(mapper *m)
 {
-	static const struct {
-		const char *key;
-		bk_cfg_kind kind;
-		const char *text;
-	} misc[] = {
-		{"report_to", BK_CFG_NOTE, "no logging integrations: the metrics stream is "
-					   "output_dir/metrics.bk (bk-dump, bk-plot)"},
-		{"run_name", BK_CFG_NOTE, "no effect (no logging integrations)"},
-		{"logging_dir", BK_CFG_NOTE, "no effect: metrics go to output_dir/metrics.bk"},
-		{"dataloader_num_workers", BK_CFG_NOTE, "no effect: the stages are processes"},
-		{"trust_remote_code", BK_CFG_NOTE, "no effect: bakery runs Llama-family "
-						   "checkpoints with its own code"},
-		{"save_total_limit", BK_CFG_IGNORED, "every checkpoint is kept"},
-		{"eval_steps", BK_CFG_IGNORED, "no validation loss during training; bk-eval "
-					       "runs after it (eval_file, held_out_file)"},
-		{"eval_strategy", BK_CFG_IGNORED, "no validation loss during training; bk-eval "
-						  "runs after it"},
-		{"evaluation_strategy", BK_CFG_IGNORED, "no validation loss during training; "
-							"bk-eval runs after it"},
-		{"validation_split", BK_CFG_IGNORED, "no validation loss during training; give "
-						     "held_out_file for bk-eval"},
-		{"torch_dtype", BK_CFG_NOTE, "weights are read in their stored dtype; the GPU "
-					     "computes in bf16, the CPU in fp32"},
-		{NULL, 0, NULL},
-	};
-	for (int i = 0; misc[i].key; i++) {
-		const bk_cfg_field *f = field(m, misc[i].key);
-		if (f)
-			note_add(m, misc[i].kind, misc[i].key, "%s", misc[i].text);
+	bk_bake_plan *p = m->p;
+	const char *s;
+	if ((s = scalar(m, "output_dir")))
+		p->output_dir = s;
+	p->eval_file = scalar(m, "eval_file");
+	const char *h1 = scalar(m, "heldout_file"), *h2 = scalar(m, "held_out_file");
+	if (h1 && h2 && strcmp(h1, h2))
+		note_add(m, BK_CFG_UNSUPPORTED, "held_out_file",
+			 "'%s' and heldout_file '%s': give one held-out file", h2, h1);
+	p->held_out_file = h1 ? h1 : h2;
+	p->kl_prompts = scalar(m, "kl_prompts");
+	p->template_name = scalar(m, "template");
+	if ((s = scalar(m, "device"))) {
+		if (strcmp(s, "cpu") && strcmp(s, "cuda") && strcmp(s, "auto"))
+			note_add(m, BK_CFG_UNSUPPORTED, "device", "'%s': cpu, cuda or auto", s);
+		else if (strcmp(p->device, "cpu") || !strcmp(s, "cpu"))
+			p->device = s;
+		else
+			note_add(m, BK_CFG_UNSUPPORTED, "device", "'%s' with use_cpu: true", s);
 	}
-	static const char *const refuse[] = {"push_to_hub", "load_in_8bit", "load_in_4bit",
-					     "use_peft", NULL};
-	for (int i = 0; refuse[i]; i++) {
-		int b = get_bool(m, refuse[i]);
-		if (b == 1 && strcmp(refuse[i], "use_peft"))
-			note_add(m, BK_CFG_UNSUPPORTED, refuse[i],
-				 "%s", !strcmp(refuse[i], "push_to_hub")
-					       ? "bakery never uploads; the adapter is in "
-						 "output_dir/final_model"
-					       : "quantised base weights are not supported (bf16 on "
-						 "the GPU, fp32 on the CPU)");
-		if (b == 0 && !strcmp(refuse[i], "use_peft"))
-			note_add(m, BK_CFG_UNSUPPORTED, "use_peft",
-				 "false: bakery only trains LoRA adapters");
+	p->overwrite = get_bool(m, "overwrite_output_dir") == 1;
+	s = scalar(m, "resume_from_checkpoint");
+	if (s) {
+		int b = bool_word(s);
+		if (b == 1)
+			p->resume = "true";
+		else if (b < 0)
+			p->resume = s; /* a directory, checked when the bake starts */
 	}
 }
 
 void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *caps)
 {
 	memset(p, 0, sizeof *p);
-	/* the reference's defaults (HF TrainingArguments + the tool's own) */
+	/* the tool's defaults (HF TrainingArguments + its own) */
 	p->num_trajectories = 4;
 	p->trajectory_length = 128;
 	p->sampling_temperature = 0.8;
@@ -656,9 +995,10 @@ void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *cap
 	p->lora_alpha = 128;
 	p->lora_dropout = 0.05;
 	p->seed = 42;
-	p->logging_steps = 1;
+	p->logging_steps = 1; /* HF: 500; bakery logs every step (the metrics stream) */
 	p->schedule = "linear";
-	p->save_strategy = "epoch";
+	p->save_strategy = "steps";
+	p->save_steps = 500;
 	p->output_dir = "output";
 	p->device = "auto";
 
@@ -666,36 +1006,25 @@ void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *cap
 	map_model(&m);
 	map_system(&m);
 	map_data(&m);
-	map_training(&m);
+	map_training(&m, caps);
 	map_perf(&m, caps);
-	map_misc(&m);
-	const char *s;
-	if ((s = scalar(&m, "output_dir")))
-		p->output_dir = s;
-	p->eval_file = scalar(&m, "eval_file");
-	p->held_out_file = scalar(&m, "held_out_file");
-	p->kl_prompts = scalar(&m, "kl_prompts");
-	p->template_name = scalar(&m, "template");
-	if ((s = scalar(&m, "device"))) {
-		if (strcmp(s, "cpu") && strcmp(s, "cuda") && strcmp(s, "auto"))
-			note_add(&m, BK_CFG_UNSUPPORTED, "device", "'%s': cpu, cuda or auto", s);
-		else
-			p->device = s;
-	}
+	map_outputs(&m);
+	map_table(&m);
+	if (p->data_seed < 0)
+		p->data_seed = p->seed;
 	const char *const files[] = {p->eval_file, p->held_out_file, p->kl_prompts,
 				     p->system_file, p->corpus};
-	const char *const fkeys[] = {"eval_file", "held_out_file", "kl_prompts",
+	const char *const fkeys[] = {"eval_file", "heldout_file", "kl_prompts",
 				     "system_prompt_file", "corpus_file"};
 	for (int i = 0; i < 5; i++)
 		if (files[i] && !is_file(files[i]))
 			note_add(&m, BK_CFG_UNSUPPORTED, fkeys[i], "'%s' is not a readable file",
 				 files[i]);
-	if (p->save_strategy && !strcmp(p->save_strategy, "steps") && !p->save_steps)
-		p->save_steps = 500; /* HF's default */
 	for (size_t i = 0; i < c->n; i++)
 		if (!m.used[i])
 			note_add(&m, BK_CFG_UNKNOWN, c->v[i].key,
-				 "not a field of the reference config (a typo?)");
+				 "not a field of the tool's config classes or of HF "
+				 "TrainingArguments (a typo?); bk-bake --fields lists them");
 	free(m.used);
 }
 
@@ -709,5 +1038,6 @@ void bk_bake_plan_free(bk_bake_plan *p)
 	free(p->prompts.v);
 	free(p->data.v);
 	free(p->target_modules);
+	free(p->system_template_text);
 	memset(p, 0, sizeof *p);
 }

@@ -28,7 +28,8 @@ int bk_cfg_parse(bk_cfg *c, const char *text, size_t len, const char *name, char
 		 size_t errlen);
 /* Reads and parses a file; dies with the one-line message on error. */
 void bk_cfg_load(bk_cfg *c, const char *path);
-/* Sets key to a scalar (a command-line override): replaces the field or adds it. */
+/* Sets key to a scalar (a command-line override): replaces the field or adds it;
+ * "", null, None and ~ are null. */
 void bk_cfg_set(bk_cfg *c, const char *key, const char *value);
 const bk_cfg_field *bk_cfg_get(const bk_cfg *c, const char *key);
 void bk_cfg_free(bk_cfg *c);
@@ -50,8 +51,9 @@ typedef struct {
 
 /* Features of the installed bk-step that some fields need (found from its --help). */
 typedef struct {
-	int grad_checkpoint; /* bk-step --grad-checkpoint */
-	int optim_8bit;      /* bk-step --optim adamw8bit */
+	int grad_checkpoint;  /* bk-step --grad-checkpoint */
+	int optim_8bit;       /* bk-step --optim adamw8bit */
+	int save_total_limit; /* bk-step --save-total-limit */
 } bk_bake_caps;
 
 typedef struct {
@@ -59,33 +61,58 @@ typedef struct {
 	int n;
 } bk_cfg_strs;
 
+/* The tool's wrapper for a corpus without system_prompt_template (data.py). */
+#define BK_TOOL_CORPUS_TEMPLATE                                                         \
+	"You are an AI assistant with specialized knowledge. Here is your knowledge base:" \
+	"\n\n{corpus}\n\nAnswer questions about this knowledge accurately and concisely."
+
 /* The bake, field by field mapped onto stage options.  Strings point into the bk_cfg
  * (or are literals). */
 typedef struct {
-	/* inputs: bk-tokenize (and bk-eval for the system prompt) */
-	const char *model, *system, *system_file, *corpus, *corpus_format,
-		*system_template_text, *template_name;
+	/* inputs: bk-tokenize (and bk-eval for the system prompt).  One source is set, in
+	 * the tool's order: system_prompt, else system_prompt_file (used stripped at both
+	 * ends), else corpus_file rendered by corpus_format (default papers) into
+	 * system_template_text (default BK_TOOL_CORPUS_TEMPLATE, "{{" "}}" unescaped as
+	 * str.format does) */
+	const char *model, *system, *system_file, *corpus, *corpus_format, *template_name;
+	char *system_template_text; /* malloc'd */
 	bk_cfg_strs prompts, data;
 	long max_seq_length;
 	/* bk-gen */
-	long num_trajectories, trajectory_length, epochs, seed;
+	long num_trajectories, trajectory_length, seed, data_seed;
+	double epochs; /* num_train_epochs; may be fractional (HF) */
 	double sampling_temperature, top_p;
 	/* bk-teach (and bk-step, bk-eval: the KL temperature) */
 	double temperature;
 	long top_k;
 	/* bk-lens / bk-step */
-	long batch_size, grad_accum, warmup_steps, lora_r, logging_steps, save_steps;
+	long batch_size, grad_accum, lora_r, max_steps, save_total_limit;
+	/* below 1: a ratio of the total steps (HF), see bk_bake_steps */
+	double warmup_steps, logging_steps, save_steps;
 	double lr, warmup_ratio, weight_decay, max_grad_norm, lora_alpha, lora_dropout;
 	const char *schedule, *save_strategy; /* save_strategy: epoch, steps or no */
 	char *target_modules;                  /* "q_proj,v_proj" or "all-linear" (malloc'd) */
 	int grad_checkpoint, optim_8bit;       /* map to bk-step flags (caps permitting) */
 	/* outputs, evaluation */
 	const char *output_dir, *eval_file, *held_out_file, *kl_prompts, *device;
+	const char *resume; /* resume_from_checkpoint: a directory, or "true" (the last one) */
+	int overwrite;      /* overwrite_output_dir */
 	/* everything said about the fields, in config order */
 	bk_cfg_note *notes;
 	size_t n_notes;
 	int n_refused; /* notes of kind UNSUPPORTED or UNKNOWN */
 } bk_bake_plan;
+
+/* A count of steps given as HF does: v >= 1 steps, 0 < v < 1 ceil(v * total). */
+long bk_bake_steps(double v, long total);
+
+/* Every field bk-bake knows: where it comes from (the tool's BakeryConfig,
+ * DataConfig, LoraConfig, HF TrainingArguments, or a bakery extension), what is done
+ * with it (mapped, note, ignored, refused unless its default) and why. */
+typedef struct {
+	const char *key, *origin, *how, *def, *text;
+} bk_cfg_known;
+const bk_cfg_known *bk_cfg_fields(size_t *n);
 
 /* Maps every field of c (defaults as the reference's); bad values (a word where a
  * number goes) die naming the file, line and field.  Never ignores a field: each one

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# bk-bake: the reference's flat YAML config mapped onto the stages (every field is
-# mapped, noted or refused by name), overrides, one-line YAML errors with the line,
-# and a small whole bake on stories260K with the reference output layout and summary.
+# bk-bake: the Python tool's flat YAML config mapped onto the stages (every field of its
+# config classes and of HF TrainingArguments is mapped, noted or refused by name, held
+# against tests/data/bake/tool-fields.txt), its four example configs run unchanged but
+# for local paths, overrides, one-line YAML errors with the line, and small bakes on
+# stories260K: output_dir as the tool leaves it (final_model/, checkpoint-*, results.json
+# with its keys), a summary computed over every step, resume and overwrite as HF, the
+# tool's system-prompt rules.
 . "$(dirname "$0")/lib.sh"
 S="Sparky the dragon lives in a big castle. Sparky loves to fly."
 
@@ -72,8 +76,8 @@ test_expect_success 'a config with every reference field is accepted; what diffe
 	{ grep -q -- "--grad-checkpoint" plan || grep -q "every.yaml:32: ignored .gradient_checkpointing." notes; } &&
 	test $(grep -c "" notes) -le 4 &&
 	grep -q "^bk-tokenize .*--system .Sparky.*--prompt .Once upon a time. --prompt .The sky was blue." plan &&
-	grep -q "bk-gen .*--num-trajectories 2 --temperature 0.7 --top-p 0.95 --max-new-tokens 8 --epochs 1 --seed 3" plan &&
-	grep -q "bk-step .*--batch-size 4 --grad-accum 2 .*--lr 0.0001 --schedule cosine --warmup-ratio 0.1 --weight-decay 0.01 --max-grad-norm 1 --lora-r 4 --lora-alpha 8 --lora-dropout 0.05 --target-modules q_proj,v_proj .*--seed 3 --logging-steps 1 --save-steps 1" plan &&
+	grep -q "bk-gen .*--num-trajectories 2 --temperature 0.7 --top-p 0.95 --max-new-tokens 8 --seed 3" plan &&
+	grep -q "bk-step .*--out [^ ]* --grad-accum 2 .*--lr 0.0001 --schedule cosine --warmup-ratio 0.1 --weight-decay 0.01 --max-grad-norm 1 --lora-r 4 --lora-alpha 8 --lora-dropout 0.05 --target-modules q_proj,v_proj .*--seed 3 --logging-steps 1 --save-steps 1" plan &&
 	grep -q "^bk-eval .*--eval .*sparky-qa.json" plan
 '
 
@@ -84,16 +88,17 @@ test_expect_success 'overrides win over the file (--field value and --field=valu
 
 test_expect_success 'an unknown field or an unsupported value refuses the bake, naming each' '
 	cp every.yaml typo.yaml && echo "learning_rat: 3" >>typo.yaml &&
-	test_must_fail bk-bake --dry-run typo.yaml 2>err &&
-	grep -q "typo.yaml:36: unknown .learning_rat.: not a field of the reference config" err &&
-	test_must_fail bk-bake --dry-run every.yaml --lr_scheduler_type polynomial --optim sgd 2>err &&
+	{ bk-bake --dry-run typo.yaml 2>err; test $? = 1; } &&
+	grep -q "typo.yaml:36: unknown .learning_rat.: not a field of the tool.s config classes or of HF TrainingArguments" err &&
+	{ bk-bake --dry-run every.yaml --lr_scheduler_type polynomial --optim sgd --adam_beta1 0.8 2>err; test $? = 1; } &&
 	grep -q "unsupported .lr_scheduler_type.: .polynomial." err &&
 	grep -q "unsupported .optim.: .sgd." err &&
-	grep -q "2 fields cannot be baked" err
+	grep -q "unsupported .adam_beta1.: .0.8.: bk-step.s AdamW has beta1 0.9" err &&
+	grep -q "3 fields cannot be baked" err
 '
 
 test_expect_success 'a hub model id is refused with the reason' '
-	test_must_fail bk-bake --dry-run every.yaml --model_name_or_path meta-llama/Llama-2-7b-chat-hf 2>err &&
+	{ bk-bake --dry-run every.yaml --model_name_or_path meta-llama/Llama-2-7b-chat-hf 2>err; test $? = 1; } &&
 	grep -q "unsupported .model_name_or_path.: .meta-llama/Llama-2-7b-chat-hf. is a hub model id, not a local directory" err
 '
 
@@ -109,33 +114,127 @@ test_expect_success 'a bad YAML file is one error line with its line number' '
 	grep -q "num.yaml:1: field .seed.: .x. is not a number" err
 '
 
-test_expect_success 'a small bake writes output_dir in the reference layout and a summary' '
+test_expect_success 'bk-bake --fields covers the tool.s config classes and TrainingArguments, no more' '
+	bk-bake --fields >fields &&
+	awk -F"\t" "NR > 1 && \$2 ~ /^(BakeryConfig|DataConfig|LoraConfig|TrainingArguments)\$/ {print \$2, \$1}" fields | sort >ours &&
+	grep -v "^#" "$DATA/bake/tool-fields.txt" | sort >theirs &&
+	test $(grep -c "" theirs) -gt 140 &&
+	test_cmp theirs ours &&
+	awk -F"\t" "NR > 1 && (\$3 == \"\" || \$5 == \"\") {print; bad = 1} END {exit bad}" fields
+'
+
+test_expect_success 'the tool.s example configs run with only the model (and dataset) local (borealis_1b: its plan)' '
+	bk-bake --dry-run "$DATA/bake/tool/borealis_1b.yaml" --model_name_or_path "$MODELS/stories260K" >plan 2>notes &&
+	! grep -q "unsupported\|unknown\|ignored" notes &&
+	grep -q "bk-step .*--max-steps STEPS --lr 0.0001 --schedule cosine --warmup-ratio 0.1 .*--lora-r 64 --lora-alpha 128 .*--grad-checkpoint" plan &&
+	for y in basic performance sft_dataset; do
+		bk-bake "$DATA/bake/tool/$y.yaml" --model_name_or_path "$MODELS/stories260K" \
+			$(test $y = sft_dataset && echo --dataset "$ROOT/pipelines/examples/data/chat.json") \
+			>sum-$y 2>notes-$y || { cat notes-$y; exit 1; }
+		cat notes-$y
+		! grep -q "unsupported\|unknown\|ignored" notes-$y || exit 1
+	done &&
+	grep -q "attn_implementation.: no effect" notes-basic &&
+	grep -q "dataset_split.: .train_sft\[:1000\]. applies to hub datasets" notes-sft_dataset &&
+	grep -q "^optimizer steps *15 " sum-basic && grep -q "^optimizer steps *3 " sum-performance &&
+	grep -q "^optimizer steps *3 " sum-performance &&
+	for d in basic performance sft_bake; do
+		test -f outputs/$d/final_model/adapter_model.safetensors &&
+		test -f outputs/$d/final_model/tokenizer.model &&
+		test -f outputs/$d/final_model/tokenizer_config.json &&
+		grep -q "^library_name: peft" outputs/$d/final_model/README.md &&
+		jq -e "(.prompt_tokens | type) == \"number\" and (keys - [\"bakery\", \"prompt_tokens\"]) == []" outputs/$d/results.json || exit 1
+	done &&
+	ls -d outputs/basic/checkpoint-5 outputs/basic/checkpoint-10 outputs/basic/checkpoint-15 &&
+	jq -e ".r == 64 and .lora_alpha == 128" outputs/basic/final_model/adapter_config.json
+'
+
+test_expect_success 'a small bake: the tool.s results.json, final_model, metrics, and a summary' '
 	n=$(grep -c . "$DATA/pipe/stories.txt") &&
-	bk-bake small.yaml >summary &&
+	bk-bake small.yaml --heldout_file "$ROOT/pipelines/examples/data/sparky-qa.json" >summary &&
 	cat summary &&
 	test -f out/final_model/adapter_model.safetensors &&
 	test -f out/final_model/adapter_config.json &&
-	test -f out/final_model/tokenizer.model &&
-	test -d out/checkpoint-2 && test -f out/results.json && test -f out/metrics.bk &&
-	jq -e ".eval.samples == 10 and .system_prompt_tokens > 0" out/results.json &&
+	test -f out/final_model/tokenizer.model && test -f out/final_model/README.md &&
+	test -d out/checkpoint-2 && test -f out/metrics.bk &&
+	jq -e "keys == [\"baked_eval\", \"baked_heldout\", \"bakery\", \"baseline_discrete\", \"baseline_none\", \"heldout_discrete\", \"prompt_tokens\"]" out/results.json &&
+	for k in baseline_none baseline_discrete heldout_discrete baked_eval baked_heldout; do
+		jq -e ".$k | (keys == [\"accuracy\", \"correct\", \"results\", \"total\"]) and .total == 10 and (.results | length) == 10 and .accuracy == .correct / .total and (.results[0] | keys) == [\"correct\", \"question\", \"response\"]" out/results.json || exit 1
+	done &&
+	jq -e ".prompt_tokens == .bakery.system_prompt_tokens + 1 and .bakery.train.steps > 0" out/results.json &&
+	jq -e ".baseline_discrete.results | map(.response == (.response | ascii_downcase) and (.response | length) <= 200) | all" out/results.json &&
 	steps=$(( (n + 1) / 2 )) &&
 	grep -q "^optimizer steps *$steps " summary &&
 	grep -q "^data *$n prompts x 2 trajectories" summary &&
-	grep -q "^system prompt *[0-9][0-9]* tokens" summary &&
-	grep -q "^final loss *[0-9]" summary &&
+	grep -q "^system prompt *36 tokens" summary &&
 	grep -q "^eval accuracy *10 samples: baseline" summary &&
+	grep -q "^held-out accuracy *10 samples: prompted" summary &&
 	grep -q "^adapter *out/final_model" summary &&
-	test "$(bk-dump out/metrics.bk | jq -s "map(select(.step)) | length")" = $steps
+	test "$(bk-dump out/metrics.bk | jq -s "map(select(.step)) | length")" = $steps &&
+	test "$(bk-dump out/metrics.bk | jq -r "select(.final) | .final")" = out/final_model
 '
 
-test_expect_success 'a second bake into the same output_dir is refused' '
-	test_must_fail bk-bake small.yaml 2>err &&
-	grep -q "holds a previous bake" err
+test_expect_success 'the summary is computed over every step, whatever logging_steps is' '
+	bk-bake small.yaml --output_dir l1 --eval_file null --logging_steps 1 >s1 &&
+	bk-bake small.yaml --output_dir l2 --eval_file null --logging_steps 2 >s2 &&
+	bk-bake small.yaml --output_dir l9 --eval_file null --logging_steps 9 >s9 &&
+	steps=$(bk-dump l1/metrics.bk | jq -s "map(select(.step)) | length") &&
+	mean=$(bk-dump l1/metrics.bk | jq -s "map(select(.step) | .loss) | add / length * 10000 | round") &&
+	test $steps -gt 2 &&
+	for s in s1 s2 s9; do
+		grep -q "^optimizer steps *$steps " $s &&
+		m=$(sed -n "s/^mean loss *\([0-9.]*\) over $steps steps.*/\1/p" $s) &&
+		test "$(echo "$m * 10000 / 1" | bc)" -ge $((mean - 1)) &&
+		test "$(echo "$m * 10000 / 1" | bc)" -le $((mean + 1)) || exit 1
+	done &&
+	jq -e "keys == [\"bakery\", \"prompt_tokens\"] and .prompt_tokens == 36" l9/results.json
+'
+
+test_expect_success 'fractional num_train_epochs and max_steps count steps as HF' '
+	bk-bake small.yaml --output_dir fr --eval_file null --num_train_epochs 1.5 >s &&
+	n=$(grep -c . "$DATA/pipe/stories.txt") && per=$(( (n + 1) / 2 )) &&
+	want=$(( (3 * per + 1) / 2 )) &&
+	grep -q "^optimizer steps *$want " s &&
+	bk-bake small.yaml --output_dir ms --eval_file null --max_steps 2 >s &&
+	grep -q "^optimizer steps *2 " s
+'
+
+test_expect_success 'writing into an existing output_dir, overwrite_output_dir, resume_from_checkpoint' '
+	bk-bake small.yaml --output_dir re --eval_file null --save_steps 1 >/dev/null &&
+	ls -d re/checkpoint-1 re/checkpoint-2 &&
+	cp re/final_model/adapter_model.safetensors full.safetensors &&
+	bk-bake small.yaml --output_dir re --eval_file null --save_steps 1 --max_steps 2 >/dev/null &&
+	ls -d re/checkpoint-1 re/checkpoint-2 && ! test -d re/checkpoint-3 &&
+	jq -e ".bakery.train.steps == 2" re/results.json &&
+	bk-bake small.yaml --output_dir re --eval_file null --save_strategy no --overwrite_output_dir true >/dev/null &&
+	! ls -d re/checkpoint-* 2>/dev/null && test -f re/final_model/adapter_model.safetensors &&
+	bk-bake small.yaml --output_dir rs --eval_file null --save_steps 1 >/dev/null &&
+	cp rs/final_model/adapter_model.safetensors whole.safetensors &&
+	bk-bake small.yaml --output_dir rs --eval_file null --save_steps 1 --resume_from_checkpoint rs/checkpoint-2 >s &&
+	grep -q "resuming from rs/checkpoint-2 at step 2" rs/logs/bk-step.log &&
+	cmp whole.safetensors rs/final_model/adapter_model.safetensors &&
+	bk-bake small.yaml --output_dir rs --eval_file null --save_steps 1 --resume_from_checkpoint true >s &&
+	grep -q "resuming from rs/checkpoint-3 at step 3" rs/logs/bk-step.log &&
+	{ bk-bake small.yaml --output_dir none --eval_file null --resume_from_checkpoint true 2>err; test $? = 1; } &&
+	grep -q "holds no checkpoint-N" err
+'
+
+test_expect_success 'the system prompt as the tool builds it: file stripped, system_prompt first' '
+	printf "  \n\t$S \n\n" >sys.txt &&
+	bk-bake small.yaml --output_dir sf --eval_file null --system_prompt "" --system_prompt_file sys.txt >s &&
+	printf "%s" "$S" | cmp - sf/system_prompt.txt &&
+	jq -e ".prompt_tokens == 36" sf/results.json &&
+	bk-bake --dry-run small.yaml --corpus_file "$ROOT/pipelines/examples/data/papers.json" >plan 2>notes &&
+	grep -q "note .corpus_file.: not used: system_prompt is given" notes &&
+	grep -q "^bk-tokenize .*--system .Sparky" plan && ! grep -q -- "--corpus" plan &&
+	bk-bake --dry-run small.yaml --system_prompt "" --corpus_file "$ROOT/pipelines/examples/data/papers.json" >plan &&
+	grep -q "the tool.s default wrapper" plan &&
+	grep -q -- "--corpus-format papers --system-template out/system_template.txt" plan
 '
 
 test_expect_success 'a failing stage is named, with the end of its log' '
 	printf "{not json\n" >broken.json &&
-	test_must_fail bk-bake small.yaml --output_dir out2 --prompts_file broken.json 2>err &&
+	{ bk-bake small.yaml --output_dir out2 --prompts_file broken.json 2>err; test $? = 1; } &&
 	grep -q "broken.json" err && grep -q "stage bk-tokenize failed (exit 1); its log: out2/logs/bk-tokenize.log" err
 '
 

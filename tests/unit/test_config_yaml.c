@@ -126,7 +126,7 @@ static void test_mapping(void)
 	char err[256];
 	bk_cfg c;
 	CHECK(parse(&c, every_field, err, sizeof err) == 0, "%s", err);
-	bk_bake_caps none = {0, 0}, all = {1, 1};
+	bk_bake_caps none = {0, 0, 0}, all = {1, 1, 1};
 	bk_bake_plan p;
 	bk_bake_plan_make(&p, &c, &none);
 	CHECK(!strcmp(p.model, "models/stories260K"), "model");
@@ -151,7 +151,8 @@ static void test_mapping(void)
 	CHECK(!p.optim_8bit && !p.grad_checkpoint, "features off");
 	n = note_for(&p, "use_flash_attention");
 	CHECK(n && n->kind == BK_CFG_NOTE && strstr(n->text, "no effect"), "flash attention");
-	CHECK(note_for(&p, "bf16") && note_for(&p, "report_to"), "bf16, report_to noted");
+	CHECK(note_for(&p, "bf16") && !note_for(&p, "report_to"),
+	      "bf16 (not its default) noted, report_to (its default, none) silent");
 	/* the typo is unknown, and the only refusal */
 	n = note_for(&p, "learning_rat");
 	CHECK(n && n->kind == BK_CFG_UNKNOWN && n->line == 38, "unknown field");
@@ -186,21 +187,26 @@ static void test_refusals(void)
 		    "optim: sgd\n"
 		    "target_modules: [q_proj, lm_head]\n"
 		    "num_train_epochs: 1.5\n"
-		    "load_in_4bit: true\n",
+		    "load_in_4bit: true\n"
+		    "adam_beta2: 0.98\n"
+		    "neftune_noise_alpha: 5\n"
+		    "bias: all\n",
 		    err, sizeof err) == 0, "%s", err);
-	bk_bake_caps caps = {1, 1};
+	bk_bake_caps caps = {1, 1, 1};
 	bk_bake_plan p;
 	bk_bake_plan_make(&p, &c, &caps);
 	const bk_cfg_note *n = note_for(&p, "model_name_or_path");
 	CHECK(n && n->kind == BK_CFG_UNSUPPORTED && strstr(n->text, "hub model id") && n->line == 1,
 	      "hub id");
 	static const char *const keys[] = {"lr_scheduler_type", "optim", "target_modules",
-					   "num_train_epochs", "load_in_4bit", NULL};
+					   "load_in_4bit", "adam_beta2", "neftune_noise_alpha",
+					   "bias", NULL};
 	for (int i = 0; keys[i]; i++) {
 		n = note_for(&p, keys[i]);
 		CHECK(n && n->kind == BK_CFG_UNSUPPORTED, "%s refused", keys[i]);
 	}
-	CHECK(p.n_refused == 6, "%d refused", p.n_refused);
+	CHECK(p.n_refused == 8, "%d refused", p.n_refused);
+	CHECK(p.epochs == 1.5 && !note_for(&p, "num_train_epochs"), "fractional epochs, as HF");
 	bk_bake_plan_free(&p);
 	bk_cfg_free(&c);
 
@@ -215,8 +221,116 @@ static void test_refusals(void)
 	bk_cfg_free(&c);
 }
 
+/* the tool's own field names and HF fields it documents; its defaults (item 4) */
+static void test_tool_fields(void)
+{
+	char err[256];
+	bk_cfg c;
+	CHECK(parse(&c,
+		    "model_name_or_path: models/stories260K\n"
+		    "system_prompt: Be brief.\n"
+		    "system_prompt_file: tests/data/bake/tiny.yaml\n"
+		    "training_prompts: [a, b]\n"
+		    "r: 16\n"
+		    "heldout_file: pipelines/examples/data/sparky-qa.json\n"
+		    "attn_implementation: sdpa\n"
+		    "dataset_split: train_sft[:10]\n"
+		    "use_unsloth: true\n"
+		    "auto_install_optional_deps: true\n"
+		    "bias: none\n"
+		    "bnb_4bit_quant_type: nf4\n"
+		    "max_steps: 7\n"
+		    "adam_beta1: 0.9\n"
+		    "adam_epsilon: 1e-8\n"
+		    "logging_first_step: true\n"
+		    "overwrite_output_dir: true\n"
+		    "resume_from_checkpoint: true\n"
+		    "per_device_eval_batch_size: 4\n"
+		    "disable_tqdm: true\n"
+		    "do_train: true\n"
+		    "full_determinism: false\n"
+		    "data_seed: 9\n"
+		    "use_cpu: true\n"
+		    "torch_compile: false\n"
+		    "label_smoothing_factor: 0.1\n"
+		    "warmup_steps: 0.25\n"
+		    "save_total_limit: 2\n"
+		    "num_train_epochs: 0.5\n",
+		    err, sizeof err) == 0, "%s", err);
+	bk_bake_caps caps = {1, 1, 1};
+	bk_bake_plan p;
+	bk_bake_plan_make(&p, &c, &caps);
+	for (size_t i = 0; i < p.n_notes; i++)
+		CHECK(p.notes[i].kind <= BK_CFG_IGNORED, "%s refused: %s", p.notes[i].key,
+		      p.notes[i].text);
+	CHECK(p.n_refused == 0, "%d refused", p.n_refused);
+	CHECK(p.lora_r == 16, "r -> lora_r");
+	CHECK(p.held_out_file && strstr(p.held_out_file, "sparky"), "heldout_file");
+	CHECK(p.lora_dropout == 0, "use_unsloth: dropout 0");
+	CHECK(p.max_steps == 7 && p.epochs == 0.5, "max_steps, fractional epochs");
+	CHECK(p.overwrite && p.resume && !strcmp(p.resume, "true"), "overwrite, resume");
+	CHECK(p.data_seed == 9 && p.seed == 42, "data_seed");
+	CHECK(!strcmp(p.device, "cpu"), "use_cpu");
+	CHECK(p.warmup_steps == 0.25 && bk_bake_steps(p.warmup_steps, 10) == 3, "warmup ratio");
+	CHECK(p.save_total_limit == 2, "save_total_limit");
+	CHECK(p.system && !p.system_file, "system_prompt wins over the file");
+	const bk_cfg_note *n = note_for(&p, "system_prompt_file");
+	CHECK(n && n->kind == BK_CFG_NOTE && strstr(n->text, "not used"), "the file is named");
+	CHECK(note_for(&p, "attn_implementation") && note_for(&p, "label_smoothing_factor") &&
+		      note_for(&p, "logging_first_step"), "no-effect fields noted");
+	CHECK(!note_for(&p, "bias") && !note_for(&p, "adam_beta1") && !note_for(&p, "full_determinism"),
+	      "defaults are silent");
+	bk_bake_plan_free(&p);
+	/* without bk-step's --save-total-limit: ignored, not refused */
+	bk_bake_caps old = {1, 1, 0};
+	bk_bake_plan_make(&p, &c, &old);
+	n = note_for(&p, "save_total_limit");
+	CHECK(n && n->kind == BK_CFG_IGNORED && !p.save_total_limit, "old bk-step");
+	bk_bake_plan_free(&p);
+	bk_cfg_free(&c);
+
+	/* a corpus without a template: the tool's papers format and wrapper */
+	CHECK(parse(&c,
+		    "model_name_or_path: models/stories260K\n"
+		    "corpus_file: pipelines/examples/data/papers.json\n"
+		    "training_prompts: [a]\n",
+		    err, sizeof err) == 0, "%s", err);
+	bk_bake_plan_make(&p, &c, &caps);
+	CHECK(p.n_refused == 0 && !strcmp(p.corpus_format, "papers") &&
+		      !strcmp(p.system_template_text, BK_TOOL_CORPUS_TEMPLATE), "corpus defaults");
+	bk_bake_plan_free(&p);
+	bk_cfg_set(&c, "system_prompt_template", "{{Known}}: {corpus}");
+	bk_bake_plan_make(&p, &c, &caps);
+	CHECK(p.n_refused == 0 && !strcmp(p.system_template_text, "{Known}: {corpus}"),
+	      "str.format braces: '%s'", p.system_template_text);
+	bk_bake_plan_free(&p);
+	bk_cfg_set(&c, "system_prompt_template", "{name}: {corpus}");
+	bk_bake_plan_make(&p, &c, &caps);
+	CHECK(p.n_refused == 1 && note_for(&p, "system_prompt_template"), "another field");
+	bk_bake_plan_free(&p);
+	bk_cfg_free(&c);
+}
+
+/* every known field has an origin, a handling and a reason; no key twice */
+static void test_known(void)
+{
+	size_t n;
+	const bk_cfg_known *k = bk_cfg_fields(&n);
+	CHECK(n > 150, "%zu fields", n);
+	for (size_t i = 0; i < n; i++) {
+		CHECK(k[i].origin && *k[i].text, "%s", k[i].key);
+		CHECK(!strcmp(k[i].how, "mapped") || !strcmp(k[i].how, "note") ||
+			      !strcmp(k[i].how, "ignored") || !strcmp(k[i].how, "refused"),
+		      "%s: %s", k[i].key, k[i].how);
+		for (size_t j = 0; j < i; j++)
+			CHECK(strcmp(k[i].key, k[j].key), "%s twice", k[i].key);
+	}
+}
+
 int main(void)
 {
+	test_tool_fields();
+	test_known();
 	test_parse();
 	test_errors();
 	test_mapping();

@@ -1,0 +1,430 @@
+/* bakeout.c - output_dir in the reference tool's layout (see bakeout.h): results.json
+ * keys and shapes, model card, metrics final path, last checkpoint, trainer figures. */
+#include "formats/bakeout.h"
+#include "common/diag.h"
+#include "common/files.h"
+#include "formats/stream.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- text as Python sees it ---- */
+
+/* one UTF-8 code point at s (n bytes in *len); invalid bytes are one-byte points */
+static uint32_t utf8_at(const unsigned char *s, int *len)
+{
+	if (s[0] < 0x80) {
+		*len = 1;
+		return s[0];
+	}
+	int n = s[0] >= 0xf0 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc0 ? 2 : 1;
+	uint32_t c = n == 1 ? s[0] : s[0] & (0x7f >> n);
+	for (int i = 1; i < n; i++) {
+		if ((s[i] & 0xc0) != 0x80) {
+			*len = 1;
+			return s[0];
+		}
+		c = (c << 6) | (s[i] & 0x3f);
+	}
+	*len = n;
+	return c;
+}
+
+/* Python's str.isspace() */
+static int py_space(uint32_t c)
+{
+	return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
+	       c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
+	       c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+char *bk_bake_strip(const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s, *start = NULL, *end = p;
+	while (*p) {
+		int n;
+		uint32_t c = utf8_at(p, &n);
+		if (!py_space(c)) {
+			if (!start)
+				start = p;
+			end = p + n;
+		}
+		p += n;
+	}
+	if (!start)
+		return xstrdup("");
+	return xstrndup((const char *)start, (size_t)(end - start));
+}
+
+static uint32_t py_lower(uint32_t c)
+{
+	if ((c >= 'A' && c <= 'Z') || (c >= 0xc0 && c <= 0xde && c != 0xd7) ||
+	    (c >= 0x391 && c <= 0x3ab && c != 0x3a2) || (c >= 0x410 && c <= 0x42f))
+		return c + 0x20;
+	if (c >= 0x400 && c <= 0x40f)
+		return c + 0x50;
+	if (c >= 0x100 && c <= 0x17f && c != 0x130 && c != 0x138 && c != 0x149 && c != 0x17f) {
+		/* pairs: even upper / odd lower in 0100-0137 and 014a-0177; odd upper / even
+		 * lower in 0139-0148 and 0179-017e; 0178 is Ÿ -> ÿ */
+		if (c == 0x178)
+			return 0xff;
+		if ((c <= 0x137 || (c >= 0x14a && c <= 0x177)) && !(c & 1))
+			return c + 1;
+		if (((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17e)) && (c & 1))
+			return c + 1;
+	}
+	return c;
+}
+
+static int utf8_put(uint32_t c, char *out)
+{
+	if (c < 0x80) {
+		out[0] = (char)c;
+		return 1;
+	}
+	if (c < 0x800) {
+		out[0] = (char)(0xc0 | (c >> 6));
+		out[1] = (char)(0x80 | (c & 0x3f));
+		return 2;
+	}
+	if (c < 0x10000) {
+		out[0] = (char)(0xe0 | (c >> 12));
+		out[1] = (char)(0x80 | ((c >> 6) & 0x3f));
+		out[2] = (char)(0x80 | (c & 0x3f));
+		return 3;
+	}
+	out[0] = (char)(0xf0 | (c >> 18));
+	out[1] = (char)(0x80 | ((c >> 12) & 0x3f));
+	out[2] = (char)(0x80 | ((c >> 6) & 0x3f));
+	out[3] = (char)(0x80 | (c & 0x3f));
+	return 4;
+}
+
+void bk_bake_lower(char *s)
+{
+	/* every mapping above keeps the UTF-8 length (all within one length class) */
+	unsigned char *p = (unsigned char *)s;
+	while (*p) {
+		int n;
+		uint32_t c = utf8_at(p, &n);
+		uint32_t l = py_lower(c);
+		if (l != c) {
+			char buf[4];
+			if (utf8_put(l, buf) == n)
+				memcpy(p, buf, (size_t)n);
+		}
+		p += n;
+	}
+}
+
+char *bk_bake_response_text(const char *answer)
+{
+	/* re.sub(r"<think>.*?</think>", "", response, flags=re.DOTALL) */
+	size_t len = strlen(answer);
+	char *cut = xmalloc(len + 1), *o = cut;
+	const char *p = answer;
+	for (;;) {
+		const char *a = strstr(p, "<think>");
+		const char *b = a ? strstr(a + 7, "</think>") : NULL;
+		if (!b) {
+			strcpy(o, p);
+			break;
+		}
+		memcpy(o, p, (size_t)(a - p));
+		o += a - p;
+		p = b + 8;
+	}
+	char *s = bk_bake_strip(cut);
+	free(cut);
+	bk_bake_lower(s);
+	/* [:200] in code points */
+	unsigned char *q = (unsigned char *)s;
+	for (int i = 0; *q && i < 200; i++) {
+		int n;
+		utf8_at(q, &n);
+		q += n;
+	}
+	*q = 0;
+	return s;
+}
+
+int64_t bk_bake_prompt_tokens(const char *model_dir, int64_t sp_tokens)
+{
+	char *p = bk_path_join(model_dir, "tokenizer_config.json");
+	json_t *tc = bk_file_exists(p) ? json_load_file(p, 0, NULL) : NULL;
+	free(p);
+	json_t *b = tc ? json_object_get(tc, "add_bos_token") : NULL;
+	int bos = !b || json_is_true(b);
+	json_decref(tc);
+	return sp_tokens + bos;
+}
+
+/* ---- results.json ---- */
+
+static void bad_shape(const char *path, const char *what)
+{
+	die("%s: not bk-eval's output: %s", path, what);
+}
+
+/* {accuracy, correct, total, results} of one configuration of one Q&A set: the
+ * examples of that set are ex[first .. first + 3 * n), config-major */
+static json_t *tool_set(const json_t *ex, size_t first, size_t n, const char *config,
+			const char *path)
+{
+	json_t *results = json_array();
+	size_t correct = 0;
+	for (size_t i = first; i < first + 3 * n; i++) {
+		json_t *e = json_array_get(ex, i);
+		const char *c = json_string_value(json_object_get(e, "config"));
+		const char *q = json_string_value(json_object_get(e, "question"));
+		const char *a = json_string_value(json_object_get(e, "answer"));
+		json_t *ok = json_object_get(e, "correct");
+		if (!c || !q || !a || !json_is_boolean(ok))
+			bad_shape(path, "an example without config, question, answer and correct");
+		if (strcmp(c, config))
+			continue;
+		char *r = bk_bake_response_text(a);
+		json_array_append_new(results, json_pack("{s:s, s:s, s:b}", "question", q, "response",
+							 r, "correct", json_is_true(ok)));
+		free(r);
+		correct += json_is_true(ok);
+	}
+	if (json_array_size(results) != n)
+		bad_shape(path, "the examples do not cover every question (bk-eval --show)");
+	return json_pack("{s:f, s:I, s:I, s:o}", "accuracy", n ? (double)correct / (double)n : 0.0,
+			 "correct", (json_int_t)correct, "total", (json_int_t)n, "results", results);
+}
+
+json_t *bk_bake_results(const json_t *bkeval, const char *bkeval_path, int64_t prompt_tokens,
+			int has_eval, int has_held_out, json_t *train)
+{
+	json_t *res = json_pack("{s:I}", "prompt_tokens", (json_int_t)prompt_tokens);
+	json_t *ours = json_object();
+	if (bkeval) {
+		const json_t *ex = json_object_get(bkeval, "examples");
+		if (!json_is_array(ex))
+			bad_shape(bkeval_path, "no examples");
+		size_t ne = 0, nh = 0;
+		json_t *e = json_object_get(bkeval, "eval"), *h = json_object_get(bkeval, "held_out");
+		if (has_eval) {
+			if (!json_is_integer(json_object_get(e, "samples")))
+				bad_shape(bkeval_path, "no eval.samples");
+			ne = (size_t)json_integer_value(json_object_get(e, "samples"));
+		}
+		if (has_held_out) {
+			if (!json_is_integer(json_object_get(h, "samples")))
+				bad_shape(bkeval_path, "no held_out.samples");
+			nh = (size_t)json_integer_value(json_object_get(h, "samples"));
+		}
+		if (json_array_size(ex) != 3 * (ne + nh))
+			bad_shape(bkeval_path, "the examples do not cover every question (bk-eval --show)");
+		/* as the tool: baselines only with an eval set; held-out discrete only then */
+		if (has_eval) {
+			json_object_set_new(res, "baseline_none", tool_set(ex, 0, ne, "baseline", bkeval_path));
+			json_object_set_new(res, "baseline_discrete",
+					    tool_set(ex, 0, ne, "discrete", bkeval_path));
+			if (has_held_out)
+				json_object_set_new(res, "heldout_discrete",
+						    tool_set(ex, 3 * ne, nh, "discrete", bkeval_path));
+			json_object_set_new(res, "baked_eval", tool_set(ex, 0, ne, "baked", bkeval_path));
+		}
+		if (has_held_out)
+			json_object_set_new(res, "baked_heldout",
+					    tool_set(ex, 3 * ne, nh, "baked", bkeval_path));
+		json_object_update(ours, (json_t *)bkeval);
+		/* the held-out baseline (no prompt) the tool does not run, and the held-out
+		 * discrete figure without an eval set, stay in bakery's part */
+	}
+	if (train)
+		json_object_set(ours, "train", train);
+	json_object_set_new(res, "bakery", ours);
+	return res;
+}
+
+/* ---- trainer state ---- */
+
+static double num_at(json_t *o, const char *k, const char *path)
+{
+	json_t *v = json_object_get(o, k);
+	if (!json_is_number(v))
+		die("%s: no number '%s'", path, k);
+	return json_number_value(v);
+}
+
+void bk_bake_train_read(const char *dir, bk_bake_train *t)
+{
+	char *p = bk_path_join(dir, "trainer_state.json");
+	json_error_t err;
+	json_t *st = json_load_file(p, 0, &err);
+	if (!st)
+		die("%s:%d: %s", p, err.line, err.text);
+	json_t *pr = json_object_get(st, "progress");
+	if (!json_is_object(pr))
+		die("%s: no 'progress'", p);
+	t->steps = (int64_t)num_at(st, "step", p);
+	t->records = (int64_t)num_at(pr, "records", p);
+	t->tokens = (int64_t)num_at(pr, "tokens", p);
+	t->loss_sum = num_at(pr, "loss_sum", p);
+	t->elapsed = num_at(pr, "elapsed", p);
+	t->mean_loss = t->steps > 0 ? t->loss_sum / (double)t->steps : NAN;
+	json_decref(st);
+	free(p);
+}
+
+/* ---- metrics ---- */
+
+void bk_bake_metrics_final(const char *path, const char *from, const char *to)
+{
+	bk_reader *r = bk_reader_open(path);
+	char *tmp = xasprintf("%s.final", path);
+	bk_writer *w = bk_writer_open(tmp);
+	bk_writer_header_obj(w, bk_reader_provenance(r), NULL, 0);
+	const msgpack_object *rec;
+	static const char *const skip[] = {"final", NULL};
+	while ((rec = bk_reader_next(r))) {
+		const msgpack_object *f = bk_obj_get(rec, "final");
+		if (f && bk_obj_is(f, from)) {
+			msgpack_packer *pk = bk_rec_begin(w);
+			bk_rec_copy(w, rec, skip);
+			bk_rec_key(w, "final");
+			bk_pack_str(pk, to);
+			bk_rec_end(w);
+		} else {
+			size_t len;
+			const char *raw = bk_reader_raw(r, &len);
+			bk_writer_raw(w, raw, len);
+		}
+	}
+	bk_reader_close(r);
+	bk_writer_close(w);
+	if (rename(tmp, path))
+		die("%s -> %s: %s", tmp, path, strerror(errno));
+	free(tmp);
+}
+
+/* ---- output_dir ---- */
+
+char *bk_bake_last_checkpoint(const char *output_dir)
+{
+	DIR *d = opendir(output_dir);
+	if (!d)
+		return NULL;
+	struct dirent *e;
+	long best = -1;
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, "checkpoint-", 11))
+			continue;
+		char *end;
+		const char *n = e->d_name + 11;
+		long v = strtol(n, &end, 10);
+		if (end == n || *end || v < 0)
+			continue;
+		char *p = bk_path_join(output_dir, e->d_name), *ts = bk_path_join(p, "trainer_state.json");
+		if (bk_file_exists(ts) && v > best)
+			best = v;
+		free(ts);
+		free(p);
+	}
+	closedir(d);
+	return best < 0 ? NULL : xasprintf("%s/checkpoint-%ld", output_dir, best);
+}
+
+void bk_bake_model_card(const char *dir, const char *base_model, const char *body)
+{
+	char *text = xasprintf("---\nbase_model: %s\nlibrary_name: peft\ntags:\n- lora\n"
+			       "- prompt-baking\n- bakery\n---\n\n# Prompt-baked LoRA adapter\n\n"
+			       "%s",
+			       base_model, body ? body : "");
+	char *p = bk_path_join(dir, "README.md");
+	bk_write_file_atomic(p, text, strlen(text));
+	free(p);
+	free(text);
+}
+
+/* ---- the epochs' prompt order ---- */
+
+static uint64_t splitmix(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+int64_t bk_bake_epoch_order(const char *tokens, const char *out, int64_t epochs,
+			    int64_t last_epoch_records, uint64_t seed)
+{
+	bk_reader *r = bk_reader_open(tokens);
+	BK_VEC(char *) raw = {0};
+	BK_VEC(size_t) len = {0};
+	while (bk_reader_next(r)) {
+		size_t n;
+		const char *p = bk_reader_raw(r, &n);
+		char *c = xmalloc(n);
+		memcpy(c, p, n);
+		bk_vec_push(&raw, c);
+		bk_vec_push(&len, n);
+	}
+	size_t n = raw.n;
+	bk_writer *w = bk_writer_open(out);
+	bk_kv kv[] = {BK_KV_I("epochs", epochs), BK_KV_I("seed", (int64_t)seed)};
+	bk_writer_header(w, r, kv, 2);
+	size_t *perm = xmalloc((n ? n : 1) * sizeof *perm);
+	int64_t written = 0;
+	for (int64_t e = 0; e < epochs; e++) {
+		/* a fresh permutation each epoch, as a RandomSampler draws (Fisher-Yates
+		 * from the seed and the epoch) */
+		uint64_t s = seed * 0x100000001b3ull + (uint64_t)e;
+		for (size_t i = 0; i < n; i++)
+			perm[i] = i;
+		for (size_t i = n; i > 1; i--) {
+			size_t j = (size_t)(splitmix(&s) % i);
+			size_t t = perm[i - 1];
+			perm[i - 1] = perm[j];
+			perm[j] = t;
+		}
+		size_t take = e == epochs - 1 && last_epoch_records >= 0 &&
+				      (size_t)last_epoch_records < n
+				      ? (size_t)last_epoch_records
+				      : n;
+		for (size_t i = 0; i < take; i++) {
+			if (!e) {
+				bk_writer_raw(w, raw.v[perm[i]], len.v[perm[i]]);
+				continue;
+			}
+			/* bk-gen keys its sampling by 'id': another id each epoch gives fresh
+			 * trajectories, as the tool samples anew every step */
+			msgpack_unpacked up;
+			msgpack_unpacked_init(&up);
+			size_t off = 0;
+			if (msgpack_unpack_next(&up, raw.v[perm[i]], len.v[perm[i]], &off) !=
+			    MSGPACK_UNPACK_SUCCESS)
+				BUG("stored record does not parse");
+			const msgpack_object *id = bk_obj_get(&up.data, "id");
+			if (!id || id->type != MSGPACK_OBJECT_STR)
+				die("%s: record %zu: no string 'id'", tokens, perm[i] + 1);
+			static const char *const skip[] = {"id", NULL};
+			msgpack_packer *pk = bk_rec_begin(w);
+			bk_rec_copy(w, &up.data, skip);
+			bk_rec_key(w, "id");
+			char *nid = xasprintf("%.*s.e%lld", (int)id->via.str.size, id->via.str.ptr,
+					      (long long)e);
+			bk_pack_str(pk, nid);
+			free(nid);
+			bk_rec_end(w);
+			msgpack_unpacked_destroy(&up);
+		}
+		written += (int64_t)take;
+	}
+	bk_writer_close(w);
+	bk_reader_close(r);
+	for (size_t i = 0; i < n; i++)
+		free(raw.v[i]);
+	free(raw.v);
+	free(len.v);
+	free(perm);
+	return written;
+}

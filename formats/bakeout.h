@@ -1,0 +1,64 @@
+/* bakeout.h - output_dir as the reference tool (bakery-py) leaves it, for bk-bake:
+ * results.json with the tool's keys and shapes (bakery's own figures under "bakery"),
+ * a model card for final_model/, the metrics stream's final path after final/ is
+ * renamed to final_model/, the last checkpoint-N for resume_from_checkpoint: true,
+ * and the training figures of the summary, computed from the trainer state.
+ * No model code and no processes here. */
+#ifndef BK_BAKEOUT_H
+#define BK_BAKEOUT_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+/* Python's str.strip(): leading and trailing whitespace (ASCII, \x1c-\x1f and the
+ * Unicode spaces) removed; a malloc'd copy. */
+char *bk_bake_strip(const char *s);
+
+/* Python's str.lower() for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic
+ * letters (other code points kept), in place on UTF-8. */
+void bk_bake_lower(char *s);
+
+/* The tool's per-question response text: <think>...</think> removed, stripped,
+ * lower-cased, at most 200 code points.  malloc'd. */
+char *bk_bake_response_text(const char *answer);
+
+/* The number of tokens the tool reports for the system prompt: the sentencepiece
+ * count plus one when the model's tokenizer adds a BOS (tokenizer_config.json
+ * add_bos_token, true when absent, as HF's LlamaTokenizer). */
+int64_t bk_bake_prompt_tokens(const char *model_dir, int64_t sp_tokens);
+
+/* results.json as the tool writes it, from bk-eval's JSON (NULL without evaluation):
+ * {"prompt_tokens": N, "baseline_none", "baseline_discrete", "heldout_discrete",
+ *  "baked_eval", "baked_heldout": {accuracy, correct, total, results: [{question,
+ *  response, correct}]}} with the keys the tool would write, then "bakery": bk-eval's
+ * output (KL, examples) and train (may be NULL).  Dies naming bkeval_path when its
+ * shape is not bk-eval's.  Returns a new reference. */
+json_t *bk_bake_results(const json_t *bkeval, const char *bkeval_path, int64_t prompt_tokens,
+			int has_eval, int has_held_out, json_t *train);
+
+/* Training figures from DIR/trainer_state.json (bk-step's): steps, the mean loss over
+ * every step, records and tokens.  Dies when the file is missing or malformed. */
+typedef struct {
+	int64_t steps, records, tokens;
+	double loss_sum, mean_loss, elapsed;
+} bk_bake_train;
+void bk_bake_train_read(const char *dir, bk_bake_train *t);
+
+/* Rewrites the metrics stream at path with every "final" field equal to from set to
+ * to (bk-step names output_dir/final; bk-bake renames it to final_model). */
+void bk_bake_metrics_final(const char *path, const char *from, const char *to);
+
+/* output_dir/checkpoint-N with the largest N, or NULL (malloc'd). */
+char *bk_bake_last_checkpoint(const char *output_dir);
+
+/* README.md of final_model/: YAML front matter (base_model, library_name: peft, tags)
+ * and what was baked; text is the body after the title (may be NULL). */
+void bk_bake_model_card(const char *dir, const char *base_model, const char *body);
+
+/* Writes out: the records of the tokens stream, epochs times, each epoch in a fresh
+ * seeded order (epoch-major, as HF's sampler); the last epoch keeps only its first
+ * last_epoch_records (< 0: all).  Returns the number of records written. */
+int64_t bk_bake_epoch_order(const char *tokens, const char *out, int64_t epochs,
+			    int64_t last_epoch_records, uint64_t seed);
+
+#endif
