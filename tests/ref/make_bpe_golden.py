@@ -237,6 +237,26 @@ VARIANTS = {
                   "zqcat conzqcat zqcats zqcat, (zqcat) _zqcat zqcat_ \u00e9zqcat zqcat\u00e9 zqcat1 1zqcat",
                   "a <both>  b  <both>c", " <lxx> <lx>x", "<rx><lx>", "<rx>  <lx>", "\u3000<lx>\u3000"],
     },
+    # transformers 5's Llama form: no normalizer, Metaspace with prepend_scheme "first"
+    "llama-spm": {
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                          "split": False},
+        "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                    "split": False},
+        "cases": ["Hello world", " leading space", "a  b   c", "x<s> y</s>z", "<s>Hello</s> there",
+                  "caf\u00e9 \u65e5\u672c \U0001F600", "\n\nline\n", "", " ", "1234 5678"],
+    },
+    # ByteLevel with add_prefix_space=true (every piece gets a leading space)
+    "smollm2": {
+        "added_tokens": [],
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True},
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]},
+        "cases": ["Hello world", " already spaced", "a12b 345", "<|im_start|>user\nhi<|im_end|>",
+                  "x<|endoftext|>y", "\u00e9t\u00e9 2024"],
+    },
     "qwen": {
         "added_tokens": [
             {"id": 151669, "content": "Caf\u00e9!", "single_word": False, "lstrip": False,
@@ -325,8 +345,9 @@ def main():
         if var:
             d = json.loads(js)
             d["added_tokens"] += var["added_tokens"]
-            if "normalizer" in var:
-                d["normalizer"] = var["normalizer"]
+            for k in ("normalizer", "pre_tokenizer", "decoder"):
+                if k in var:
+                    d[k] = var[k]
             vt = Tokenizer.from_str(json.dumps(d))
             for t in var["added_tokens"]:  # HF keeps the ids of the file
                 assert vt.token_to_id(t["content"]) == t["id"], t

@@ -45,7 +45,7 @@ static char *unpack(const char *xz, const char *name)
 }
 
 /* A copy of tokenizer.json with the golden's "variant" applied (extra added tokens, a
- * normalizer), written next to it as NAME-variant/tokenizer.json. */
+ * normalizer, pre-tokenizer or decoder), written next to it as NAME-variant/tokenizer.json. */
 static char *make_variant(const char *json_path, json_t *variant, const char *name)
 {
 	json_error_t err;
@@ -55,9 +55,10 @@ static char *make_variant(const char *json_path, json_t *variant, const char *na
 	size_t i;
 	json_t *e;
 	json_array_foreach(extra, i, e) json_array_append(json_object_get(root, "added_tokens"), e);
-	json_t *norm = json_object_get(variant, "normalizer");
-	if (norm)
-		json_object_set(root, "normalizer", norm);
+	static const char *const parts[] = {"normalizer", "pre_tokenizer", "decoder"};
+	for (size_t k = 0; k < 3; k++)
+		if (json_object_get(variant, parts[k]))
+			json_object_set(root, parts[k], json_object_get(variant, parts[k]));
 	char *dir = xasprintf("%s/%s-variant", tmpdir, name);
 	bk_mkdir_p(dir);
 	char *out = xasprintf("%s/tokenizer.json", dir);
