@@ -9,12 +9,13 @@
 //    shared memory.  Scores, the online softmax (m, l), exp, lse, D_i = dout.out and every
 //    accumulator are fp32; P (forward, dv) and dS (dq, dk) are rounded to bf16 as the
 //    A operand of the second product, the FlashAttention-2 way.
-//  - fragments are read from shared memory with 32-bit loads of bf16 pairs whose
-//    addresses follow the PTX fragment layout of m16n8k16 directly (no ldmatrix), with
-//    rows padded by 8 bf16 so the 8 groups x 4 lanes hit 32 distinct banks.  Operands
-//    that a product needs "k-major" (V in P V, K in dS K, Q and dO in dS^T Q, P^T dO) are
-//    staged a second time transposed.  The C fragment of a product is re-packed in
-//    registers as the A fragment of the next (P never goes to shared memory).
+//  - every operand is staged once, row-major [rows][D+8] (8 bf16 of padding: the 8
+//    groups x 4 lanes of a fragment hit 32 distinct banks).  A and "n-major" B fragments
+//    (Q, K in Q K^T; dO, V in dO V^T; K, V, Q, dO in K Q^T, V dO^T) are 32-bit loads of
+//    bf16 pairs at the addresses of the PTX m16n8k16 layout; "k-major" B fragments (V in
+//    P V, K in dS K, Q and dO in dS^T Q, P^T dO) come from the same rows by ldmatrix
+//    .trans.  The C fragment of a product is re-packed in registers as the A fragment of
+//    the next (P and dS never go to shared memory).
 //  - forward and dq: a block is 64 query rows (4 warps x 16) of one head; it loops over
 //    every prefix key tile, then its own key tiles from row 0's sequence start (or window
 //    start) to its last row; masks as the fp32 kernel (per row: sequence start, causal,
@@ -129,6 +130,25 @@ __device__ __forceinline__ void tc_frag_b(uint32_t &b0, uint32_t &b1, const tc_b
 	b1 = tc_ld32(p + 8);
 }
 
+// B fragment (k0..k0+15) x (n0..n0+7) where B[k][n] = X[k][n], X row-major [*][LD]
+// ("k-major": V, K, Q, dO as staged): ldmatrix .x2 .trans, lanes 0-15 addressing rows
+// k0..k0+15 at column n0 (16-byte aligned: LD and n0 are multiples of 8); the
+// transposed 8x8 load gives lane (g, t) X[k0+2t, k0+2t+1][n0+g] (b0) and rows +8 (b1)
+__device__ __forceinline__ void tc_frag_bt(uint32_t &b0, uint32_t &b1, const tc_bf16 *X, int LD,
+					   int k0, int n0, int lane)
+{
+	const tc_bf16 *p = X + (size_t)(k0 + (lane & 15)) * LD + n0;
+#ifndef BK_TC_EMU
+	uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+	asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+		     : "=r"(b0), "=r"(b1)
+		     : "r"(a)
+		     : "memory");
+#else
+	emu_ldmatrix_x2_trans(b0, b1, p);
+#endif
+}
+
 // A fragment of k-step kk from the C fragments of n-tiles 2kk and 2kk+1
 __device__ __forceinline__ void tc_c_to_a(uint32_t a[4], const float c0[4], const float c1[4])
 {
@@ -157,24 +177,6 @@ __device__ __forceinline__ void tc_stage(tc_bf16 *dst, int LD, int BR, const flo
 	}
 }
 
-// dst [D][LDT] bf16 = the same rows transposed (dst[d][r]); columns n..BR-1 zero
-template <int D>
-__device__ __forceinline__ void tc_stage_t(tc_bf16 *dst, int LDT, int BR, const float *src,
-					   int r0, int n, int nh, int h)
-{
-	constexpr int D4 = D / 4;
-	for (int i = threadIdx.x; i < BR * D4; i += blockDim.x) {
-		int r = i / D4, d = (i - r * D4) * 4;
-		float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-		if (r < n)
-			x = *reinterpret_cast<const float4 *>(src + ((size_t)(r0 + r) * nh + h) * D + d);
-		dst[(size_t)(d + 0) * LDT + r] = __float2bfloat16_rn(x.x);
-		dst[(size_t)(d + 1) * LDT + r] = __float2bfloat16_rn(x.y);
-		dst[(size_t)(d + 2) * LDT + r] = __float2bfloat16_rn(x.z);
-		dst[(size_t)(d + 3) * LDT + r] = __float2bfloat16_rn(x.w);
-	}
-}
-
 // the score of raw q.k: cap(acc * scale)
 __device__ __forceinline__ float tc_score(float acc, float scale, float cap)
 {
@@ -192,14 +194,14 @@ __device__ __forceinline__ bool tc_vis_own(int t, int st, int j, int W)
 // forward
 
 template <int D> struct TcFwd {
-	static constexpr int BM = 64, BN = 64, LD = D + 8, LDT = BN + 8;
-	static constexpr size_t smem = ((size_t)BM * LD + (size_t)BN * LD + (size_t)D * LDT) * 2;
+	static constexpr int BM = 64, BN = 64, LD = D + 8;
+	static constexpr size_t smem = ((size_t)BM * LD + (size_t)2 * BN * LD) * 2;
 };
 
 // one key tile (keys j0..j0+nc-1 of kg/vg [*,NKV,D]) into the warp's running m, l, o
 template <int D>
 __device__ __forceinline__ void tc_fwd_tile(const float *kg, const float *vg, int j0, int nc,
-					    bool prefix, int NKV, int kh, tc_bf16 *Ks, tc_bf16 *Vt,
+					    bool prefix, int NKV, int kh, tc_bf16 *Ks, tc_bf16 *Vs,
 					    const uint32_t (*qa)[4], float (*o)[4], float *m,
 					    float *l, const int *trow, const int *srow,
 					    const bool *vrow, int P, float scale, float cap, int W,
@@ -210,7 +212,7 @@ __device__ __forceinline__ void tc_fwd_tile(const float *kg, const float *vg, in
 	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 	__syncthreads(); // the previous tile's readers are done
 	tc_stage<D>(Ks, C::LD, C::BN, kg, j0, nc, NKV, kh);
-	tc_stage_t<D>(Vt, C::LDT, C::BN, vg, j0, nc, NKV, kh);
+	tc_stage<D>(Vs, C::LD, C::BN, vg, j0, nc, NKV, kh);
 	__syncthreads();
 	if (!warp_live || (!prefix && j0 > warp_last))
 		return; // every key of the tile is after every row of this warp
@@ -269,7 +271,7 @@ TC_UNROLL
 		o[dn][2] *= alpha[1];
 		o[dn][3] *= alpha[1];
 	}
-	// o += P V: A = P (bf16), B[k=key][n=d] = Vt[d][key]
+	// o += P V: A = P (bf16), B[k=key][n=d] = Vs[key][d]
 TC_UNROLL
 	for (int kk = 0; kk < C::BN / 16; kk++) {
 		uint32_t a[4];
@@ -277,7 +279,7 @@ TC_UNROLL
 TC_UNROLL
 		for (int dn = 0; dn < ND; dn++) {
 			uint32_t b0, b1;
-			tc_frag_b(b0, b1, Vt, C::LDT, dn * 8, kk * 16, g, tq);
+			tc_frag_bt(b0, b1, Vs, C::LD, kk * 16, dn * 8, lane);
 			tc_mma(o[dn], a, b0, b1);
 		}
 	}
@@ -293,7 +295,7 @@ tc_fwd_kernel(float *out, float *lse, const float *q, const float *k, const floa
 	typedef TcFwd<D> C;
 	constexpr int NK = D / 16, ND = D / 8;
 	TC_SHARED(tc_sm);
-	tc_bf16 *Qs = (tc_bf16 *)tc_sm, *Ks = Qs + C::BM * C::LD, *Vt = Ks + C::BN * C::LD;
+	tc_bf16 *Qs = (tc_bf16 *)tc_sm, *Ks = Qs + C::BM * C::LD, *Vs = Ks + C::BN * C::LD;
 	const int h = blockIdx.y, kh = h / (NH / NKV);
 	const int t0 = (gridDim.x - 1 - blockIdx.x) * C::BM, nr = min(C::BM, T - t0);
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
@@ -320,12 +322,12 @@ TC_UNROLL
 	// every prefix tile (its keys masked by the window only), then the own-key tiles from
 	// row 0's sequence start (or row 0's window start) to the last row
 	for (int j0 = 0; j0 < P; j0 += C::BN)
-		tc_fwd_tile<D>(pk, pv, j0, min(C::BN, P - j0), true, NKV, kh, Ks, Vt, qa, o, m, l,
+		tc_fwd_tile<D>(pk, pv, j0, min(C::BN, P - j0), true, NKV, kh, Ks, Vs, qa, o, m, l,
 			       trow, srow, vrow, P, scale, cap, W, warp_live, warp_last);
 	const int start0 = cu[tc_seq_of(cu, S, t0)];
 	const int kend = t0 + nr, kfirst = W > 0 ? max(start0, t0 - W + 1) : start0;
 	for (int j0 = kfirst; j0 < kend; j0 += C::BN)
-		tc_fwd_tile<D>(k, v, j0, min(C::BN, kend - j0), false, NKV, kh, Ks, Vt, qa, o, m, l,
+		tc_fwd_tile<D>(k, v, j0, min(C::BN, kend - j0), false, NKV, kh, Ks, Vs, qa, o, m, l,
 			       trow, srow, vrow, P, scale, cap, W, warp_live, warp_last);
 TC_UNROLL
 	for (int ri = 0; ri < 2; ri++) {
@@ -369,11 +371,10 @@ __global__ void tc_bwd_dot_kernel(float *Di, const float *dout, const float *out
 		Di[(size_t)h * T + t] = acc;
 }
 
-// dq: Q, dO [64][D+8]; K, V [BN][D+8]; K^T [D][BN+8]
+// dq: Q, dO [64][D+8]; K, V [BN][D+8]
 template <int D> struct TcDq {
-	static constexpr int BM = 64, BN = D <= 64 ? 64 : 32, LD = D + 8, LDT = BN + 8;
-	static constexpr size_t smem =
-		((size_t)2 * BM * LD + (size_t)2 * BN * LD + (size_t)D * LDT) * 2;
+	static constexpr int BM = 64, BN = D <= 64 ? 64 : 32, LD = D + 8;
+	static constexpr size_t smem = ((size_t)2 * BM * LD + (size_t)2 * BN * LD) * 2;
 };
 
 // grid (ceil(T/64), NH): dq rows of query tile ntiles-1-x, head h, += scale sum_j ds_ij k_j
@@ -387,7 +388,7 @@ tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k, c
 	constexpr int NK = D / 16, NN = C::BN / 8, ND = D / 8;
 	TC_SHARED(tc_sm);
 	tc_bf16 *Qs = (tc_bf16 *)tc_sm, *dOs = Qs + C::BM * C::LD, *Ks = dOs + C::BM * C::LD;
-	tc_bf16 *Vs = Ks + C::BN * C::LD, *Kt = Vs + C::BN * C::LD;
+	tc_bf16 *Vs = Ks + C::BN * C::LD;
 	const int h = blockIdx.y, kh = h / (NH / NKV);
 	const int t0 = (gridDim.x - 1 - blockIdx.x) * C::BM, nr = min(C::BM, T - t0);
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
@@ -417,7 +418,6 @@ TC_UNROLL
 		__syncthreads();
 		tc_stage<D>(Ks, C::LD, C::BN, k, j0, nc, NKV, kh);
 		tc_stage<D>(Vs, C::LD, C::BN, v, j0, nc, NKV, kh);
-		tc_stage_t<D>(Kt, C::LDT, C::BN, k, j0, nc, NKV, kh);
 		__syncthreads();
 		if (!warp_live || j0 > warp_last)
 			continue;
@@ -457,7 +457,7 @@ TC_UNROLL
 				}
 				s[n][e] = ds;
 			}
-		// acc += dS K: B[k=key][n=d] = Kt[d][key]
+		// acc += dS K: B[k=key][n=d] = Ks[key][d]
 TC_UNROLL
 		for (int kk = 0; kk < C::BN / 16; kk++) {
 			uint32_t a[4];
@@ -465,7 +465,7 @@ TC_UNROLL
 TC_UNROLL
 			for (int dn = 0; dn < ND; dn++) {
 				uint32_t b0, b1;
-				tc_frag_b(b0, b1, Kt, C::LDT, dn * 8, kk * 16, g, tq);
+				tc_frag_bt(b0, b1, Ks, C::LD, kk * 16, dn * 8, lane);
 				tc_mma(acc[dn], a, b0, b1);
 			}
 		}
@@ -486,11 +486,10 @@ TC_UNROLL
 	}
 }
 
-// dk/dv: K, V [64][D+8]; Q, dO [BQ][D+8]; Q^T, dO^T [D][BQ+8]; lse, Di, starts [BQ]
+// dk/dv: K, V [64][D+8]; Q, dO [BQ][D+8]; lse, Di, starts [BQ]
 template <int D> struct TcDkv {
-	static constexpr int BN = 64, BQ = D <= 64 ? 64 : 32, LD = D + 8, LDT = BQ + 8;
-	static constexpr size_t smem_bf16 =
-		((size_t)2 * BN * LD + (size_t)2 * BQ * LD + (size_t)2 * D * LDT) * 2;
+	static constexpr int BN = 64, BQ = D <= 64 ? 64 : 32, LD = D + 8;
+	static constexpr size_t smem_bf16 = ((size_t)2 * BN * LD + (size_t)2 * BQ * LD) * 2;
 	static constexpr size_t smem = smem_bf16 + (size_t)3 * BQ * 4;
 };
 
@@ -508,7 +507,7 @@ tc_bwd_dkv_kernel(float *dk, float *dv, float *wk, float *wv, const float *dout,
 	constexpr int NK = D / 16, NQ = C::BQ / 8, ND = D / 8;
 	TC_SHARED(tc_sm);
 	tc_bf16 *Ks = (tc_bf16 *)tc_sm, *Vs = Ks + C::BN * C::LD, *Qs = Vs + C::BN * C::LD;
-	tc_bf16 *dOs = Qs + C::BQ * C::LD, *Qt = dOs + C::BQ * C::LD, *dOt = Qt + D * C::LDT;
+	tc_bf16 *dOs = Qs + C::BQ * C::LD;
 	float *ls = (float *)(tc_sm + C::smem_bf16), *ds_ = ls + C::BQ;
 	int *ss = (int *)(ds_ + C::BQ);
 	const int group = NH / NKV, h = blockIdx.y, kh = h / group;
@@ -535,8 +534,6 @@ TC_UNROLL
 		__syncthreads();
 		tc_stage<D>(Qs, C::LD, C::BQ, q, i0, nq, NH, h);
 		tc_stage<D>(dOs, C::LD, C::BQ, dout, i0, nq, NH, h);
-		tc_stage_t<D>(Qt, C::LDT, C::BQ, q, i0, nq, NH, h);
-		tc_stage_t<D>(dOt, C::LDT, C::BQ, dout, i0, nq, NH, h);
 		for (int r = threadIdx.x; r < C::BQ; r += blockDim.x) {
 			ls[r] = r < nq ? lse[(size_t)h * T + i0 + r] : 0.0f;
 			ds_[r] = r < nq ? Di[(size_t)h * T + i0 + r] : 0.0f;
@@ -583,7 +580,7 @@ TC_UNROLL
 				st[n][e] = p;
 				dpt[n][e] = ds;
 			}
-		// dV += P^T dO (B[k=query][n=d] = dOt[d][query]); dK += dS^T Q (Qt)
+		// dV += P^T dO (B[k=query][n=d] = dOs[query][d]); dK += dS^T Q (Qs)
 TC_UNROLL
 		for (int kk = 0; kk < C::BQ / 16; kk++) {
 			uint32_t ap[4], as[4];
@@ -592,9 +589,9 @@ TC_UNROLL
 TC_UNROLL
 			for (int dn = 0; dn < ND; dn++) {
 				uint32_t b0, b1;
-				tc_frag_b(b0, b1, dOt, C::LDT, dn * 8, kk * 16, g, tq);
+				tc_frag_bt(b0, b1, dOs, C::LD, kk * 16, dn * 8, lane);
 				tc_mma(av[dn], ap, b0, b1);
-				tc_frag_b(b0, b1, Qt, C::LDT, dn * 8, kk * 16, g, tq);
+				tc_frag_bt(b0, b1, Qs, C::LD, kk * 16, dn * 8, lane);
 				tc_mma(ak[dn], as, b0, b1);
 			}
 		}
