@@ -91,9 +91,10 @@ static void write_model(const char *dir, int L)
 		int64_t shp_[2] = { (n0), (n1) };                                      \
 		int nd_ = (n0) == 1 ? 1 : 2;                                           \
 		void *d_ = rand_bf16(&r, (size_t)(n0) * (n1), (scale), (one));         \
+		char *n_ = (name); /* evaluated once: it allocates */                  \
 		bk_vec_push(&keep, d_);                                                \
-		bk_vec_push(&names, (name));                                           \
-		bk_st_writer_add(w, (name), BK_DT_BF16, nd_, nd_ == 1 ? shp_ + 1 : shp_, d_); \
+		bk_vec_push(&names, n_);                                               \
+		bk_st_writer_add(w, n_, BK_DT_BF16, nd_, nd_ == 1 ? shp_ + 1 : shp_, d_); \
 	} while (0)
 	ADD(xstrdup("model.embed_tokens.weight"), V, H, 0.02f, 0);
 	ADD(xstrdup("model.norm.weight"), 1, H, 0, 1);

@@ -335,10 +335,25 @@ int main(int argc, char **argv)
 	       peak_tflops, phs, peak, (double)peak / 1073741824.0, used,
 	       (double)used / 1073741824.0, t_load, loss0, loss, gnorm);
 	(void)cur;
+#ifdef BK_HAVE_CUDA
+	if (on_cuda)
+		for (int i = 0; i <= NPH; i++)
+			cudaEventDestroy(mk.ev[i]);
+#endif
+	float *dev[] = { mom, var, th, sh, trows, srows, drows, dh };
+	for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+		ops->free(dev[i]);
+	ops->free(rows_d);
+	bk_lora_free(m, gr);
+	bk_lora_free(m, lo);
+	bk_acts_free(m, acts);
+	bk_model_free(m);
+	free(inv), free(lw), free(n1), free(sids), free(tids), free(pos), free(cu), free(rows);
+	free(sample_of);
 	/* different inputs and a non-zero adapter: a zero KL or gradient means the step
 	 * measured multiplications of zeros */
 	if (!(isfinite(loss) && isfinite(gnorm) && loss0 > 0 && gnorm > 0)) {
-		fprintf(stderr, "bench_step: loss %g (first step %g), grad norm %g: not a real step\n",
+		fprintf(stderr, "bench_step: error: loss %g (first step %g), grad norm %g: not a real step\n",
 			loss, loss0, gnorm);
 		return 1;
 	}
