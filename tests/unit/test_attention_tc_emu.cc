@@ -115,8 +115,8 @@ void emu_launch(emu_dim3 grid, int threads, size_t smem, const std::function<voi
 		die("emu_launch: %d threads is not whole warps", threads);
 	gridDim = grid;
 	blockDim = emu_dim3((unsigned)threads);
-	std::vector<unsigned char> sm(smem + 16, 0xff);
-	emu_smem = sm.data();
+	std::vector<unsigned char> sm(smem, 0xff); // exact size: ASan sees any overflow
+	emu_smem = smem ? sm.data() : NULL;
 	int nw = threads / 32;
 	emu_warp_bar.resize(nw);
 	emu_wb.resize(nw);
@@ -124,7 +124,8 @@ void emu_launch(emu_dim3 grid, int threads, size_t smem, const std::function<voi
 	std::vector<emu_thread_arg> args(threads);
 	for (unsigned by = 0; by < grid.y; by++)
 		for (unsigned bx = 0; bx < grid.x; bx++) {
-			memset(sm.data(), 0xff, sm.size());
+			if (smem)
+				memset(sm.data(), 0xff, sm.size());
 			pthread_barrier_init(&emu_block_bar, NULL, (unsigned)threads);
 			for (int w = 0; w < nw; w++)
 				pthread_barrier_init(&emu_warp_bar[w], NULL, 32);
