@@ -30,8 +30,9 @@
 //    tiles wholly after its rows (forward, dq) and the query tiles wholly before its keys
 //    (dk/dv), so the causal half of a diagonal tile costs nothing but the barrier.
 //  - D = 64 and 128 (templates); other head dimensions, buffers not 16-byte aligned:
-//    the fp32 kernel (D = 256, Gemma: its tiles would need > 96 KiB of shared memory in
-//    this layout).
+//    the fp32 kernel.  D = 256 (Gemma) is not done: in this layout a dk/dv warp would
+//    hold 2 x 16 x 256 fp32 accumulators (256 registers a thread) and the forward's
+//    64-key tiles would need 99 KiB of shared memory; it needs D split across warps.
 //  - not validated on a GPU yet: BK_ATTN=fp32 stays the default; tests/gpu/
 //    check_attention_tc.c checks both kernels against the host twin and times them.
 #ifndef BK_TC_EMU
