@@ -27,7 +27,8 @@
  * spanning sequences), GQA 8/8, 32/4 and 8/2, D 64 and 128, a 37-token prefix (forward),
  * softcap and sliding window on and off, realistic 1 x 1024 (32/4, D 128) and 2 x 2048
  * (32/4, D 64); one D = 96 case checks the tc entry's fp32 fallback.
- * Usage: check_attention_tc [--no-bench] */
+ * Usage: check_attention_tc [--no-bench | --quick]  (--quick: no realistic sizes and no
+ * timing, for compute-sanitizer) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -372,7 +373,10 @@ static void bench(int S, int L, int NH, int NKV, int D, int W)
 int main(int argc, char **argv)
 {
 	bk_diag_init(argv[0]);
-	int do_bench = !(argc > 1 && !strcmp(argv[1], "--no-bench"));
+	int quick = argc > 1 && !strcmp(argv[1], "--quick");
+	int do_bench = !quick && !(argc > 1 && !strcmp(argv[1], "--no-bench"));
+	if (argc > 2 || (argc > 1 && !quick && strcmp(argv[1], "--no-bench")))
+		die("usage: check_attention_tc [--no-bench | --quick]");
 	bk_rng_seed(&rng, 20261201);
 	const char *sel = getenv("BK_ATTN");
 	printf("check_attention_tc: BK_ATTN=%s (the op table's kernel; both are checked here)\n",
@@ -407,7 +411,7 @@ int main(int argc, char **argv)
 		check_case(lens, 4, 32, 4, 128, p ? 37 : 0, &a4);
 	}
 	/* realistic sizes */
-	{
+	if (!quick) {
 		const int l1[1] = {1024}, l2[2] = {2048, 2048};
 		bk_attn a128 = bk_attn_default(128), a64 = bk_attn_default(64);
 		check_case(l1, 1, 32, 4, 128, 0, &a128);

@@ -478,7 +478,7 @@ if [ $DRY = 1 ]; then
 elif ! command -v compute-sanitizer >/dev/null; then
 	row sanitizer "compute-sanitizer" "not run" "" "no compute-sanitizer on this machine"
 else
-	for t in "memcheck test_cuda_ops" "racecheck check_attention --no-bench" "memcheck check_attention --no-bench" "memcheck check_optim" "racecheck test_cuda_ops"; do
+	for t in "memcheck test_cuda_ops" "racecheck check_attention --no-bench" "memcheck check_attention --no-bench" "memcheck check_optim" "racecheck test_cuda_ops" "racecheck check_attention_tc --quick" "memcheck check_attention_tc --quick"; do
 		set -- $t
 		tool=$1 prog=$2; shift 2
 		[ -x "$P/tests/gpu/$prog" ] || continue
