@@ -843,6 +843,8 @@ struct ctx {
 
 static void push_ids(ivec *out, const int32_t *v, size_t n)
 {
+	if (!n)
+		return;
 	bk_vec_reserve(out, out->n + n);
 	memcpy(out->v + out->n, v, n * sizeof *v);
 	out->n += n;
@@ -993,15 +995,23 @@ static void model_word(struct ctx *c, const char *w, size_t len)
 				return;
 			}
 		}
+		/* a byte with no token (SmolLM2 has none for 0x04, 0xf1, ...): unk when the
+		 * model has one, else dropped, as HF drops it */
 		bk_vec_reserve(&c->sym, len);
+		size_t n = 0;
+		int last_unk = 0;
 		for (size_t i = 0; i < len; i++) {
 			int32_t id = b->byte_id[(unsigned char)w[i]];
-			if (id < 0)
-				die("%s: the vocabulary has no token for byte 0x%02x", b->path,
-				    (unsigned char)w[i]);
-			c->sym.v[i] = id;
+			if (id >= 0) {
+				c->sym.v[n++] = id;
+				last_unk = 0;
+			} else if (b->unk >= 0) {
+				if (!(b->fuse_unk && last_unk))
+					c->sym.v[n++] = b->unk;
+				last_unk = 1;
+			}
 		}
-		size_t n = merge_word(c, len);
+		n = merge_word(c, n);
 		push_ids(c->out, c->sym.v, n);
 		return;
 	}
@@ -1034,9 +1044,7 @@ static void model_word(struct ctx *c, const char *w, size_t len)
 				if (!(b->fuse_unk && last_unk))
 					c->sym.v[n++] = b->unk;
 				last_unk = 1;
-			} else {
-				die("%s: no token for '%.*s' and no unk_token", b->path, (int)cl, w + i);
-			}
+			} /* else dropped, as HF drops a character it has no token for */
 		}
 		i += cl;
 	}

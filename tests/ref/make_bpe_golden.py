@@ -106,6 +106,8 @@ ADDED = {
         "<|im_start|>user\nhi 123<|im_end|>\n<|im_start|>assistant\n",
         "x<|im_end|>y  <|im_start|>  z<|endoftext|><repo_name>",
         "2024-12-01 3.14 x2 \u0663\u0664 \uff15 \u00b2 1/2 100%",
+        # bytes SmolLM2's vocabulary has no token for (0x04, 0x13, 0x14, 0xf1): HF drops them
+        "a\x04b ab\x13\x14 x\U00050000y \x04\x04 \U00040000",
     ],
 }
 
