@@ -159,7 +159,7 @@ static void from_json(const char *path, const char *out)
 		json_error_t err;
 		json_t *j = json_loadb(line, (size_t)n, JSON_DISABLE_EOF_CHECK * 0, &err);
 		if (!j)
-			die("%s: line %ld: %s", name, lineno, err.text);
+			die("%s: line %ld: %s", name, lineno, bk_json_error_text(&err));
 		if (!json_is_object(j))
 			die("%s: line %ld: a record must be a JSON object", name, lineno);
 		json_t *bk = json_object_get(j, "bk");

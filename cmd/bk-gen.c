@@ -423,9 +423,11 @@ int main(int argc, char **argv)
 		progress(&tot, t0, 1);
 	const bk_gen_stats *st = bk_gen_get_stats(g);
 	double dt = now() - t0;
-	note("shared prefix: %d tokens, built %llu times; %llu prompts used it, %llu prefilled in full",
-	     st->prefix_len, (unsigned long long)st->prefix_builds,
-	     (unsigned long long)st->prefix_hits, (unsigned long long)st->prefix_misses);
+	note("shared prefix: %d tokens, built %llu time%s; %llu prompt%s used it, %llu prefilled in "
+	     "full",
+	     st->prefix_len, (unsigned long long)st->prefix_builds, bk_s(st->prefix_builds),
+	     (unsigned long long)st->prefix_hits, bk_s(st->prefix_hits),
+	     (unsigned long long)st->prefix_misses);
 	note("%llu records in, %llu passed through, %llu samples written, %llu empty dropped",
 	     (unsigned long long)tot.in, (unsigned long long)tot.passed,
 	     (unsigned long long)tot.written, (unsigned long long)tot.dropped);
@@ -434,9 +436,10 @@ int main(int argc, char **argv)
 	     (unsigned long long)st->steps, st->max_active, (unsigned long long)st->prompt_tokens,
 	     (unsigned long long)st->new_tokens, dt, dt > 0 ? (double)st->new_tokens / dt : 0.0);
 	note("kv cache: blocks of %d tokens, %d allocated (limit %d), at most %d in use; %d prefix "
-	     "blocks shared %llu times; %llu waits for blocks, %llu prompts prefilled again",
+	     "blocks shared %llu time%s; %llu waits for blocks, %llu prompts prefilled again",
 	     st->kv_block, st->kv_blocks, st->kv_blocks_limit, st->kv_blocks_peak, st->prefix_blocks,
-	     (unsigned long long)st->prefix_shared, (unsigned long long)st->kv_waits,
+	     (unsigned long long)st->prefix_shared, bk_s(st->prefix_shared),
+	     (unsigned long long)st->kv_waits,
 	     (unsigned long long)st->recomputes);
 
 	bk_reader_close(in);

@@ -188,17 +188,21 @@ int main(int argc, char **argv)
 		double eff = (double)tot.tokens / ((double)tot.batches * (double)o.max_tokens);
 		double eff0 = (double)tot.tokens / ((double)tot.batches_arrival * (double)o.max_tokens);
 		fprintf(stderr,
-			"%s: %llu records in %llu batches; packing efficiency %.1f%% "
-			"(arrival order: %llu batches, %.1f%%)\n",
-			bk_prog, (unsigned long long)tot.records, (unsigned long long)tot.batches,
-			100 * eff, (unsigned long long)tot.batches_arrival, 100 * eff0);
+			"%s: %llu record%s in %llu batch%s; packing efficiency %.1f%% "
+			"(arrival order: %llu batch%s, %.1f%%)\n",
+			bk_prog, (unsigned long long)tot.records, bk_s(tot.records),
+			(unsigned long long)tot.batches, tot.batches == 1 ? "" : "es",
+			100 * eff, (unsigned long long)tot.batches_arrival,
+			tot.batches_arrival == 1 ? "" : "es", 100 * eff0);
 	} else if (!o.quiet) {
-		fprintf(stderr, "%s: %llu records in %llu batches\n", bk_prog,
-			(unsigned long long)tot.records, (unsigned long long)tot.batches);
+		fprintf(stderr, "%s: %llu record%s in %llu batch%s\n", bk_prog,
+			(unsigned long long)tot.records, bk_s(tot.records),
+			(unsigned long long)tot.batches, tot.batches == 1 ? "" : "es");
 	}
 	if (tot.oversize)
-		warn("%llu records exceed --max-tokens %ld and got batches of their own",
-		     (unsigned long long)tot.oversize, o.max_tokens);
+		warn("%llu record%s exceed%s --max-tokens %ld and got batches of their own",
+		     (unsigned long long)tot.oversize, bk_s(tot.oversize),
+		     tot.oversize == 1 ? "s" : "", o.max_tokens);
 	free(ids);
 	free(w.buf);
 	free(w.off.v);

@@ -19,6 +19,8 @@ extern const char *bk_prog; /* set by bk_diag_init(argv[0]) */
 extern int bk_verbose;     /* -v count */
 
 void bk_diag_init(const char *argv0);
+/* "s" unless n is 1, for counts in messages: "%llu batch%s", n, bk_s(n) */
+static inline const char *bk_s(unsigned long long n) { return n == 1 ? "" : "s"; }
 _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 _Noreturn void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

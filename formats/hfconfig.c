@@ -4,6 +4,7 @@
 #include "hfconfig.h"
 #include "common/diag.h"
 #include "common/files.h"
+#include "formats/msgjson.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -317,7 +318,7 @@ bk_config *bk_config_parse(const char *name, const char *text, size_t len)
 	json_error_t jerr;
 	json_t *top = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
 	if (!top)
-		die("%s: invalid JSON: %s (line %d)", name, jerr.text, jerr.line);
+		die("%s: invalid JSON: %s", name, bk_json_error(&jerr));
 	if (!json_is_object(top))
 		die("%s: not a JSON object", name);
 	bk_config *c = xcalloc(1, sizeof *c);

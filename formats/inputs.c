@@ -4,6 +4,7 @@
 #include "inputs.h"
 #include "common/diag.h"
 #include "common/files.h"
+#include "formats/msgjson.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -166,8 +167,8 @@ bk_input_format bk_input_format_parse(const char *name)
 		return BK_FMT_JSONL;
 	if (name && !strcmp(name, "text"))
 		return BK_FMT_TEXT;
-	die("unknown input format '%s' (expected auto, json, jsonl or text)",
-	    name ? name : "(null)");
+	die_usage("--format: unknown input format '%s' (expected auto, json, jsonl or text)",
+		  name ? name : "(null)");
 }
 
 const char *bk_input_format_name(bk_input_format f)
@@ -350,7 +351,7 @@ static void parse_jsonl(bk_dataset *ds, const char *name, const char *buf, size_
 			json_t *row = json_loadb(p, n, DATA_FLAGS, &err);
 			if (!row)
 				die("%s: line %zu: column %d: %s", name, l.no, err.column,
-				    err.text);
+				    bk_json_error_text(&err));
 			add_row(ds, &l, row);
 			json_decref(row);
 		}
@@ -412,7 +413,7 @@ static void parse_json(bk_dataset *ds, const char *name, const char *buf, size_t
 			parse_jsonl(ds, name, buf, len);
 			return;
 		}
-		die("%s: line %d: column %d: %s%s", name, err.line, err.column, err.text,
+		die("%s: %s%s", name, bk_json_error(&err),
 		    more ? " (JSON Lines? use format jsonl or a .jsonl name)" : "");
 	}
 	add_json_doc(ds, name, root);
@@ -516,7 +517,7 @@ static json_t *read_json(const char *path)
 	json_error_t err;
 	json_t *root = json_loadb(p, len, JSON_DECODE_ANY, &err);
 	if (!root)
-		die("%s: line %d: column %d: %s", path, err.line, err.column, err.text);
+		die("%s: %s", path, bk_json_error(&err));
 	free(buf);
 	return root;
 }
@@ -591,12 +592,13 @@ char *bk_system_prompt(const char *system, const char *system_file, const char *
 		       const char *corpus_format, const char *system_template_file)
 {
 	int nsrc = !!system + !!system_file + !!corpus_file;
+	/* flag combinations: usage errors */
 	if (nsrc > 1)
-		die("give only one of --system, --system-file and --corpus");
+		die_usage("give only one of --system, --system-file and --corpus");
 	if (!corpus_file && system_template_file)
-		die("--system-template needs --corpus");
+		die_usage("--system-template needs --corpus");
 	if (!corpus_file && corpus_format)
-		die("--corpus-format needs --corpus");
+		die_usage("--corpus-format needs --corpus");
 	if (!nsrc)
 		return NULL;
 	if (system) {

@@ -18,6 +18,7 @@
 #include "common/diag.h"
 #include "common/files.h"
 #include "formats/hfconfig.h"
+#include "formats/msgjson.h"
 
 void bk_merge_fold(float *w, const float *a, const float *b, int out, int in, int r,
 		   float scale)
@@ -99,8 +100,10 @@ static void write_config(const char *model_dir, const char *dir, int dtype)
 	} else {
 		json_error_t err;
 		json_t *root = json_loadb(text, len, 0, &err);
-		if (!root || !json_is_object(root))
-			die("%s: line %d: %s", src, err.line, err.text);
+		if (!root)
+			die("%s: %s", src, bk_json_error(&err));
+		if (!json_is_object(root))
+			die("%s: not a JSON object", src);
 		const char *name = torch_dtype_name((bk_dtype)dtype);
 		/* transformers 5 writes "dtype", older versions "torch_dtype" */
 		int has_new = json_object_get(root, "dtype") != NULL;

@@ -3,6 +3,7 @@
 #include "common/diag.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -199,4 +200,38 @@ int bk_json_to_msg(msgpack_packer *pk, const json_t *j, const char **why)
 	}
 	*why = "unknown JSON type";
 	return -1;
+}
+
+enum { JSON_MSG = JSON_ERROR_TEXT_LENGTH + 96 };
+
+static const char *error_text(const json_error_t *e, char *buf, size_t n)
+{
+	static const char flag[] = " without JSON_ALLOW_NUL";
+	const char *t = e->text, *f = strstr(t, flag);
+	if (f)
+		snprintf(buf, n, "%.*s (NUL characters cannot be read)%s", (int)(f - t), t,
+			 f + sizeof flag - 1);
+	else
+		snprintf(buf, n, "%s", t);
+	return buf;
+}
+
+const char *bk_json_error_text(const json_error_t *e)
+{
+	static _Thread_local char buf[JSON_MSG];
+	return error_text(e, buf, sizeof buf);
+}
+
+const char *bk_json_error(const json_error_t *e)
+{
+	static _Thread_local char buf[JSON_MSG + 48];
+	char t[JSON_MSG];
+	error_text(e, t, sizeof t);
+	if (e->line > 0 && e->column > 0)
+		snprintf(buf, sizeof buf, "line %d: column %d: %s", e->line, e->column, t);
+	else if (e->line > 0)
+		snprintf(buf, sizeof buf, "line %d: %s", e->line, t);
+	else
+		snprintf(buf, sizeof buf, "%s", t);
+	return buf;
 }

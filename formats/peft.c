@@ -4,6 +4,7 @@
 #include "peft.h"
 #include "common/diag.h"
 #include "common/files.h"
+#include "formats/msgjson.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -25,23 +26,28 @@ int bk_peft_mod_parse(const char *name)
 	return -1;
 }
 
+/* a flag's bad value is a usage error, a file's bad input */
+#define TARGETS_FAIL(flag, ...) ((flag) ? die_usage(__VA_ARGS__) : die(__VA_ARGS__))
+
 unsigned bk_peft_targets_parse(const char *what, const char *text)
 {
 	if (!strcmp(text, "all-linear"))
 		return BK_PEFT_ALL;
+	int flag = what[0] == '-' && what[1] == '-';
 	unsigned mask = 0;
 	char *s = xstrdup(text), *save = NULL;
 	for (char *tok = strtok_r(s, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
 		int m = bk_peft_mod_parse(tok);
 		if (m < 0)
-			die("%s: target module '%s' is not supported (supported: q_proj k_proj "
-			    "v_proj o_proj gate_proj up_proj down_proj, or all-linear)",
-			    what, tok);
+			TARGETS_FAIL(flag,
+				     "%s: target module '%s' is not supported (supported: q_proj "
+				     "k_proj v_proj o_proj gate_proj up_proj down_proj, or all-linear)",
+				     what, tok);
 		mask |= 1u << m;
 	}
 	free(s);
 	if (!mask)
-		die("%s: no target modules", what);
+		TARGETS_FAIL(flag, "%s: no target modules", what);
 	return mask;
 }
 
@@ -257,7 +263,7 @@ static adapter_cfg parse_adapter_config(const char *path)
 	json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
 	free(text);
 	if (!o)
-		die("%s: invalid JSON: %s (line %d)", path, jerr.text, jerr.line);
+		die("%s: invalid JSON: %s", path, bk_json_error(&jerr));
 	if (!json_is_object(o))
 		die("%s: not a JSON object", path);
 	adapter_cfg a = {0};

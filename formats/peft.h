@@ -29,7 +29,8 @@ extern const char *const bk_peft_mod_names[BK_PEFT_NMOD];  /* "q_proj" ... */
 extern const char *const bk_peft_mod_parent[BK_PEFT_NMOD]; /* "self_attn" / "mlp" */
 int bk_peft_mod_parse(const char *name); /* module index, or -1 */
 /* "q_proj,v_proj", "q_proj v_proj" or "all-linear" -> bit mask; dies naming what,
- * the source of the text (a flag or file and key), on an unknown module. */
+ * the source of the text (a flag or file and key), on an unknown module: a usage
+ * error (exit 2) when what is a flag ("--target-modules"), else a bad-input one. */
 unsigned bk_peft_targets_parse(const char *what, const char *text);
 /* in/out features of module m for this config: q (H -> NH*D), k/v (H -> NKV*D),
  * o (NH*D -> H), gate/up (H -> I), down (I -> H). */

@@ -2,6 +2,7 @@
 #include "qa.h"
 #include "common/diag.h"
 #include "common/files.h"
+#include "formats/msgjson.h"
 
 #include <ctype.h>
 #include <jansson.h>
@@ -104,13 +105,13 @@ void bk_qa_load(bk_qa_set *set, const char *path)
 				continue;
 			json_t *row = json_loads(line, 0, &err);
 			if (!row)
-				die("%s: line %ld: %s", path, ln, err.text);
+				die("%s: line %ld: %s", path, ln, bk_json_error_text(&err));
 			snprintf(where, sizeof where, "line %ld", ln);
 			add_row(set, row, path, where);
 			json_decref(row);
 		}
 	} else {
-		die("%s: line %d: column %d: %s", path, err.line, err.column, err.text);
+		die("%s: %s", path, bk_json_error(&err));
 	}
 	free(file);
 	if (!set->n)

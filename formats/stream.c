@@ -258,8 +258,8 @@ const msgpack_object *bk_reader_next(bk_reader *r)
 	char what[64];
 	snprintf(what, sizeof what, "record %" PRIu64, r->count + 1);
 	if (!next_object(r, what))
-		die("%s: stream truncated after %" PRIu64 " records (no trailer)", r->name,
-		    r->count);
+		die("%s: stream truncated after %" PRIu64 " record%s (no trailer)", r->name,
+		    r->count, bk_s(r->count));
 	const msgpack_object *o = &r->cur.data;
 	if (o->type != MSGPACK_OBJECT_MAP)
 		die("%s: stream corrupt: record %" PRIu64 " is not a map", r->name, r->count + 1);
@@ -279,8 +279,8 @@ const msgpack_object *bk_reader_next(bk_reader *r)
 	    hx->type != MSGPACK_OBJECT_STR)
 		die("%s: stream corrupt: malformed trailer", r->name);
 	if (cnt->via.u64 != r->count)
-		die("%s: stream corrupt: trailer says %" PRIu64 " records, read %" PRIu64,
-		    r->name, cnt->via.u64, r->count);
+		die("%s: stream corrupt: trailer says %" PRIu64 " record%s, read %" PRIu64,
+		    r->name, cnt->via.u64, bk_s(cnt->via.u64), r->count);
 	char want[17];
 	bk_hash_hex(XXH3_64bits_digest(r->xx), want);
 	if (hx->via.str.size != 16 || memcmp(hx->via.str.ptr, want, 16))

@@ -17,6 +17,7 @@
 #include "formats/template.h"
 
 #include "common/files.h"
+#include "formats/msgjson.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -231,7 +232,7 @@ int bk_template_detect(const char *model_dir)
 	json_error_t err;
 	json_t *root = json_load_file(path, 0, &err);
 	if (!root)
-		die("%s: line %d: %s", path, err.line, err.text);
+		die("%s: %s", path, bk_json_error(&err));
 	json_t *ct = json_is_object(root) ? json_object_get(root, "chat_template") : NULL;
 	const char *s = NULL;
 	if (json_is_string(ct)) {

@@ -24,6 +24,7 @@
 #include "formats/safetensors.h"
 #include "gpu/load.h"
 #include "gpu/loss.h"
+#include "formats/msgjson.h"
 
 #define GROW(p, cap, want)                                                     \
 	do {                                                                   \
@@ -605,7 +606,7 @@ void bk_trainer_resume(bk_trainer *t, const bk_config *cfg, const char *dir,
 	json_error_t err;
 	json_t *o = json_load_file(path, 0, &err);
 	if (!o)
-		die("%s: %s (line %d)", path, err.text, err.line);
+		die("%s: %s", path, bk_json_error(&err));
 	json_t *fmt = json_object_get(o, "format");
 	if (!json_is_string(fmt) || strcmp(json_string_value(fmt), STATE_FORMAT))
 		die("%s: not a bakery trainer state (key 'format')", path);

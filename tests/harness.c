@@ -81,6 +81,12 @@ int bk_run_child(void (*fn)(void *), void *arg, char *err, size_t errlen)
 void bk_expect_die(const char *what, void (*fn)(void *), void *arg, const char *s1,
 		   const char *s2)
 {
+	bk_expect_exit(what, 1, fn, arg, s1, s2);
+}
+
+void bk_expect_exit(const char *what, int status, void (*fn)(void *), void *arg,
+		    const char *s1, const char *s2)
+{
 	char buf[4096];
 	int st = bk_run_child(fn, arg, buf, sizeof buf);
 	size_t n = strlen(buf);
@@ -89,7 +95,7 @@ void bk_expect_die(const char *what, void (*fn)(void *), void *arg, const char *
 		lines += buf[i] == '\n';
 	/* tests/run.sh gives ASan/LSan exit 86 and UBSan 87, so a sanitizer report on the
 	 * error path is no expected death */
-	CHECK(st == 1, "%s: exit status %d%s, stderr: %s", what, st,
+	CHECK(st == status, "%s: exit status %d (want %d)%s, stderr: %s", what, st, status,
 	      st == 86 || st == 87 ? " (a sanitizer error)" : "", buf);
 	CHECK(lines == 1 && n && buf[n - 1] == '\n', "%s: %d lines: %s", what, lines, buf);
 	CHECK(!s1 || strstr(buf, s1), "%s: message lacks '%s': %s", what, s1, buf);

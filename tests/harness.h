@@ -34,5 +34,8 @@ int bk_run_child(void (*fn)(void *), void *arg, char *err, size_t errlen);
  * when they are not NULL.  Records failures with CHECK, naming what. */
 void bk_expect_die(const char *what, void (*fn)(void *), void *arg, const char *s1,
 		   const char *s2);
+/* the same with exit status `status` (2: a usage error, die_usage) */
+void bk_expect_exit(const char *what, int status, void (*fn)(void *), void *arg,
+		    const char *s1, const char *s2);
 
 #endif

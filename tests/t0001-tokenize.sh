@@ -109,6 +109,14 @@ test_expect_success 'nothing left after --max-seq-length: one error line, exit 1
 	grep -q "no records written" err
 '
 
+test_expect_success 'conflicting or unknown flags are usage errors: exit 2, one line' '
+	test_must_fail --exit 2 bk-tokenize --tokenizer "$L" --system S --system-file "$DATA/pipe/stories.txt" --prompt x 2>err &&
+	grep -q "give only one of --system, --system-file and --corpus (try .bk-tokenize --help.)" err &&
+	test_must_fail --exit 2 bk-tokenize --tokenizer "$L" --format yaml "$DATA/pipe/pairs.json" 2>err &&
+	grep -q "^bk-tokenize: --format: unknown input format .yaml." err &&
+	test_must_fail --exit 2 bk-tokenize --tokenizer "$L" --system-template x --prompt x 2>err
+'
+
 test_expect_success 'duplicate prompts get distinct stable ids' '
 	bk-tokenize --model "$M" --prompt same --prompt same --prompt other | bk-dump | jq -r .id >ids1 &&
 	bk-tokenize --model "$M" --prompt same --prompt same --prompt other | bk-dump | jq -r .id >ids2 &&
@@ -128,6 +136,13 @@ for f in bad.json nokey.json badutf8.txt empty.json; do
 		! ls out-$f.bk.tmp.* 2>/dev/null
 	"
 done
+
+test_expect_success 'a NUL character in JSON data: one line naming file, line and column, no library flag names' '
+	printf "[{\"prompt\": \"a\\\\u0000b\"}]\n" >nul.json && grep -q "u0000" nul.json &&
+	test_must_fail bk-tokenize --tokenizer "$L" nul.json 2>err &&
+	grep -q "nul.json: line 1: column [0-9]*: .u0000 is not allowed (NUL characters cannot be read)" err &&
+	! grep -q JSON_ALLOW_NUL err
+'
 
 test_expect_success 'missing key error names the record and keys tried' '
 	test_must_fail bk-tokenize --model "$M" nokey.json 2>err && grep -q "record 1" err && grep -q "prompt" err

@@ -38,6 +38,19 @@ test_expect_success 'bk-lens: a record longer than the budget gets its own batch
 	test $(jq -s "map(.batch) | unique | length" p) -eq 6
 '
 
+test_expect_success 'counts in messages agree in number: 1 record in 1 batch' '
+	bk-dump s.bk | head -1 | bk-dump --from-json | bk-lens --max-tokens 20 2>err >/dev/null &&
+	grep -q "^bk-lens: 1 record in 1 batch; packing efficiency" err &&
+	grep -q "(arrival order: 1 batch, " err && grep -q "warning: 1 record exceeds --max-tokens 20" err &&
+	bk-dump s.bk | head -2 | bk-dump --from-json | bk-lens --max-tokens 1000 2>err >/dev/null &&
+	grep -q "^bk-lens: 2 records in 1 batch;" err &&
+	bk-dump s.bk | head -1 | bk-dump --from-json >one.bk &&
+	off=$(grep -abo trailer one.bk | tail -1 | cut -d: -f1) &&
+	# the trailer map starts 5 bytes before its "trailer" string: map, "bk", str header
+	head -c $((off - 5)) one.bk | test_must_fail bk-dump 2>err >/dev/null &&
+	grep -q "stream truncated after 1 record (no trailer)" err
+'
+
 test_expect_success 'SIGPIPE: a closed reader ends a stage quietly' '
 	bk-dump s.bk | head -1 >/dev/null &&
 	for i in $(seq 200); do cat "$DATA/pipe/stories.txt"; done >many.txt &&

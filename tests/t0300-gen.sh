@@ -85,7 +85,7 @@ test_expect_success 'paired records pass through untouched, once, in place' '
 
 test_expect_success '-v: the shared prefix is built once for all records' '
 	$G -v --num-trajectories 2 s.bk 2>err >/dev/null &&
-	grep -q "built 1 times; 6 prompts used it, 0 prefilled in full" err
+	grep -q "built 1 time; 6 prompts used it, 0 prefilled in full" err
 '
 
 test_expect_success 'bk-lens lengths are updated with the response' '

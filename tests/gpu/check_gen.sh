@@ -39,7 +39,7 @@ cmp -s "$W/c1.bk" "$W/c7.bk" && cmp -s "$W/c1.bk" "$W/c64.bk" || bad "sampled ou
 cmp -s "$W/c64.bk" "$W/ckv.bk" || bad "sampled output depends on --kv-memory on the GPU"
 grep -q "waits for blocks" "$W/ckv.err" && grep 'kv cache' "$W/ckv.err"
 $G --device cuda -v "$W/s.bk" 2>"$W/v.err" >/dev/null || bad "bk-gen cuda -v"
-grep -q "built 1 times; 6 prompts used it" "$W/v.err" || bad "the prefix is not built once: $(grep prefix "$W/v.err")"
+grep -q "built 1 time; 6 prompts used it" "$W/v.err" || bad "the prefix is not built once: $(grep prefix "$W/v.err")"
 grep -E "shared prefix|kv cache" "$W/v.err"
 for dev in cuda cpu; do
 	$G --device $dev --temperature 0 --num-trajectories 1 --max-batch 4 "$W/s.bk" 2>/dev/null |

@@ -3,6 +3,7 @@
  * fork()ed child and check its exit status (1) and its one-line message. */
 #include "common/diag.h"
 #include "formats/inputs.h"
+#include "formats/msgjson.h"
 #include "tests/harness.h"
 
 #include <fcntl.h>
@@ -52,9 +53,10 @@ static void load(bk_dataset *ds, const char *path, bk_input_format fmt)
 
 typedef void (*bk_die_fn)(const void *ctx);
 
-/* Runs fn(ctx) in a child; checks that it exits with status 1 and that its stderr
- * contains want. */
-static void expect_die(const char *what, bk_die_fn fn, const void *ctx, const char *want)
+/* Runs fn(ctx) in a child; checks that it exits with status (1: die, 2: die_usage) and
+ * that its stderr is one line containing want. */
+static void expect_exit(const char *what, int status, bk_die_fn fn, const void *ctx,
+			const char *want)
 {
 	int fd[2];
 	if (pipe(fd) < 0)
@@ -82,11 +84,16 @@ static void expect_die(const char *what, bk_die_fn fn, const void *ctx, const ch
 	close(fd[0]);
 	int st;
 	waitpid(pid, &st, 0);
-	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s: exit status %d (want 1); stderr: %s",
-	      what, WIFEXITED(st) ? WEXITSTATUS(st) : -1, buf);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == status, "%s: exit status %d (want %d); stderr: %s",
+	      what, WIFEXITED(st) ? WEXITSTATUS(st) : -1, status, buf);
 	CHECK(strstr(buf, want) != NULL, "%s: stderr '%s' lacks '%s'", what, buf, want);
 	char *nl = strchr(buf, '\n');
 	CHECK(nl && nl[1] == 0, "%s: not exactly one line: '%s'", what, buf);
+}
+
+static void expect_die(const char *what, bk_die_fn fn, const void *ctx, const char *want)
+{
+	expect_exit(what, 1, fn, ctx, want);
 }
 
 typedef struct {
@@ -128,6 +135,12 @@ static void do_system(const void *p)
 static void system_dies(const char *what, sys_ctx c, const char *want)
 {
 	expect_die(what, do_system, &c, want);
+}
+
+/* a combination of flags: a usage error */
+static void system_usage(const char *what, sys_ctx c, const char *want)
+{
+	expect_exit(what, 2, do_system, &c, want);
 }
 
 /* ---- shapes ---- */
@@ -320,7 +333,7 @@ static void test_sniff(void)
 	CHECK(bk_input_format_parse("ndjson") == BK_FMT_JSONL, "parse ndjson");
 	CHECK(bk_input_format_parse("text") == BK_FMT_TEXT, "parse text");
 	CHECK(!strcmp(bk_input_format_name(BK_FMT_JSONL), "jsonl"), "format name");
-	expect_die("format", do_format, "yaml", "unknown input format 'yaml'");
+	expect_exit("format", 2, do_format, "yaml", "--format: unknown input format 'yaml'");
 }
 
 static void test_data_errors(void)
@@ -414,15 +427,15 @@ static void test_system(void)
 			     want);
 	}
 
-	system_dies("two sources", (sys_ctx){.system = "x", .file = D "system.txt"},
+	system_usage("two sources", (sys_ctx){.system = "x", .file = D "system.txt"},
 		    "give only one of --system, --system-file and --corpus");
-	system_dies("text and corpus", (sys_ctx){.system = "x", .corpus = D "corpus.txt"},
+	system_usage("text and corpus", (sys_ctx){.system = "x", .corpus = D "corpus.txt"},
 		    "give only one of");
-	system_dies("file and corpus", (sys_ctx){.file = D "system.txt", .corpus = D "corpus.txt"},
+	system_usage("file and corpus", (sys_ctx){.file = D "system.txt", .corpus = D "corpus.txt"},
 		    "give only one of");
-	system_dies("template alone", (sys_ctx){.system = "x", .tmpl = D "template.txt"},
+	system_usage("template alone", (sys_ctx){.system = "x", .tmpl = D "template.txt"},
 		    "--system-template needs --corpus");
-	system_dies("format alone", (sys_ctx){.format = "papers"}, "--corpus-format needs --corpus");
+	system_usage("format alone", (sys_ctx){.format = "papers"}, "--corpus-format needs --corpus");
 	system_dies("no placeholder",
 		    (sys_ctx){.corpus = D "corpus.txt", .tmpl = D "template_bad.txt"},
 		    "template_bad.txt: no '{corpus}' in the system template");
@@ -450,8 +463,27 @@ static void test_system(void)
 		    "err_utf8.txt: line 3: invalid utf-8");
 }
 
+/* jansson's errors as users read them: no flag names, no "line -1" */
+static void test_json_error_text(void)
+{
+	json_error_t err;
+	CHECK(!json_loads("[\"a\\u0000b\"]", 0, &err), "NUL accepted");
+	const char *m = bk_json_error(&err);
+	CHECK(!strstr(m, "JSON_ALLOW_NUL") && strstr(m, "NUL characters cannot be read") &&
+		      !strncmp(m, "line 1: column ", 15),
+	      "NUL: '%s' (jansson: '%s')", m, err.text);
+	CHECK(!json_load_file("tests/no-such-file.json", 0, &err), "missing file loaded");
+	m = bk_json_error(&err);
+	CHECK(err.line == -1 && !strstr(m, "line") && strstr(m, "no-such-file.json"),
+	      "missing file: '%s' (jansson line %d)", m, err.line);
+	CHECK(!json_loads("{\n\"a\": }", 0, &err), "bad JSON accepted");
+	m = bk_json_error(&err);
+	CHECK(!strncmp(m, "line 2: column ", 15), "bad JSON: '%s'", m);
+}
+
 int main(void)
 {
+	test_json_error_text();
 	test_json_shapes();
 	test_wrappers();
 	test_paired();

@@ -268,7 +268,11 @@ static void load_it(void *arg)
 	bk_adapter_free(bk_adapter_load(b->dir, b->c));
 }
 
-static void targets_it(void *text) { bk_peft_targets_parse("--target_modules", text); }
+static void targets_it(void *text) { bk_peft_targets_parse("--target-modules", text); }
+static void file_targets_it(void *text)
+{
+	bk_peft_targets_parse("x/adapter_config.json: key 'target_modules'", text);
+}
 
 /* a copy of PEFT's adapter whose config has key set to the JSON value */
 static char *with_config(const char *name, const char *key, const char *value)
@@ -402,8 +406,11 @@ static void test_refusals(void)
 	b.dir = "tests/nope";
 	b.c = cfg;
 	bk_expect_die("missing dir", load_it, &b, "tests/nope/adapter_config.json", NULL);
-	bk_expect_die("bad target flag", targets_it, "q_proj,qkv_proj", "--target_modules",
-		   "'qkv_proj'");
+	/* a flag's bad value is a usage error (exit 2), a file's bad input (exit 1) */
+	bk_expect_exit("bad target flag", 2, targets_it, "q_proj,qkv_proj", "--target-modules",
+		       "'qkv_proj'");
+	bk_expect_die("bad target in a file", file_targets_it, "q_proj,qkv_proj",
+		      "adapter_config.json: key 'target_modules'", "'qkv_proj'");
 }
 
 int main(int argc, char **argv)
