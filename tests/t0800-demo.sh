@@ -8,6 +8,8 @@
 test_expect_success 'make demo runs end to end and prints the before/after table' '
 	make -s -C "$ROOT" -f pipelines/demo.mk BIN="$BK_BIN" OUT="$TEST_TMP/demo" DEV="--device cpu" >out 2>err &&
 	grep -q "held-out KL" out && grep -q "keyword hit rate" out &&
+	sed -n "/^sample continuations:/,/^\$/p" out >examples && grep -q "^  prompted " examples &&
+	grep -q "^  base " examples && grep -q "^  baked " examples && ! grep -q discrete examples &&
 	test -s "$TEST_TMP/demo/adapter/final/adapter_model.safetensors" &&
 	test -s "$TEST_TMP/demo/loss.txt"
 '

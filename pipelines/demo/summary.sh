@@ -12,7 +12,8 @@ echo "keyword hit rate (sparky, dragon, castle) of greedy continuations, $n held
 jq -r --argjson n "$n" '.eval | "  base (no prompt)   \(.baseline_accuracy * $n | round)/\($n)\n  prompted           \(.discrete_accuracy * $n | round)/\($n)\n  baked (no prompt)  \(.baked_accuracy * $n | round)/\($n)"' "$r"
 echo
 echo "sample continuations:"
-jq -r '.examples[] | "  \(.config | . + "         " | .[0:9]) \(.question) -> \(.answer | gsub("\n"; " ") | .[0:110])"' "$r"
+# the table's names for bk-eval's configurations (baseline, discrete, baked)
+jq -r '.examples[] | "  \(.config | {baseline: "base", discrete: "prompted", baked: "baked"}[.] // . | . + "         " | .[0:9]) \(.question) -> \(.answer | gsub("\n"; " ") | .[0:110])"' "$r"
 echo
 cat "$out/loss.txt"
 [ -f "$out/loss.png" ] && echo "loss curve: $out/loss.png"
