@@ -148,8 +148,12 @@ check() {
 		return 0
 	fi
 	[ $S_RC = 125 ] && { row "$part" "$name" "$(why)" "" ""; return 1; }
-	local res note
+	local res note fl
 	res=$(why) note=$(lastline "$name")
+	# the failing lines of a check program ("op size what ... FAIL"): which ops
+	fl=$(grep -E '(FAIL|absent)$' "$LOGS/$name.log" | awk '{print $1, $2}' | sort | uniq -c |
+		awk '{printf "%s%s %s (%d)", (NR > 1 ? ", " : ""), $2, $3, $1}' | cut -c1-200)
+	[ -n "$fl" ] && note="$note; failing lines: $fl"
 	export BK_CUDA_SYNC=1
 	stage "$name.sync" "$max" "$@"
 	unset BK_CUDA_SYNC
