@@ -84,4 +84,13 @@ test_expect_success 'bk-plot draws loss and learning rate; a stream without step
 	test_must_fail "$ROOT/pipelines/bk-plot" sft/tokens.bk
 '
 
+test_expect_success 'bk-plot: the header shows the smallest loss, not the axis; a truncated stream fails' '
+	want=$(bk-dump sft/metrics.bk | jq -s "[.[] | select(.step != null) | .loss] | min") &&
+	got=$(sed -n "s/^loss per step (min \([^,]*\),.*/\1/p" plot) &&
+	awk -v a="$got" -v b="$want" "BEGIN { d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= 1e-3 * b) }" &&
+	size=$(stat -c %s sft/metrics.bk) && head -c $((size - 20)) sft/metrics.bk >cut.bk &&
+	test_must_fail "$ROOT/pipelines/bk-plot" cut.bk 2>err >/dev/null && grep -q "cut.bk: stream truncated" err &&
+	test_must_fail "$ROOT/pipelines/bk-plot" <(cat cut.bk) 2>err >/dev/null && grep -q "stream truncated" err
+'
+
 test_done
