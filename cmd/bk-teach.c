@@ -18,8 +18,9 @@
 #include <time.h>
 
 static const char usage[] =
-	"usage: bk-teach --model DIR [--device D] [--top-k K] [--temperature T]\n"
-	"                [--max-tokens N | --batch-size N] [--vocab-chunk N] [-o FILE] [-v]\n"
+	"usage: bk-teach --model DIR [--device D] [--top-k K] [--min-mass M]\n"
+	"                [--temperature T] [--max-tokens N | --batch-size N] [--vocab-chunk N]\n"
+	"                [-o FILE] [-v]\n"
 	"                [--shard I/N] [--system TEXT | --system-file FILE] [STREAM]\n"
 	"Appends 'teacher' to every record: the base model's log-probs (adapter off) on\n"
 	"t_prompt + resp at each response position.  Records must carry 'resp' (run bk-gen\n"
@@ -30,6 +31,9 @@ static const char usage[] =
 	"  --system-file FILE the same, the system prompt read from FILE\n"
 	"  --top-k K          keep the K most likely ids per position and the remaining mass\n"
 	"                     (default 64; 0 = the full distribution)\n"
+	"  --min-mass M       when the first batch's top-k keeps less than M of the teacher's\n"
+	"                     mass on average (a flat teacher), write no teacher field: bk-step\n"
+	"                     then computes the exact teacher itself (default 0.5; 0 = never)\n"
 	"  --temperature T    KL temperature: log-probs of softmax(logits / T) (default 1.0)\n"
 	"  --max-tokens N     tokens per model forward; records without a bk-lens 'batch' are\n"
 	"                     packed in arrival order under it (default 4096)\n"
@@ -58,6 +62,14 @@ static void group_clear(group *g)
 	g->tokens = 0;
 }
 
+/* the mass top-k leaves out (the 'rest' bucket), over every position written */
+typedef struct {
+	double sum, max, min_mass;
+	uint64_t n;
+	int exact; /* the first batch was flat: no teacher fields */
+} mass_stats;
+static mass_stats ms = {0, 0, 0.5, 0, 0};
+
 /* Runs and writes the batch.  The first batch also sets the shared prefix: the
  * longest common prefix of its t_prompts and that of the record after it (next, NULL
  * at the end), so a first batch of one record does not make its user text the prefix. */
@@ -80,7 +92,26 @@ static void flush(group *g, bk_teach *tc, bk_writer *out, int *first, const bk_t
 		     "t_prompt)", P);
 		*first = 0;
 	}
-	bk_teach_run(tc, seqs, (int)cnt, tv);
+	if (!ms.exact) /* after a flat first batch the fields are not written */
+		bk_teach_run(tc, seqs, (int)cnt, tv);
+	double bsum = 0;
+	uint64_t bn = 0;
+	for (size_t i = 0; i < cnt; i++)
+		if (tv[i].k && tv[i].rest)
+			for (int r = 0; r < tv[i].n; r++) {
+				double u = tv[i].rest[r];
+				bsum += u, bn++;
+				if (u > ms.max)
+					ms.max = u;
+			}
+	if (ms.n == 0 && bn && ms.min_mass > 0 && 1 - bsum / (double)bn < ms.min_mass) {
+		ms.exact = 1;
+		warn("the teacher is flat: its top-%d keeps %.1f%% of the mass on average over the "
+		     "first batch's %llu positions (--min-mass %g); writing no teacher field, so "
+		     "bk-step computes the exact teacher", tv[0].k, 100 * (1 - bsum / (double)bn),
+		     (unsigned long long)bn, ms.min_mass);
+	}
+	ms.sum += bsum, ms.n += bn;
 
 	static const char *const skip[] = {"teacher", NULL};
 	msgpack_unpacked up;
@@ -92,8 +123,10 @@ static void flush(group *g, bk_teach *tc, bk_writer *out, int *first, const bk_t
 			BUG("stored record does not parse");
 		msgpack_packer *pk = bk_rec_begin(out);
 		bk_rec_copy(out, &up.data, skip);
-		bk_rec_key(out, "teacher");
-		bk_teacher_pack(pk, &tv[i]);
+		if (!ms.exact) {
+			bk_rec_key(out, "teacher");
+			bk_teacher_pack(pk, &tv[i]);
+		}
 		bk_rec_end(out);
 		bk_teacher_free(&tv[i]);
 	}
@@ -113,6 +146,7 @@ int main(int argc, char **argv)
 		{"model", 0, BK_OPT_STR, &model, 0, 0},
 		{"device", 0, BK_OPT_STR, &device, 0, 0},
 		{"top-k", 0, BK_OPT_INT, &top_k, 0, 1L << 30},
+		{"min-mass", 0, BK_OPT_DOUBLE, &ms.min_mass, 0, 0},
 		{"temperature", 0, BK_OPT_DOUBLE, &temperature, 0, 0},
 		{"max-tokens", 0, BK_OPT_INT, &max_tokens, 1, 1L << 30},
 		{"batch-size", 0, BK_OPT_INT, &batch_size, 1, 1L << 30},
@@ -136,6 +170,8 @@ int main(int argc, char **argv)
 		shard = bk_shard_parse("--shard", shard_spec);
 	if (bk_flag_given("max-tokens") && bk_flag_given("batch-size"))
 		die_usage("give --max-tokens or --batch-size, not both");
+	if (!(ms.min_mass >= 0 && ms.min_mass <= 1))
+		die_usage("--min-mass %g is not in [0, 1]", ms.min_mass);
 	if (!(temperature > 0) || temperature > 1e6)
 		die_usage("--temperature %g is not a positive number", temperature);
 
@@ -246,6 +282,16 @@ int main(int argc, char **argv)
 	     (unsigned long long)st->tokens, bk_teach_prefix_len(tc),
 	     (unsigned long long)st->with_prefix, (unsigned long long)st->full,
 	     (unsigned long long)st->rows, secs > 0 ? (double)st->tokens / secs : 0.0);
+	if (ms.n) {
+		double mean = ms.sum / (double)ms.n;
+		note("top-%ld uncovered mass: mean %.4f, max %.4f over %llu positions%s", top_k,
+		     mean, ms.max, (unsigned long long)ms.n,
+		     ms.exact ? " (no teacher fields written: exact in bk-step)" : "");
+		if (!ms.exact && ms.min_mass > 0 && 1 - mean < ms.min_mass)
+			warn("top-%ld left %.1f%% of the teacher's mass uncovered on average (more than "
+			     "1 - --min-mass %g): the loss underestimates the KL; use --top-k 0 or a "
+			     "larger k", top_k, 100 * mean, ms.min_mass);
+	}
 	bk_teach_free(tc);
 	free(owned_head);
 	bk_model_unload(&lm);
