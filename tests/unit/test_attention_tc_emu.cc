@@ -1,11 +1,13 @@
 /* test_attention_tc_emu.cc - the tensor-core attention of gpu/cuda_attention_tc.cu,
  * its own source compiled for the CPU under tests/unit/cuda_emu.h (threads for CUDA
- * threads, an mma.sync m16n8k16 that decodes its fragments by the PTX layout), against
- * the host twin: forward out / lse and backward dq / dk / dv on small packed shapes (odd
- * lengths, tiles spanning sequences, GQA 4/2 and 4/1, D 64 and 128, a prefix, softcap and
+ * threads, an mma.sync m16n8k16 and an ldmatrix .trans that decode their fragments by
+ * the PTX layout), against the host twin: forward out / lse and backward dq / dk / dv
+ * on small packed shapes (odd lengths, tiles spanning sequences, GQA 4/2, 4/1, 2/1 and
+ * NH = NKV (dk/dv added directly, no reduction), D 64 and 128, a prefix, softcap and
  * sliding window).  This checks the kernels' indexing, masks, online softmax, fragment
- * packing, barriers and the GQA reduction without a GPU; not the hardware's rounding or
- * speed (tests/gpu/check_attention_tc.c does that on a GPU).
+ * packing, barriers and the GQA reduction without a GPU; not the hardware's rounding,
+ * its fragment layout itself, races between blocks (blocks run one at a time) or speed
+ * (tests/gpu/check_attention_tc.c does those on a GPU).
  * Inputs are rounded to bf16 first, so the only bf16 error left is P and dS rounded in
  * the second products: each term off by <= 2^-8 relative, so
  *   out <= 1.01 2^-8 max|v| + 1e-5;   lse <= 1e-4 (fp32 only);
@@ -52,7 +54,10 @@ float __shfl_xor_sync(unsigned, float v, int lane_mask)
 	return r;
 }
 
-static float emu_half(uint32_t reg, int half) { return emu_bf16_to_f32((uint16_t)(reg >> (16 * half))); }
+static float emu_half(uint32_t reg, int half)
+{
+	return emu_bf16_to_f32((uint16_t)(reg >> (16 * half)));
+}
 
 void emu_mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
@@ -276,6 +281,7 @@ int main(int argc, char **argv)
 	run_case({33, 1, 64}, 4, 1, 128, 0, capwin, true);   // softcap + window, GQA 4
 	run_case({100}, 2, 2, 64, 5, win, false);            // window into the prefix
 	run_case({100, 30}, 2, 1, 64, 0, win, true);         // window shorter than a tile
+	run_case({65, 3}, 2, 2, 64, 0, a64, true);           // NH = NKV: dk/dv added directly
 	printf("test_attention_tc_emu: %d checks, %d failed (%.1f s CPU)\n", n_lines, n_fail,
 	       (double)(clock() - c0) / CLOCKS_PER_SEC);
 	return n_fail ? 1 : 0;
