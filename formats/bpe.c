@@ -1398,24 +1398,42 @@ static void gap_normalized(struct ctx *c, const char *s, size_t n, size_t origin
 }
 
 /* NFC of s into out (when anything changes); returns 0 when s is already NFC. */
+/* utf8proc's NFC of s[0..n) appended to out; 0 on invalid UTF-8. */
+static int nfc_append(const char *s, size_t n, cvec *out)
+{
+	utf8proc_uint8_t *dst = NULL;
+	utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
+					  UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+	if (r < 0)
+		return 0;
+	bk_vec_reserve(out, out->n + (size_t)r + 1);
+	memcpy(out->v + out->n, dst, (size_t)r);
+	out->n += (size_t)r;
+	free(dst);
+	return 1;
+}
+
+/* NFC of s into out (when anything changes); returns 0 when s is left as it is.
+ * HF's NFC (Rust unicode-normalization) does not compose U+11935 U+11930 into U+11938
+ * as Unicode 16 (and utf8proc) do: the text is normalized in two parts around each such
+ * pair (U+11930 is a starter, so nothing else composes across the cut). */
 static int nfc(const char *s, size_t n, cvec *out)
 {
+	static const char a[] = "\xf0\x91\xa4\xb5", b[] = "\xf0\x91\xa4\xb0"; /* U+11935, U+11930 */
 	size_t i = 0;
 	while (i < n && (unsigned char)s[i] < 0xcc) /* below U+0300: nothing composes */
 		i++;
 	if (i == n)
 		return 0;
-	utf8proc_uint8_t *dst = NULL;
-	utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
-					  UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-	if (r < 0) /* invalid UTF-8: left as it is */
-		return 0;
 	out->n = 0;
-	bk_vec_reserve(out, (size_t)r + 1);
-	memcpy(out->v, dst, (size_t)r);
-	out->n = (size_t)r;
-	free(dst);
-	return 1;
+	size_t start = 0;
+	for (size_t k = i; k + 8 <= n; k++)
+		if (!memcmp(s + k, a, 4) && !memcmp(s + k + 4, b, 4)) {
+			if (!nfc_append(s + start, k + 4 - start, out))
+				return 0;
+			start = k + 4;
+		}
+	return nfc_append(s + start, n - start, out);
 }
 
 static void gap_raw(struct ctx *c, const char *s, size_t n, size_t origin)

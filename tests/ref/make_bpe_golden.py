@@ -49,6 +49,8 @@ HARD = [
     "\ud55c\uad6d\uc5b4 \u1112\u1161\u11ab\u1100\u1173\u11af \u0928\u092e\u0938\u094d\u0924\u0947 \u0926\u0941\u0928\u093f\u092f\u093e",
     "Cafe\u0301 nai\u0308ve e\u0301\u0301\u0301 Z\u0351\u036b\u0343\u036a\u0302\u036b\u033d\u034f\u0334\u0319\u0324a\u0300lgo\u0308",
     "\u212b \u2126 \u00c5 \u1e9b\u0323 \ufb01 \ufb03 \u2460\u2461 \u00bd \u2167",
+    # NFC where HF's tables are older than Unicode 16: U+11935 U+11930 stays two
+    "\U00011935\U00011930 a\U00011935\U00011930\U00011935\U00011930b \U00011938 \U00011935\u0301\U00011930",
     # right-to-left
     "\u0645\u0631\u062d\u0628\u0627 \u0628\u0627\u0644\u0639\u0627\u0644\u0645 \u05e9\u05dc\u05d5\u05dd \u05e2\u05d5\u05dc\u05dd \u200f\u202b123\u202c",
     # every whitespace kind
