@@ -110,7 +110,8 @@ bk_tok *bk_tok_open(const char *path)
 	if (!bk_file_exists(t->path)) {
 		if (is_dir(path))
 			die("%s: no tokenizer.json or tokenizer.model", path);
-		die("%s: no such file", t->path);
+		die("%s: no such file (a model directory needs tokenizer.json or tokenizer.model)",
+		    t->path);
 	}
 	if (ends_with(t->path, ".json")) {
 		t->kind = BK_TOK_BPE;
