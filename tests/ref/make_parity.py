@@ -5,9 +5,11 @@
 #
 #   python3 tests/ref/make_parity.py                      write and self-check all fixtures
 #   python3 tests/ref/make_parity.py --verify             only re-check the committed fixtures
-#   python3 tests/ref/make_parity.py --check-adapter DIR [--model tiny|stories260K]
+#   python3 tests/ref/make_parity.py --check-adapter DIR [--model NAME]
 #                                    [--which init|step3] load a PEFT adapter dir written by
 #                                    the C code and print max |logits - reference| on sample 0
+#   python3 tests/ref/make_parity.py --check-merge DIR --model NAME [--adapter DIR]
+#                                    compare a bk-merge output with PEFT merge_and_unload
 #
 # See tests/ref/README.md for the fixture layout and tensor names.
 import argparse
@@ -857,6 +859,31 @@ def check_adapter(adir, name, which):
     return 0 if rel < 1e-4 else 1
 
 
+# ---------------------------------------------------------------- --check-merge
+
+def check_merge(mdir, name, adir):
+    """mdir: a model dir written by bk-merge from MODELS[name] and the adapter adir (default
+    the fixture's adapter-peft). Compares its logits on every sample with HF + PEFT's
+    merge_and_unload of the same adapter, and the merged tensors themselves."""
+    from peft import PeftModel
+    case, _ = load_fixture(name)
+    adir = adir or str(OUT_DIR / name / "adapter-peft")
+    ref = PeftModel.from_pretrained(load_base(MODELS[name]["path"]), adir).merge_and_unload()
+    ref.eval()
+    got = load_base(mdir)
+    worst = 0.0
+    with torch.no_grad():
+        for s in case["samples"]:
+            for ids in (s["t_ids"], s["s_ids"]):
+                worst = max(worst, max_relerr(logits_of(got, ids), logits_of(ref, ids)))
+        sd_ref, sd_got = ref.state_dict(), got.state_dict()
+        wmax = max(((sd_got[k].double() - v.double()).abs().max().item() /
+                    max(v.abs().max().item(), 1e-30)) for k, v in sd_ref.items())
+    print(f"{name}: bk-merge {mdir} vs PEFT merge_and_unload({adir}): logits relerr "
+          f"{worst:.3g}, tensors relerr {wmax:.3g}")
+    return 0 if worst < 1e-5 and wmax < 1e-6 else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description="write and verify the golden parity fixtures "
                                  "(tests/golden/parity), or check a PEFT adapter dir")
@@ -865,13 +892,24 @@ def main():
     ap.add_argument("--which", choices=["init", "step3"], default="init",
                     help="reference logits for --check-adapter (default init)")
     ap.add_argument("--verify", action="store_true", help="only verify existing fixtures")
+    ap.add_argument("--check-merge", metavar="DIR",
+                    help="compare a bk-merge output dir with PEFT merge_and_unload (--model "
+                         "needed; --adapter, default the fixture's adapter-peft)")
+    ap.add_argument("--adapter", metavar="DIR")
     a = ap.parse_args()
     if a.check_adapter:
         a.check_adapter = os.path.abspath(a.check_adapter)
+    for k in ("check_merge", "adapter"):
+        if getattr(a, k):
+            setattr(a, k, os.path.abspath(getattr(a, k)))
     os.chdir(ROOT)
     setup_torch()
     if a.check_adapter:
         return check_adapter(a.check_adapter, a.model, a.which)
+    if a.check_merge:
+        if not a.model:
+            sys.exit("make_parity: --check-merge needs --model")
+        return check_merge(a.check_merge, a.model, a.adapter)
     names = [a.model] if a.model else list(MODELS)
     if not a.verify:
         for n in names:

@@ -1,6 +1,6 @@
 /* test_parity.c - golden parity of the model core (host twin) with HF transformers +
  * PEFT, on the fixtures of tests/ref/make_parity.py (format: tests/ref/README.md) for
- * the tiny random Llama (GQA, untied) and models/stories260K (tied):
+ * tiny random models and models/stories260K (tied):
  *   1. logits of the base model on the 3 teacher sequences and of the adapted model
  *      (lora.init) on the 3 student sequences, each set PACKED in one batch; the
  *      teacher also through the shared system-prompt prefix (KV prefix, RoPE offset);
@@ -13,7 +13,12 @@
  *      logits after step 3;
  *   5. PEFT's adapter directory read by bk_adapter_load (exactly lora.init, same logits);
  *   6. an adapter written by us round-trips (BK_PARITY_KEEP=DIR keeps it in DIR/<model>
- *      for `python3 tests/ref/make_parity.py --check-adapter DIR/<model> --which step3`).
+ *      for `python3 tests/ref/make_parity.py --check-adapter DIR/<model> --which step3`);
+ *   7. bk-merge's model (our step-3 adapter folded in) without an adapter gives the
+ *      stored HF + PEFT step-3 logits.
+ * Models: tiny (Llama), stories260K, and the families qwen2 (bias, window), qwen3 (q/k
+ * norms, head_dim != H/NH), gemma2 (Gemma norms, GeGLU, sandwich, softcap, window),
+ * gemma3 (q/k norms, two RoPE bases, window).
  * Errors are max|a-b| / max|b| per tensor (bk_max_relerr), one line per quantity.
  * Not the finite-difference checks (test_model_grad.c) and not the edge cases of each
  * part (test_loss.c, test_optim.c, test_peft.c, test_train.c). */
@@ -26,6 +31,7 @@
 
 #include "common/diag.h"
 #include "common/files.h"
+#include "formats/merge.h"
 #include "formats/peft.h"
 #include "formats/safetensors.h"
 #include "gpu/load.h"
@@ -854,6 +860,25 @@ static void check_our_adapter(pcase *c, const bk_lora *lora)
 	logits_of(c, l, &c->sp, logits);
 	check_seq_logits(c, "logits.student_step3.0", &c->sp, 0, logits, TOL_LOGITS);
 	bk_lora_free(c->m, l);
+	/* 7. bk-merge's model (the adapter folded into the weights, f32) with no adapter
+	 * gives the adapted model's logits (HF + PEFT's, stored) */
+	char *mdir = bk_path_join(tmp, "merged");
+	bk_merge_model(c->model_path, back, mdir, BK_MERGE_AUTO);
+	bk_loaded_model merged = bk_model_load(&bk_ops_host, mdir);
+	bk_acts *ma = bk_acts_create(merged.model, c->sp.T, 1);
+	float *mh = c->ops->alloc((size_t)c->sp.T * c->H * sizeof(float));
+	bk_model_forward(merged.model, NULL, &c->sp.b, NULL, ma, mh);
+	bk_model_logits(merged.model, mh, c->dlogits, c->sp.T);
+	c->ops->download(logits, c->dlogits, (size_t)c->sp.T * c->V * sizeof(float));
+	int len0 = c->sp.cu[1] - c->sp.cu[0];
+	float *want = read_tensor(c, "logits.student_step3.0", len0, c->V);
+	report(c->name, "bk-merge model == logits.student_step3.0",
+	       bk_max_relerr(logits, want, (size_t)len0 * c->V, 1e-30), TOL_LOGITS);
+	free(want);
+	c->ops->free(mh);
+	bk_acts_free(merged.model, ma);
+	bk_model_unload(&merged);
+	free(mdir);
 	bk_adapter_free(back);
 	remove_tree(tmp);
 	const char *keep = getenv("BK_PARITY_KEEP");
