@@ -85,7 +85,7 @@ static pending_rec *ring_at(ring *r, uint64_t no)
 }
 
 typedef struct {
-	uint64_t in, passed, samples, written, dropped, tokens;
+	uint64_t in, passed, samples, written, dropped;
 } totals;
 
 /* "2G", "512M", "64K" or plain bytes (powers of 1024) */
@@ -192,13 +192,16 @@ static void submit(bk_gen *g, pending_rec *p, uint64_t no, const char *id, const
 	free(tags);
 }
 
-static void progress(const totals *t, double t0, int final)
+/* tokens: the engine's count of tokens sampled so far, finished samples or not (the
+ * samples' own lengths arrive only when they finish, in lockstep batches often all at
+ * the end of a window or an epoch) */
+static void progress(const totals *t, const bk_gen *g, double t0, int final)
 {
 	double dt = now() - t0;
+	unsigned long long tokens = (unsigned long long)bk_gen_get_stats(g)->new_tokens;
 	fprintf(stderr, "\r%s: %llu records, %llu samples, %llu tokens, %.0f tokens/s%s", bk_prog,
-		(unsigned long long)t->in, (unsigned long long)t->samples,
-		(unsigned long long)t->tokens, dt > 0 ? (double)t->tokens / dt : 0.0,
-		final ? "\n" : "");
+		(unsigned long long)t->in, (unsigned long long)t->samples, tokens,
+		dt > 0 ? (double)tokens / dt : 0.0, final ? "\n" : "");
 }
 
 int main(int argc, char **argv)
@@ -247,6 +250,7 @@ int main(int argc, char **argv)
 	const bk_ops *ops = bk_device_select(device);
 	const bk_gen_ops *gops = bk_gen_ops_for(ops);
 
+	bk_config_free(bk_config_load(model)); /* an unsupported model is refused first */
 	bk_reader *in = bk_reader_open(n ? argv[0] : "-");
 	char *tok_path = bk_tok_file(model);
 	bk_reader_expect_file(in, "tokenizer", tok_path, "tokenizer");
@@ -411,16 +415,15 @@ int main(int argc, char **argv)
 			p->res[r.tag % (uint64_t)per] = r;
 			p->n_done++;
 			tot.samples++;
-			tot.tokens += (uint64_t)r.n;
 		}
 		if (tty && now() - last_progress > 0.5) {
-			progress(&tot, t0, 0);
+			progress(&tot, g, t0, 0);
 			last_progress = now();
 		}
 	}
 	}
 	if (tty)
-		progress(&tot, t0, 1);
+		progress(&tot, g, t0, 1);
 	const bk_gen_stats *st = bk_gen_get_stats(g);
 	double dt = now() - t0;
 	note("shared prefix: %d tokens, built %llu time%s; %llu prompt%s used it, %llu prefilled in "

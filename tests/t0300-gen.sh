@@ -114,4 +114,15 @@ test_expect_success 'usage errors exit 2' '
 	usage_error $G s.bk s.bk
 '
 
+# Greedy trajectories of one prompt run in lockstep and all finish at the last step, so
+# the live line must count the tokens sampled so far, not those of finished samples.
+test_expect_success 'the progress line on a terminal counts tokens before any sample finishes' '
+	command -v script >/dev/null || { echo "skip: no script(1)"; exit 0; }
+	bk-tokenize --model "$M" --prompt "Once upon a time" -o p1.bk 2>/dev/null &&
+	script -qefc "bk-gen --device cpu --model $M --temperature 0 --num-trajectories 16 --max-new-tokens 200 p1.bk -o /dev/null" /dev/null >tty.out &&
+	tr "\r" "\n" <tty.out | grep "^bk-gen: " >lines && cat lines &&
+	grep -q "^bk-gen: 1 records, 16 samples, 3200 tokens" lines &&
+	if [ $(wc -l <lines) -gt 1 ]; then grep -q "^bk-gen: 1 records, 0 samples, [1-9][0-9]* tokens" lines; fi
+'
+
 test_done
