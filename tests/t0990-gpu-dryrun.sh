@@ -4,7 +4,8 @@
 # results.md (a row per check, each with a result), env.txt, smi.csv and logs.tar.gz in
 # --out and nothing else there; a failing check is named and re-run with BK_CUDA_SYNC=1;
 # a hanging stage is cut by the budget and the stages after it are reported as not run;
-# a library missing from the pack is named.
+# a library missing from the pack is named.  (No "cmd | grep -q" here: with pipefail, grep
+# leaving early can fail the step by SIGPIPE.)
 . "$(dirname "$0")/lib.sh"
 BUILD_DIR=$(dirname "$BK_BIN")
 export BK_PACK_XZ_LEVEL=0 # fast; the real pack uses xz -6
@@ -18,10 +19,11 @@ test_expect_success 'pack.sh packs the build and resolves every library' '
 	for f in bin/bk-step bin/bk-dump bin/jq tests/test_ops bench/bench_step bench/bench_gen MANIFEST; do
 		test -s "$TEST_TMP/pack/$f" || { echo "pack lacks $f"; exit 1; }
 	done &&
-	ls "$TEST_TMP/pack/lib" | grep -q "^libmsgpackc\.so" &&
-	ls "$TEST_TMP/pack/lib" | grep -q "^libopenblas\.so\.0\.xz$" &&
-	ls "$TEST_TMP/pack/lib/sys" | grep -q "^libstdc++\.so\.6$" &&
-	! ls "$TEST_TMP/pack/lib" | grep -q "^libc\.so\|^libcuda"
+	ls "$TEST_TMP/pack/lib" "$TEST_TMP/pack/lib/sys" >libs &&
+	grep -q "^libmsgpackc\.so" libs &&
+	grep -q "^libopenblas\.so\.0\.xz$" libs &&
+	grep -q "^libstdc++\.so\.6$" libs &&
+	! grep -q "^libc\.so\|^libcuda" libs
 '
 
 test_expect_success 'pack.sh refuses a build directory without programs' '
@@ -69,7 +71,7 @@ test_expect_success 'run.sh: a failing check is named and re-run with BK_CUDA_SY
 	grep -q "| host | test_model_grad | FAIL | [0-9]* | TIMEOUT ([0-9]*s)" out2/results.md &&
 	grep -q "| bakery generate (bench_gen) | not run: budget spent |" out2/results.md &&
 	grep -q "3 correctness check(s) FAILED: libraries on this machine test_ops test_model_grad$" out2/results.md &&
-	tar -tzf out2/logs.tar.gz | grep -q "^logs/test_ops.sync.log$"
+	tar -tzf out2/logs.tar.gz >list2 && grep -q "^logs/test_ops.sync.log$" list2
 '
 
 test_expect_success 'run.sh: usage errors' '
