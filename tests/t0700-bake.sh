@@ -215,6 +215,8 @@ test_expect_success 'writing into an existing output_dir, overwrite_output_dir, 
 	cmp whole.safetensors rs/final_model/adapter_model.safetensors &&
 	bk-bake small.yaml --output_dir rs --eval_file null --save_steps 1 --resume_from_checkpoint true >s &&
 	grep -q "resuming from rs/checkpoint-3 at step 3" rs/logs/bk-step.log &&
+	bk-bake small.yaml --output_dir lim --eval_file null --save_steps 1 --save_total_limit 1 >/dev/null &&
+	test "$(cd lim && ls -d checkpoint-*)" = checkpoint-3 &&
 	{ bk-bake small.yaml --output_dir none --eval_file null --resume_from_checkpoint true 2>err; test $? = 1; } &&
 	grep -q "holds no checkpoint-N" err
 '
