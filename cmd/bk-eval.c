@@ -204,6 +204,7 @@ int main(int argc, char **argv)
 	if (!system)
 		die_usage("no system prompt: give --system, --system-file or --corpus");
 
+	bk_config_free(bk_config_load(o.model)); /* an unsupported model is refused first */
 	const bk_ops *ops = bk_device_select(o.device);
 	char *tok_path = bk_tok_file(o.model);
 	bk_tok *spm = bk_tok_open(tok_path);

@@ -175,6 +175,7 @@ int main(int argc, char **argv)
 	if (!(temperature > 0) || temperature > 1e6)
 		die_usage("--temperature %g is not a positive number", temperature);
 
+	bk_config_free(bk_config_load(model)); /* an unsupported model is refused first */
 	bk_reader *in = bk_reader_open(npos ? argv[0] : "-");
 	char *tok = bk_tok_file(model);
 	bk_reader_expect_file(in, "tokenizer", tok, "tokenizer");

@@ -175,6 +175,14 @@ int main(int argc, char **argv)
 	char *system = bk_system_prompt(o.system, o.system_file, o.corpus, o.corpus_format,
 					o.system_template);
 
+	bk_config *cfg = NULL; /* --model: its context length is checked per sample;
+			       * an unsupported model is refused first */
+	if (o.model) {
+		char *cp = bk_path_join(o.model, "config.json");
+		if (bk_file_exists(cp))
+			cfg = bk_config_load(cp);
+		free(cp);
+	}
 	char *tok_path = o.tokenizer ? xstrdup(o.tokenizer) : bk_tok_file(o.model);
 	bk_tok *spm = bk_tok_open(tok_path);
 	int tmpl;
@@ -189,13 +197,6 @@ int main(int argc, char **argv)
 		tmpl = BK_TMPL_RAW;
 	}
 	bk_template_check(tmpl, spm);
-	bk_config *cfg = NULL; /* --model: its context length is checked per sample */
-	if (o.model) {
-		char *cp = bk_path_join(o.model, "config.json");
-		if (bk_file_exists(cp))
-			cfg = bk_config_load(cp);
-		free(cp);
-	}
 	const char *tmpl_name = bk_template_name(tmpl);
 	uint64_t tok_hash = bk_tok_hash(spm);
 	bk_tokcache *cache = o.no_cache ? NULL : bk_tokcache_open(tok_hash);
