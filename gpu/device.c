@@ -7,6 +7,9 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #ifndef BK_HAVE_CUDA
 int bk_cuda_device_count(const char **why)
@@ -33,6 +36,28 @@ static int cuda_missing_ops(void)
 	return missing;
 }
 #endif
+
+/* The "no GPU" notice of --device auto, once per pipe: the stages of one pipe (and of
+ * one make recipe or script) share a process group, so the stage that first binds the
+ * abstract socket "bakery/no-gpu/UID/SID/PGID" prints the notice and holds the name
+ * until it exits; a stage that finds the name taken stays quiet.  An abstract socket
+ * leaves no file behind and vanishes with its holder, so a reused process-group id
+ * never silences a later job.  Where no socket can be made (no AF_UNIX), every stage
+ * prints, as before. */
+static int first_in_pipe(void)
+{
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return 1;
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "bakery/no-gpu/%ld/%ld/%ld",
+			 (long)getuid(), (long)getsid(0), (long)getpgrp());
+	socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+	if (bind(fd, (struct sockaddr *)&a, len) == 0)
+		return 1; /* fd stays open (and the name ours) until this process exits */
+	close(fd);
+	return 0;
+}
 
 const bk_ops *bk_device_select(const char *name)
 {
@@ -61,6 +86,7 @@ const bk_ops *bk_device_select(const char *name)
 	}
 	if (!strcmp(name, "cuda"))
 		die("--device cuda: no usable GPU: %s", why);
-	fprintf(stderr, "%s: no GPU (%s); using the host twin (cpu)\n", bk_prog, why);
+	if (first_in_pipe())
+		fprintf(stderr, "%s: no GPU (%s); using the host twin (cpu)\n", bk_prog, why);
 	return &bk_ops_host;
 }

@@ -1,6 +1,7 @@
 /* device.h - choosing where the compute layer runs: --device cpu|cuda|auto.
- * auto takes a GPU when the CUDA build finds one, else the host twin, and says so
- * once on stderr.  Not the ops themselves (ops.h). */
+ * auto takes a GPU when the CUDA build finds one, else the host twin, and says so on
+ * stderr once per pipe (the first stage of its process group; see bakery(7)).  Not the
+ * ops themselves (ops.h). */
 #ifndef BK_DEVICE_H
 #define BK_DEVICE_H
 

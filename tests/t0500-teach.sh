@@ -58,6 +58,15 @@ test_expect_success 'batch plan invariance: --max-tokens and --batch-size change
 	test_cmp e.t f.t
 '
 
+test_expect_success '--device auto without a GPU: the notice once per pipe, once per command alone' '
+	bk-teach --model "$M" --top-k 4 in.bk -o /dev/null 2>solo1 &&
+	bk-teach --model "$M" --top-k 4 in.bk -o /dev/null 2>solo2 &&
+	want=$(grep -c "no GPU" solo1) && test $(grep -c "no GPU" solo2) = $want &&
+	{ cat in.bk; sleep 3; } | bk-teach --model "$M" --top-k 4 2>e1 |
+		bk-teach --model "$M" --top-k 2 2>e2 >/dev/null &&
+	cat e1 e2 >all && cat all && test $(grep -c "no GPU" all) = $want
+'
+
 test_expect_success 'a teacher field already there is replaced; -o writes the file' '
 	bk-teach --device cpu --model "$M" --top-k 4 a.bk -o again.bk &&
 	bk-dump again.bk | jq -e -s "length == 4 and all(.[]; .teacher.k == 4)" &&
