@@ -141,10 +141,14 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BUILD)/libbakery.a
 bench: all $(BENCHBINS)
 	@BUILD=$(BUILD) bench/run.sh
 
+# bk-plot is a command (PREFIX/bin); bake.mk a recipe file, run as
+# make -f PREFIX/share/bakery/bake.mk BIN=PREFIX/bin ... (it finds bk-plot on PATH)
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
-	           $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man7
-	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin
+	           $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man7 \
+	           $(DESTDIR)$(PREFIX)/share/bakery
+	install -m 755 $(BINS) pipelines/bk-plot $(DESTDIR)$(PREFIX)/bin
+	install -m 644 pipelines/bake.mk $(DESTDIR)$(PREFIX)/share/bakery
 	install -m 644 $(wildcard man/*.1) $(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 644 $(wildcard man/*.5) $(DESTDIR)$(PREFIX)/share/man/man5
 	install -m 644 $(wildcard man/*.7) $(DESTDIR)$(PREFIX)/share/man/man7

@@ -22,6 +22,11 @@
 # CONFIG is a make file of VAR = value lines; command-line variables win over it.
 # Stage options are those of the tools (man bk-gen, ...); DEVICE is not part of a hash.
 
+# bk-plot: next to this file in the repository (pipelines/), else on PATH (make install
+# puts bake.mk in PREFIX/share/bakery and bk-plot in PREFIX/bin)
+BAKE_MK_DIR := $(dir $(lastword $(MAKEFILE_LIST)))
+BK_PLOT ?= $(or $(wildcard $(BAKE_MK_DIR)bk-plot),bk-plot)
+
 ifdef CONFIG
 include $(CONFIG)
 endif
@@ -182,7 +187,7 @@ $(RESULTS): $(METRICS) $(EVAL) $(HELD_OUT) $(KL_PROMPTS)
 	bk-eval $(EVAL_OPTS) --device $(DEVICE) --adapter $(ADAPTER)/final -o $@
 
 $(LOSS): $(METRICS)
-	pipelines/bk-plot $< $(basename $@).png >$@
+	$(BK_PLOT) $< $(basename $@).png >$@
 
 print:
 	@printf '%s\n' $(TOKENS) $(LENS) $(GEN) $(TEACH) $(ADAPTER) $(METRICS) $(RESULTS) $(LOSS) \

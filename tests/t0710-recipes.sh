@@ -93,4 +93,14 @@ test_expect_success 'bk-plot: the header shows the smallest loss, not the axis; 
 	test_must_fail "$ROOT/pipelines/bk-plot" <(cat cut.bk) 2>err >/dev/null && grep -q "stream truncated" err
 '
 
+test_expect_success 'make install puts bk-plot in bin and bake.mk in share/bakery; an installed bake.mk finds bk-plot on PATH' '
+	make -s -n -C "$ROOT" install BUILD="${BUILD:-build}" PREFIX=/opt/bk DESTDIR="$TEST_TMP/d" >inst &&
+	grep -q "^install -m 755 .*pipelines/bk-plot $TEST_TMP/d/opt/bk/bin\$" inst &&
+	grep -q "^install -m 644 pipelines/bake.mk $TEST_TMP/d/opt/bk/share/bakery\$" inst &&
+	mkdir -p share && cp "$ROOT/pipelines/bake.mk" share/ &&
+	make -n -f share/bake.mk BIN="$BK_BIN" RUNS=r NAME=i MODEL="$MODELS/stories260K" \
+		DATA="$DATA/pipe/stories.txt" TEMPLATE=raw >plan1 2>&1 && grep -q "^bk-plot " plan1 &&
+	$MK NAME=fresh -n >plan2 2>&1 && grep -q "^pipelines/bk-plot " plan2
+'
+
 test_done
