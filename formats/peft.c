@@ -78,6 +78,10 @@ bk_adapter *bk_adapter_new(const bk_config *c, int r, double alpha, double dropo
 {
 	if (r <= 0 || !targets || (targets & ~BK_PEFT_ALL))
 		BUG("bk_adapter_new: r %d, targets %#x", r, targets);
+	if (c->multimodal) /* PEFT names its modules under language_model.*: not written yet */
+		die("%s: LoRA adapters of %s (the text tower of a vision-language checkpoint) are "
+		    "not supported yet; use its text model as Gemma3ForCausalLM",
+		    c->path, c->architecture);
 	bk_adapter *l = xcalloc(1, sizeof *l);
 	l->n_layers = c->n_layers;
 	l->r = r;
