@@ -68,7 +68,7 @@ for s in $SEEDS; do
 		{ cat "$T/bk-$s.err" >&2; exit 1; }
 	ads+=("$T/bk-$s/final_model")
 	if [ -z "${BAKE_ONLY:-}" ]; then
-		HF_HUB_OFFLINE=1 "$PY" -m bakery.cli --config "$T/held.yaml" --seed "$s" \
+		OMP_NUM_THREADS=${BAKE_TOOL_THREADS:-1} HF_HUB_OFFLINE=1 "$PY" -m bakery.cli --config "$T/held.yaml" --seed "$s" \
 			--output_dir "$T/tool-$s" >"$T/tool-$s.log" 2>&1 || { tail "$T/tool-$s.log" >&2; exit 1; }
 		ads+=("$T/tool-$s/final_model")
 	fi
