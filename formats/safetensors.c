@@ -4,6 +4,7 @@
 #include "safetensors.h"
 #include "common/diag.h"
 #include "common/files.h"
+#include "formats/msgjson.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -351,7 +352,7 @@ static void open_index(bk_st *st, const char *index_path)
 	json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
 	free(text);
 	if (!root)
-		die("%s: invalid JSON: %s (line %d)", index_path, jerr.text, jerr.line);
+		die("%s: invalid JSON: %s", index_path, bk_json_error(&jerr));
 	json_t *wm = json_object_get(root, "weight_map");
 	if (!json_is_object(wm))
 		die("%s: key 'weight_map' missing or not an object", index_path);

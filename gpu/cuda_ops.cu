@@ -677,8 +677,6 @@ static void cuda_softcap_forward(float *x, float cap, size_t n)
 
 // ---------------------------------------------------------------------------------
 
-// ---------------------------------------------------------------------------------
-
 // designated initialisers in declaration order: ops other files add to bk_ops (and
 // that are not wired here) stay NULL, which test_cuda_ops reports as absent.  The
 // attention, loss and optimizer ops are those of gpu/cuda_attention.cu,

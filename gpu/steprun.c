@@ -7,6 +7,7 @@
 #include "common/files.h"
 #include "common/progress.h"
 #include "common/rng.h"
+#include "formats/msgjson.h"
 #include "formats/peft.h"
 #include "formats/stream.h"
 #include "formats/teacher.h"
@@ -446,7 +447,7 @@ static void check_resume(run *R)
 	json_error_t err;
 	json_t *js = json_load_file(path, 0, &err);
 	if (!js)
-		die("%s: %s", path, err.text);
+		die("%s: %s", path, bk_json_error(&err));
 	json_t *set = json_object_get(js, "settings");
 	if (!json_is_object(set))
 		die("%s: key 'settings' is missing or not an object", path);

@@ -9,6 +9,9 @@
 . "$(dirname "$0")/lib.sh"
 BUILD_DIR=$(dirname "$BK_BIN")
 export BK_PACK_XZ_LEVEL=0 # fast; the real pack uses xz -6
+# the build under test may be the CUDA one for sm_80/86/90 (CI), three times the size of
+# the real pack's sm_90 build: sizes are the real pack's business, not this test's
+export BK_PACK_SIZE_CHECK=0
 set -o pipefail
 
 test_expect_success 'pack.sh packs the build and resolves every library' '

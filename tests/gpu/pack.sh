@@ -149,10 +149,12 @@ kib=$(du -sk "$PACK" | cut -f1)
 } >"$PACK/MANIFEST"
 echo "pack.sh: $PACK: $n programs, $(ls "$PACK/lib" | grep -c '\.so') libraries (+ $(ls "$PACK/lib/sys" | wc -l) fallback in lib/sys), every library resolved; $py; $wh"
 echo "pack.sh: size $((kib / 1024)) MiB ($kib KiB; limit ${MAXMB} MiB)"
-[ $((kib / 1024)) -lt "$MAXMB" ] || die "the pack is $((kib / 1024)) MiB, over ${MAXMB} MiB"
+# BK_PACK_SIZE_CHECK=0: t0990 packs the test build (fat sm_80/86/90 binaries) only to
+# check that every library resolves; the real pack (build/gpu, sm_90) is held to both limits
+[ "${BK_PACK_SIZE_CHECK:-1}" = 0 ] || [ $((kib / 1024)) -lt "$MAXMB" ] || die "the pack is $((kib / 1024)) MiB, over ${MAXMB} MiB"
 # what travels to the device: the working tree (tracked and untracked-not-ignored files)
 # and the carried pack, 64 MiB in all
-if tree=$(git ls-files -co --exclude-standard -z 2>/dev/null | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) && [ -n "$tree" ]; then
+if [ "${BK_PACK_SIZE_CHECK:-1}" != 0 ] && tree=$(git ls-files -co --exclude-standard -z 2>/dev/null | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) && [ -n "$tree" ]; then
 	echo "pack.sh: the working tree travels too: $((tree / 1048576)) MiB; together $(((tree + kib * 1024) / 1048576)) MiB of 64"
 	[ $((tree + kib * 1024)) -lt $((62 * 1048576)) ] || die "the working tree and the pack are $(((tree + kib * 1024) / 1048576)) MiB together, over 62 MiB of the 64 that travel"
 fi
