@@ -48,19 +48,7 @@ static void remove_tmp_dir(void)
 {
 	if (!tmp_dir)
 		return;
-	DIR *d = opendir(tmp_dir);
-	if (d) {
-		struct dirent *e;
-		while ((e = readdir(d))) {
-			if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-				continue;
-			char *p = bk_path_join(tmp_dir, e->d_name);
-			unlink(p);
-			free(p);
-		}
-		closedir(d);
-	}
-	rmdir(tmp_dir);
+	bk_remove_flat_dir(tmp_dir); /* best effort: we are dying */
 	free(tmp_dir);
 	tmp_dir = NULL;
 }
