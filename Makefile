@@ -47,9 +47,9 @@ OPT      := -O1
 CUDA     := 0
 endif
 
-LIB_C   := $(wildcard common/*.c formats/*.c gpu/*.c)
+LIB_C   := $(wildcard common/*.c formats/*.c gpu/*.c gpu/host/*.c)
 LIB_CXX := $(wildcard formats/*.cc)
-LIB_CU  := $(wildcard gpu/*.cu)
+LIB_CU  := $(wildcard gpu/cuda/*.cu)
 CMDS    := $(patsubst cmd/%.c,%,$(wildcard cmd/bk-*.c))
 UNIT    := $(patsubst tests/unit/%.c,%,$(wildcard tests/unit/test_*.c))
 UNIT    += $(patsubst tests/unit/%.cc,%,$(wildcard tests/unit/test_*.cc)) # C++ (CUDA emulation)

@@ -31,7 +31,7 @@
 #include "common/files.h"
 #include "common/rng.h"
 #include "formats/safetensors.h"
-#include "gpu/cuda.h"
+#include "gpu/cuda/cuda.h"
 #include "gpu/device.h"
 #include "gpu/gen.h"
 #include "gpu/load.h"

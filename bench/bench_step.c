@@ -24,7 +24,7 @@
 
 #include "common/diag.h"
 #include "common/rng.h"
-#include "gpu/cuda.h"
+#include "gpu/cuda/cuda.h"
 #include "gpu/device.h"
 #include "gpu/model.h"
 

@@ -9,7 +9,7 @@
  *             rest: bin, float32 little-endian [n]   (absent when K = 0)}
  *
  * logp are normalised over the full vocabulary; rest = the probability of all ids
- * not listed.  Not the loss (gpu/loss.h consumes these arrays). */
+ * not listed.  Not the loss (gpu/host/loss.h consumes these arrays). */
 #ifndef BK_TEACHER_H
 #define BK_TEACHER_H
 

@@ -2,7 +2,7 @@
  * CUDA build; without one "cuda" dies naming the reason and "auto" says it falls back. */
 #include "device.h"
 #include "common/diag.h"
-#include "gpu/cuda.h"
+#include "gpu/cuda/cuda.h"
 
 #include <stddef.h>
 #include <stdio.h>

@@ -35,7 +35,7 @@
 enum { BK_GEN_BLOCK = 16 };
 
 /* Ops of the generation path that the training op table lacks; the host twin is
- * bk_gen_ops_host (gpu/host_decode.c), the CUDA one bk_gen_ops_cuda (gpu/cuda_gen.cu).
+ * bk_gen_ops_host (gpu/host/host_decode.c), the CUDA one bk_gen_ops_cuda (gpu/cuda/cuda_gen.cu).
  * Buffers are device memory from ops->alloc unless said otherwise; int arrays int32. */
 typedef struct bk_gen_ops {
 	const char *name;
@@ -79,7 +79,7 @@ typedef struct bk_gen_ops {
 
 extern const bk_gen_ops bk_gen_ops_host;
 #ifdef BK_HAVE_CUDA
-extern const bk_gen_ops bk_gen_ops_cuda; /* gpu/cuda_gen.cu */
+extern const bk_gen_ops bk_gen_ops_cuda; /* gpu/cuda/cuda_gen.cu */
 #endif
 /* The generation ops that go with ops (the host twin's for bk_ops_host); dies naming
  * the device when there are none. */

@@ -3,7 +3,7 @@
  * bases, embedding scale; see bk_llama_config) over packed batches, forward and backward
  * (LoRA gradients only), built from the ops table in gpu/ops.h, so it runs on any
  * implementation.  Not a loader (formats/ turns checkpoints into bk_llama_weights) and
- * not the loss (gpu/loss.c takes the final hidden states).  Dimension letters: ops.h. */
+ * not the loss (gpu/host/loss.c takes the final hidden states).  Dimension letters: ops.h. */
 #ifndef BK_MODEL_H
 #define BK_MODEL_H
 

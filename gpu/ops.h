@@ -176,7 +176,7 @@ typedef struct bk_ops {
 	void (*scatter_rows)(float *dst /* [T,H] += */, const float *src /* [N,H] */,
 			     const int32_t *rows /* [N] */, int N, int T, int H);
 
-	/* ---- the baking loss of gpu/loss.h on device rows ----
+	/* ---- the baking loss of gpu/host/loss.h on device rows ----
 	 * Same semantics, arguments and error messages as bk_loss_kl_exact,
 	 * bk_loss_kl_topk, bk_teacher_topk (hidden-row form) and bk_teacher_logprobs,
 	 * except: the LM head is the weight handle lm_head [V,H] (V = rows, H = cols);

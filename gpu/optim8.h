@@ -2,7 +2,7 @@
  * that every implementation (host twin, CUDA) uses, and 8-bit AdamW: block-wise
  * quantised moments with the bitsandbytes dynamic map, and its host twin update.
  * Not the host AdamW object of gpu/optim.h (the torch-golden reference these rules
- * equal bit for bit) and not a CUDA kernel (gpu/cuda_optim.cu copies these rules).
+ * equal bit for bit) and not a CUDA kernel (gpu/cuda/cuda_optim.cu copies these rules).
  *
  * 8-bit state (bitsandbytes' blockwise 8-bit Adam, Dettmers et al. 2022, "8-bit
  * Optimizers via Block-wise Quantization", arXiv:2110.02861):

@@ -46,7 +46,7 @@ int32_t bk_sample_token(const float *logits /* [V] */, int V, const bk_sample_pa
 int bk_sample_is_stop(int32_t id, const int32_t *stop, int n);
 
 #ifdef BK_HAVE_CUDA
-/* gpu/cuda_sample.cu: the same rule on the GPU (bk_gen_ops_cuda.sample, see gen.h):
+/* gpu/cuda/cuda_sample.cu: the same rule on the GPU (bk_gen_ops_cuda.sample, see gen.h):
  * draw i takes row rows[i] of logits [*,V] (device) and u = bk_crng_uniform(keys[i],
  * counters[i]); ids [N] (device) gets the token, or -1 when the row holds a NaN.
  * Equal to bk_sample_token on the same row except when a cumulative mass falls within

@@ -1,7 +1,7 @@
 /* teach.c - see teach.h.  Packs sequences into forwards, runs the base model,
  * gathers the response rows' hidden states on the device and hands them to the
  * chunked LM-head ops (ops.h teacher_topk / teacher_logprobs, the semantics of
- * gpu/loss.h); only the teacher fields come back to the host.  No stream code here. */
+ * gpu/host/loss.h); only the teacher fields come back to the host.  No stream code here. */
 #include "gpu/teach.h"
 
 #include <stdlib.h>
@@ -9,7 +9,7 @@
 
 #include "common/diag.h"
 #include "formats/safetensors.h"
-#include "gpu/host_rows.h"
+#include "gpu/host/host_rows.h"
 
 struct bk_teach {
 	const bk_model *m;   /* the caller's model, or rows_model on the host twin */

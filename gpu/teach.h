@@ -1,7 +1,7 @@
 /* teach.h - the teacher pass of bk-teach: the frozen base model (adapter off) over
  * packed teacher sequences t_prompt + resp, optionally against a shared prefix (the
  * system prompt), and the teacher distribution (top-k or full) at each response row.
- * Not stream handling (cmd/bk-teach.c) and not the loss (gpu/loss.h computes both).
+ * Not stream handling (cmd/bk-teach.c) and not the loss (gpu/host/loss.h computes both).
  *
  * Rows: a sequence with prompt length a and response length n runs as the a + n - 1
  * tokens prompt + resp[0..n-2] (the last response token predicts nothing that is
@@ -10,7 +10,7 @@
  * Invariants:
  *  1. The result for a sequence does not depend on which other sequences share its
  *     forward, on the token budget, or on whether it ran against the prefix: on the
- *     host twin bit for bit (its linears and LM head run row-wise, gpu/host_rows.h),
+ *     host twin bit for bit (its linears and LM head run row-wise, gpu/host/host_rows.h),
  *     on a GPU within float rounding (cuBLAS picks its kernels by matrix size).
  *  2. A sequence runs against the prefix iff its prompt starts with the prefix ids
  *     and a > P, so every one of its response rows is its own token; otherwise it
@@ -46,7 +46,7 @@ typedef struct bk_teach bk_teach;
 /* lm_head: the model's LM head [V,H] in host fp32 (bk_teach_lm_head), kept by
  * reference.  max_tokens: own tokens per forward (>= 1).  k: top-k (1..V) or 0 for
  * the full distribution.  temperature > 0; vocab_chunk >= 1 (columns of the LM head
- * per pass, see gpu/loss.h). */
+ * per pass, see gpu/host/loss.h). */
 bk_teach *bk_teach_create(const bk_model *m, const float *lm_head, int max_tokens, int k,
 			  float temperature, int vocab_chunk);
 void bk_teach_free(bk_teach *t);
@@ -63,7 +63,7 @@ int bk_teach_prefix_len(const bk_teach *t);
 void bk_teach_run(bk_teach *t, const bk_teach_seq *seqs, int S, bk_teacher *out);
 const bk_teach_stats *bk_teach_stats_get(const bk_teach *t);
 
-/* The LM head [V,H] of the model in host fp32, as gpu/loss.h wants it: on the host
+/* The LM head [V,H] of the model in host fp32, as gpu/host/loss.h wants it: on the host
  * twin the model's own weights (*owned = NULL); on another device read from the
  * checkpoint in dir (lm_head.weight, or model.embed_tokens.weight when tied) into a
  * malloc'd *owned, which the caller frees. */

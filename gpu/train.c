@@ -23,7 +23,7 @@
 #include "formats/peft.h"
 #include "formats/safetensors.h"
 #include "gpu/load.h"
-#include "gpu/loss.h"
+#include "gpu/host/loss.h"
 #include "formats/msgjson.h"
 
 #define GROW(p, cap, want)                                                     \

@@ -7,7 +7,7 @@
  * scheduled learning rate, all through the op table: per step only the gradient norm
  * comes back to the host.
  * Not the data plan (cmd/bk-step.c reads streams and forms micro-batches) and not the
- * math of its parts (gpu/model.h, gpu/loss.h, gpu/optim.h, gpu/optim8.h).
+ * math of its parts (gpu/model.h, gpu/host/loss.h, gpu/optim.h, gpu/optim8.h).
  *
  * Invariants of a bk_trainer:
  *  1. step = optimizer steps taken = the schedule position: the lr of the next step is

@@ -44,7 +44,7 @@ test_expect_success '--top-k 0: v log-probs per row that exp-sum to 1' '
 	     END { exit bad > 0 }" rows.txt
 '
 
-# The host twin computes every teacher row with fixed per-row operations (gpu/host_rows.h),
+# The host twin computes every teacher row with fixed per-row operations (gpu/host/host_rows.h),
 # so the plan changes no bit of any teacher field, on any CPU and OpenBLAS kernel.
 test_expect_success 'batch plan invariance: --max-tokens and --batch-size change no bit of the teacher field' '
 	bk-teach --device cpu --model "$M" --top-k 8 in.bk >a.bk &&

@@ -1,6 +1,6 @@
-/* check_attention.c - on a GPU: the CUDA fused attention (gpu/cuda_attention.cu; with the
+/* check_attention.c - on a GPU: the CUDA fused attention (gpu/cuda/cuda_attention.cu; with the
  * attention parameters scale, softcap and sliding window too) and the
- * CUDA row and loss ops (gpu/cuda_loss.cu) against the host twin on the same random
+ * CUDA row and loss ops (gpu/cuda/cuda_loss.cu) against the host twin on the same random
  * inputs; then the attention's speed.  One line per case and output; exit 1 on any
  * failure (NaN never passes: every output is poisoned with NaN before the run, fenced by
  * sentinels that catch out-of-bounds writes).  Not the other ops (test_cuda_ops.c).
@@ -32,8 +32,8 @@
 #include "common/diag.h"
 #include "common/rng.h"
 #include "formats/safetensors.h"
-#include "gpu/cuda.h"
-#include "gpu/loss.h"
+#include "gpu/cuda/cuda.h"
+#include "gpu/host/loss.h"
 #include "gpu/ops.h"
 
 #ifndef BK_HAVE_CUDA

@@ -1,5 +1,5 @@
 /* check_attention_tc.c - on a GPU: both CUDA attention kernels, the fp32 one
- * (gpu/cuda_attention.cu, BK_ATTN=fp32) and the tensor-core one (gpu/cuda_attention_tc.cu,
+ * (gpu/cuda/cuda_attention.cu, BK_ATTN=fp32) and the tensor-core one (gpu/cuda/cuda_attention_tc.cu,
  * BK_ATTN=tc), against the host twin on the same random inputs, forward (out, lse) and
  * backward (dq, dk, dv, accumulated onto random values); then both kernels timed with CUDA
  * events, one row per shape and direction, so one GPU run validates and ranks them.
@@ -38,8 +38,8 @@
 #include "common/diag.h"
 #include "common/rng.h"
 #include "formats/safetensors.h"
-#include "gpu/cuda.h"
-#include "gpu/cuda_attention_tc.h"
+#include "gpu/cuda/cuda.h"
+#include "gpu/cuda/cuda_attention_tc.h"
 #include "gpu/ops.h"
 
 #ifndef BK_HAVE_CUDA

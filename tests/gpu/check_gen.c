@@ -1,4 +1,4 @@
-/* check_gen.c - the generation ops of bk_gen_ops_cuda (gpu/cuda_gen.cu, cuda_sample.cu)
+/* check_gen.c - the generation ops of bk_gen_ops_cuda (gpu/cuda/cuda_gen.cu, cuda_sample.cu)
  * against the host twin bk_gen_ops_host and bk_sample_token on fresh random inputs:
  * linear (odd and aligned sizes, T = 1..257), LoRA, paged KV store + decode attention
  * (odd lengths, lengths on and across block boundaries and key splits, GQA ratios 1, 2,
@@ -29,7 +29,7 @@
 #include "common/rng.h"
 #include "formats/tokenizer.h"
 #include "formats/template.h"
-#include "gpu/cuda.h"
+#include "gpu/cuda/cuda.h"
 #include "gpu/device.h"
 #include "gpu/gen.h"
 #include "gpu/load.h"

@@ -1,4 +1,4 @@
-/* check_optim.c - the optimizer ops of bk_ops_cuda (gpu/cuda_optim.cu) against the host
+/* check_optim.c - the optimizer ops of bk_ops_cuda (gpu/cuda/cuda_optim.cu) against the host
  * twin on the same random inputs, at sizes 1, 255, 256, 2049, 65536*3+17 and 2^22+3:
  * adamw_step (3 consecutive steps, weight decay on and off), adamw8_step (blocks 256
  * and 2048, 4 steps, per-block scales over several decades), grad_sumsq and scale.
@@ -21,7 +21,7 @@
 
 #include "common/diag.h"
 #include "common/rng.h"
-#include "gpu/cuda.h"
+#include "gpu/cuda/cuda.h"
 #include "gpu/ops.h"
 #include "gpu/optim8.h"
 

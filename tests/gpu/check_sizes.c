@@ -22,7 +22,7 @@
 #include "common/diag.h"
 #include "common/rng.h"
 #include "formats/safetensors.h"
-#include "gpu/cuda.h"
+#include "gpu/cuda/cuda.h"
 #include "gpu/ops.h"
 
 #ifndef BK_HAVE_CUDA

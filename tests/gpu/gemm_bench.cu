@@ -3,7 +3,7 @@
 // bf16 output (the best case) and the shapes bk_ops_cuda's linears run (fp32 output).
 // Not a check of results (test_cuda_ops does that).
 // Usage: gemm_bench   prints one line per shape and "peak <TFLOP/s>" last.
-#include "gpu/cuda_common.cuh"
+#include "gpu/cuda/cuda_common.cuh"
 
 #include <stdio.h>
 

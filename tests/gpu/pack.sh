@@ -140,7 +140,7 @@ kib=$(du -sk "$PACK" | cut -f1)
 	echo "bakery GPU pack"
 	echo "made: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n), $(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-?}"), glibc $(ldd --version | head -1 | awk '{print $NF}')"
 	echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)')"
-	echo "build: $BUILD ($([ -f "$BUILD/obj/gpu/cuda_ops.o" ] && echo "CUDA, $(nvcc --version 2>/dev/null | tail -1)" || echo "host twin only, no CUDA"))"
+	echo "build: $BUILD ($([ -f "$BUILD/obj/gpu/cuda/cuda_ops.o" ] && echo "CUDA, $(nvcc --version 2>/dev/null | tail -1)" || echo "host twin only, no CUDA"))"
 	echo "programs: $n; libraries: $(ls "$PACK/lib" | grep -c '\.so') (+ $(ls "$PACK/lib/sys" | wc -l) in lib/sys)"
 	echo "$py; $wh"
 	echo "size: $((kib / 1024)) MiB"

@@ -25,7 +25,7 @@
 #include "common/diag.h"
 #include "formats/safetensors.h"
 #include "common/rng.h"
-#include "gpu/cuda.h"
+#include "gpu/cuda/cuda.h"
 #include "gpu/ops.h"
 
 #define PAD 16

@@ -1,4 +1,4 @@
-/* cuda_emu.h - just enough of CUDA to run gpu/cuda_attention_tc.cu on the CPU (compiled
+/* cuda_emu.h - just enough of CUDA to run gpu/cuda/cuda_attention_tc.cu on the CPU (compiled
  * as C++ with BK_TC_EMU): one host thread per CUDA thread of a block, blocks one after
  * another; __syncthreads is a barrier of the block's threads; warp shuffles and
  * mma.sync m16n8k16 (bf16 in, fp32 accumulate) are warp-collective exchanges through

@@ -1,4 +1,4 @@
-/* test_attention_tc_emu.cc - the tensor-core attention of gpu/cuda_attention_tc.cu,
+/* test_attention_tc_emu.cc - the tensor-core attention of gpu/cuda/cuda_attention_tc.cu,
  * its own source compiled for the CPU under tests/unit/cuda_emu.h (threads for CUDA
  * threads, an mma.sync m16n8k16 and an ldmatrix .trans that decode their fragments by
  * the PTX layout), against the host twin: forward out / lse and backward dq / dk / dv
@@ -169,7 +169,7 @@ extern "C" void emu_fp32_backward(float *, float *, float *, const float *, cons
 }
 
 // the kernels themselves
-#include "gpu/cuda_attention_tc.cu"
+#include "gpu/cuda/cuda_attention_tc.cu"
 
 // ---- the test ----
 

@@ -1,4 +1,4 @@
-/* test_gen.c - the generation engine (gpu/gen.c + gpu/host_decode.c) on the shipped
+/* test_gen.c - the generation engine (gpu/gen.c + gpu/host/host_decode.c) on the shipped
  * stories260K model: (a) the logits every draw sees equal bk_model_forward +
  * bk_model_logits on the whole sequence so far (relative error < 1e-5), with and without
  * the shared prefix, with and without a LoRA (random non-zero A and B), several prompts

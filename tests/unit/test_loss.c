@@ -1,4 +1,4 @@
-/* test_loss.c - the chunked baking loss (gpu/loss.h) against a naive double-precision
+/* test_loss.c - the chunked baking loss (gpu/host/loss.h) against a naive double-precision
  * full-logits reference written here: loss, per-row KL, d_hidden (against central
  * finite differences of the reference), sparse top-k mode, teacher top-k, extremes.
  * Not a speed test. */
@@ -11,7 +11,7 @@
 
 #include "common/diag.h"
 #include "common/rng.h"
-#include "gpu/loss.h"
+#include "gpu/host/loss.h"
 #include "tests/harness.h"
 
 /* ---- naive reference, double precision, whole vocabulary at once ---- */

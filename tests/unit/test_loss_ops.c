@@ -1,6 +1,6 @@
 /* test_loss_ops.c - the host twin's row and loss ops (ops.h gather_rows, scatter_rows,
  * kl_exact, kl_topk, teacher_topk, teacher_logprobs) against a naive row copy and
- * against direct calls of the gpu/loss.h functions they stand for: bit-identical
+ * against direct calls of the gpu/host/loss.h functions they stand for: bit-identical
  * results on odd sizes (V not a multiple of the chunk, H != V), through the op table
  * with the LM head behind a bk_weight.  Not the loss math itself (test_loss.c). */
 #include <math.h>
@@ -13,7 +13,7 @@
 
 #include "common/diag.h"
 #include "common/rng.h"
-#include "gpu/loss.h"
+#include "gpu/host/loss.h"
 #include "gpu/ops.h"
 #include "tests/harness.h"
 

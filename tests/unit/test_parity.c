@@ -35,7 +35,7 @@
 #include "formats/peft.h"
 #include "formats/safetensors.h"
 #include "gpu/load.h"
-#include "gpu/loss.h"
+#include "gpu/host/loss.h"
 #include "gpu/model.h"
 #include "gpu/optim.h"
 #include "gpu/train.h"

@@ -2,7 +2,7 @@
  * (a) packed forwards against a shared prefix give the same teacher field as one plain
  * full-sequence forward per sequence + full logits (bk_model_logits) + a double-
  * precision softmax, for K = 8 and K = 0, at T = 1 and T = 0.7.  Two references:
- *   - the same forward on the row-wise host ops teach uses (gpu/host_rows.h): the
+ *   - the same forward on the row-wise host ops teach uses (gpu/host/host_rows.h): the
  *     logits are then the same floats, and the field may differ from the double
  *     softmax only by teach's own float roundings, a bound derived per row below
  *     (rows_bound); top-k ids identical;
@@ -21,9 +21,9 @@
 
 #include "common/diag.h"
 #include "common/rng.h"
-#include "gpu/host_rows.h"
+#include "gpu/host/host_rows.h"
 #include "gpu/load.h"
-#include "gpu/loss.h"
+#include "gpu/host/loss.h"
 #include "gpu/teach.h"
 
 #define NSEQ 7

@@ -17,7 +17,7 @@
 #include "formats/tokenizer.h"
 #include "formats/template.h"
 #include "gpu/load.h"
-#include "gpu/loss.h"
+#include "gpu/host/loss.h"
 #include "gpu/teach.h"
 
 static const char *const pairs[][2] = {

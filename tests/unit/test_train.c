@@ -18,7 +18,7 @@
 #include "common/files.h"
 #include "common/rng.h"
 #include "gpu/load.h"
-#include "gpu/loss.h"
+#include "gpu/host/loss.h"
 #include "gpu/train.h"
 #include "tests/harness.h"
 

@@ -1,12 +1,12 @@
 // cuda_ops.cu - bk_ops_cuda: the CUDA op table, and every op of gpu/ops.h but attention,
-// loss and optimizer (gpu/cuda_attention.cu, cuda_loss.cu, cuda_optim.cu).  Base weights
+// loss and optimizer (gpu/cuda/cuda_attention.cu, cuda_loss.cu, cuda_optim.cu).  Base weights
 // are stored in bf16 (rounded to nearest even at upload); activations, LoRA weights and
 // their gradients are fp32.  Frozen linears are cuBLAS bf16 GEMMs with fp32 accumulation
 // (the fp32 activation is rounded to bf16 first); the small LoRA GEMMs read the fp32
 // operands as TF32 with fp32 accumulation; norms, RoPE and SwiGLU compute and reduce in
-// fp32.  Not the judge (gpu/host_ops.c is) and not the model (gpu/model.c).
-#include "gpu/cuda_common.cuh"
-#include "gpu/cuda_attention_tc.h" // BK_ATTN: fp32 or tensor-core attention
+// fp32.  Not the judge (gpu/host/host_ops.c is) and not the model (gpu/model.c).
+#include "gpu/cuda/cuda_common.cuh"
+#include "gpu/cuda/cuda_attention_tc.h" // BK_ATTN: fp32 or tensor-core attention
 
 #include <math.h>
 #include <mutex>
@@ -679,8 +679,8 @@ static void cuda_softcap_forward(float *x, float cap, size_t n)
 
 // designated initialisers in declaration order: ops other files add to bk_ops (and
 // that are not wired here) stay NULL, which test_cuda_ops reports as absent.  The
-// attention, loss and optimizer ops are those of gpu/cuda_attention.cu,
-// gpu/cuda_loss.cu and gpu/cuda_optim.cu (declared in cuda.h).
+// attention, loss and optimizer ops are those of gpu/cuda/cuda_attention.cu,
+// gpu/cuda/cuda_loss.cu and gpu/cuda/cuda_optim.cu (declared in cuda.h).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 extern "C" const bk_ops bk_ops_cuda = {
@@ -703,7 +703,7 @@ extern "C" const bk_ops bk_ops_cuda = {
 	.rope_forward = cuda_rope_forward,
 	.rope_backward = cuda_rope_backward,
 	.attention_forward = bk_cuda_attention_forward_sel,   // BK_ATTN=fp32 (default) | tc
-	.attention_backward = bk_cuda_attention_backward_sel, // (gpu/cuda_attention_tc.cu)
+	.attention_backward = bk_cuda_attention_backward_sel, // (gpu/cuda/cuda_attention_tc.cu)
 	.swiglu_forward = cuda_swiglu_forward,
 	.swiglu_backward = cuda_swiglu_backward,
 	.geglu_forward = cuda_geglu_forward,

@@ -1,5 +1,5 @@
 /* host_loss_ops.h - the host twin's row and loss ops (host_loss_ops.c, wrappers of
- * gpu/loss.c), put into bk_ops_host by host_ops.c.  Internal to gpu/: callers use
+ * gpu/host/loss.c), put into bk_ops_host by host_ops.c.  Internal to gpu/: callers use
  * the op table. */
 #ifndef BK_HOST_LOSS_OPS_H
 #define BK_HOST_LOSS_OPS_H

@@ -5,7 +5,7 @@
 // above it are sorted (bitonic, by probability then id) and the nucleus and the draw are
 // scanned in that order as on the host.  When the nucleus is larger than the candidates
 // (flat distributions, top-p 1) the whole row is sorted instead.  Not the engine (gen.c).
-#include "gpu/cuda_common.cuh"
+#include "gpu/cuda/cuda_common.cuh"
 
 #include <math.h>
 

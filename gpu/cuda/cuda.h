@@ -1,5 +1,5 @@
 /* cuda.h - C-callable declarations of the CUDA compute path: the op table bk_ops_cuda
- * (gpu/cuda_ops.cu), the attention ops it points at (gpu/cuda_attention.cu) and a few
+ * (gpu/cuda/cuda_ops.cu), the attention ops it points at (gpu/cuda/cuda_attention.cu) and a few
  * device queries (memory counters, synchronisation).  Everything here exists only in a
  * CUDA build (BK_HAVE_CUDA); host C that uses it must be guarded the same way.
  * Not the kernels (the gpu/ .cu files) and not device selection (gpu/device.h). */
@@ -21,7 +21,7 @@ extern "C" {
  * cuda_common.cuh); download synchronises. */
 extern const bk_ops bk_ops_cuda;
 
-/* gpu/cuda_attention.cu: exactly the signatures of bk_ops.attention_forward and
+/* gpu/cuda/cuda_attention.cu: exactly the signatures of bk_ops.attention_forward and
  * bk_ops.attention_backward (see ops.h for the semantics). */
 void bk_cuda_attention_forward(float *out /* [T,NH,D] */, float *lse /* [NH,T] */,
 			       const float *q /* [T,NH,D] */, const float *k /* [T,NKV,D] */,
@@ -37,7 +37,7 @@ void bk_cuda_attention_backward(float *dq /* [T,NH,D] += */, float *dk /* [T,NKV
 				const int32_t *cu_seqlens /* [S+1] */, int S, int T, int NH,
 				int NKV, int D, const bk_attn *ap);
 
-/* gpu/cuda_loss.cu: the row and loss ops, signatures of the bk_ops fields of the same
+/* gpu/cuda/cuda_loss.cu: the row and loss ops, signatures of the bk_ops fields of the same
  * names (ops.h has the semantics). */
 void bk_cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int N, int T,
 			 int H);
@@ -56,7 +56,7 @@ void bk_cuda_teacher_topk(const float *hidden, const bk_weight *lm_head, int n, 
 void bk_cuda_teacher_logprobs(const float *hidden, const bk_weight *lm_head, int n, int chunk,
 			      float temperature, float *logp);
 
-/* gpu/cuda_optim.cu: the optimizer ops (ops.h, gpu/optim8.h). */
+/* gpu/cuda/cuda_optim.cu: the optimizer ops (ops.h, gpu/optim8.h). */
 void bk_cuda_adamw_step(float *param, const float *grad, float *m, float *v, size_t n,
 			double lr, double beta1, double beta2, double eps, double weight_decay,
 			int64_t step);

@@ -445,8 +445,8 @@ static void host_residual_forward(float *out, const float *a, const float *b, si
 		out[i] = a[i] + b[i];
 }
 
-/* rows and the baking loss: host_loss_ops.c (wrappers of gpu/loss.c) */
-#include "gpu/host_loss_ops.h"
+/* rows and the baking loss: host_loss_ops.c (wrappers of gpu/host/loss.c) */
+#include "gpu/host/host_loss_ops.h"
 
 /* ---- optimizer (rules: gpu/optim8.h) ---- */
 

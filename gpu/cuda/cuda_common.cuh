@@ -1,7 +1,7 @@
 // cuda_common.cuh - what every gpu/*.cu shares: CUDA_CHECK / CUBLAS_CHECK (one-line
 // death naming the call, file and line), the launch check after every kernel, the one
 // stream and cuBLAS handle of the op table, bf16 helpers and the device port of the
-// counter-based RNG of common/rng.c.  Not any op (gpu/cuda_ops.cu and friends).
+// counter-based RNG of common/rng.c.  Not any op (gpu/cuda/cuda_ops.cu and friends).
 #ifndef BK_CUDA_COMMON_CUH
 #define BK_CUDA_COMMON_CUH
 
@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpu/cuda.h"
+#include "gpu/cuda/cuda.h"
 
 // common/diag.h is C11 (_Noreturn); declare the two functions used here for C++.
 extern "C" {

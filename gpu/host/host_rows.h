@@ -1,6 +1,6 @@
 /* host_rows.h - bk_ops_host_rows(): the host twin with batch-invariant linears, for the
  * teacher pass (gpu/teach.c).  Every other op is bk_ops_host's.  The frozen linears and
- * the LM head go through the generation ops' row-wise matmul (gpu/host_decode.c), whose
+ * the LM head go through the generation ops' row-wise matmul (gpu/host/host_decode.c), whose
  * every output element is one fixed sequence of float operations on its own row, and
  * every other op the forward uses is already per row (RMSNorm, RoPE, attention over a
  * row's keys in position order, elementwise ops).  So a sequence's teacher field is the

@@ -1,5 +1,5 @@
 // cuda_loss.cu - the baking loss on the GPU (ops.h gather_rows, scatter_rows, kl_exact,
-// kl_topk, teacher_topk, teacher_logprobs; semantics of gpu/loss.h): the LM head as a
+// kl_topk, teacher_topk, teacher_logprobs; semantics of gpu/host/loss.h): the LM head as a
 // vocabulary-chunked bf16 cuBLAS GEMM into a fixed [N,C] scratch, per-row online
 // log-sum-exp / KL / dlogits kernels, and d_hidden += dlogits_chunk W_chunk by GEMM, so
 // the student's [N,V] logits never exist.  Not the judge (host_loss_ops.c + loss.c).
@@ -13,13 +13,13 @@
 // Teacher top-k: rows in blocks whose [rows,V] logits fit TOPK_SCRATCH floats; per row a
 // radix select of the K-th largest (ties: smaller id first), a bitonic sort of the K in
 // shared memory (K <= TOPK_MAX_K; larger K: the block's logits go to loss.c on the host).
-#include "gpu/cuda_common.cuh"
+#include "gpu/cuda/cuda_common.cuh"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-// gpu/loss.h (C): the row weights and the host fallback of a very large top-k
+// gpu/host/loss.h (C): the row weights and the host fallback of a very large top-k
 extern "C" int bk_loss_row_weights(const int32_t *sample_of, int n, int n_samples, float *w);
 extern "C" void bk_teacher_topk(const float *hidden, const float *lm_head, const float *logits,
 				int n, int h, int v, int chunk, float temperature, int k,

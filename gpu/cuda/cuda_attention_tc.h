@@ -1,7 +1,7 @@
 /* cuda_attention_tc.h - the tensor-core (bf16 mma.sync) flash attention of
- * gpu/cuda_attention_tc.cu, the BK_ATTN selection between it and the fp32 kernel of
- * gpu/cuda_attention.cu, and a CUDA-event timer for the check programs.  Exists only in a
- * CUDA build (BK_HAVE_CUDA).  Not the fp32 kernel (gpu/cuda.h declares that one).
+ * gpu/cuda/cuda_attention_tc.cu, the BK_ATTN selection between it and the fp32 kernel of
+ * gpu/cuda/cuda_attention.cu, and a CUDA-event timer for the check programs.  Exists only in a
+ * CUDA build (BK_HAVE_CUDA).  Not the fp32 kernel (gpu/cuda/cuda.h declares that one).
  *
  * BK_ATTN (environment, read once): "fp32" or unset = the fp32 kernel (the default until
  * a GPU run has validated the tensor-core one); "tc" = the tensor-core kernel; anything

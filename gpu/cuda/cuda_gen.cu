@@ -5,7 +5,7 @@
 // and the sequence's length only, never on how many rows run together, so generation on
 // the GPU is batch-invariant like the host twin's.  Not the sampler (cuda_sample.cu),
 // not the engine (gen.c), not the training ops (cuda_ops.cu).
-#include "gpu/cuda_common.cuh"
+#include "gpu/cuda/cuda_common.cuh"
 
 #include <math.h>
 

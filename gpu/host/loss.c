@@ -6,7 +6,7 @@
  * logits / T (divided, as torch does); row accumulators (max m, sum s) are double
  * with m always equal to a float value; the gradient w.r.t. the logits is
  * dL/du / T, the 1/T folded into the backward sgemm's alpha. */
-#include "gpu/loss.h"
+#include "gpu/host/loss.h"
 
 #include <cblas.h>
 #include <math.h>

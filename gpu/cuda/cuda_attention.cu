@@ -24,7 +24,7 @@
 //    the mask; its derivative 1 - (capped/c)^2 in the backward) and a sliding window
 //    (query at position i sees keys at positions > i - W: own key tiles wholly before
 //    a tile's window are skipped, prefix keys at positions 0..P-1 are masked by it).
-#include "gpu/cuda_common.cuh"
+#include "gpu/cuda/cuda_common.cuh"
 
 #include <math.h>
 

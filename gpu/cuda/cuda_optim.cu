@@ -3,8 +3,8 @@
 // is gpu/optim8.h's, written with __f*_rn intrinsics (no contraction into FMA) so that
 // AdamW, the scale and the 8-bit update give the host twin's bits; the sum of squares
 // uses its own fixed order (deterministic, not the host's bits).
-// Not the op table (gpu/cuda_ops.cu points at these) and not the trainer (gpu/train.c).
-#include "gpu/cuda_common.cuh"
+// Not the op table (gpu/cuda/cuda_ops.cu points at these) and not the trainer (gpu/train.c).
+#include "gpu/cuda/cuda_common.cuh"
 
 #include <mutex>
 

@@ -1,5 +1,5 @@
 /* host_rows.c - see host_rows.h. */
-#include "gpu/host_rows.h"
+#include "gpu/host/host_rows.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -7,7 +7,7 @@
 
 #include "common/diag.h"
 #include "gpu/gen.h"
-#include "gpu/loss.h"
+#include "gpu/host/loss.h"
 
 enum { RB = 32 }; /* LM-head rows per pass: logits [RB,V] */
 

@@ -1,13 +1,13 @@
 /* host_loss_ops.c - the host twin's row gather/scatter and baking-loss ops (ops.h):
- * thin wrappers of gpu/loss.c over the fp32 LM head of a host bk_weight.  Not the
+ * thin wrappers of gpu/host/loss.c over the fp32 LM head of a host bk_weight.  Not the
  * loss math (loss.c) and not the rest of the host table (host_ops.c). */
 #include <string.h>
 
 #include "common/diag.h"
-#include "gpu/loss.h"
+#include "gpu/host/loss.h"
 #include "gpu/ops.h"
 
-#include "gpu/host_loss_ops.h"
+#include "gpu/host/host_loss_ops.h"
 
 static void check_rows(const char *what, const int32_t *rows, int N, int T, int H)
 {

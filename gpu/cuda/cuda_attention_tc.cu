@@ -1,7 +1,7 @@
 // cuda_attention_tc.cu - the tensor-core flash attention (ops.h attention_forward /
-// attention_backward, same contract as the fp32 kernel of gpu/cuda_attention.cu: out
+// attention_backward, same contract as the fp32 kernel of gpu/cuda/cuda_attention.cu: out
 // [T,NH,D] fp32, lse [NH,T], the backward recomputes P from lse), and the BK_ATTN
-// selection between the two (gpu/cuda_attention_tc.h).  Not the decode attention.
+// selection between the two (gpu/cuda/cuda_attention_tc.h).  Not the decode attention.
 //
 // Choices:
 //  - bf16 mma.sync m16n8k16 with fp32 accumulation (sm_80+).  q/k/v/dout are fp32 in the
@@ -36,11 +36,11 @@
 //  - not validated on a GPU yet: BK_ATTN=fp32 stays the default; tests/gpu/
 //    check_attention_tc.c checks both kernels against the host twin and times them.
 #ifndef BK_TC_EMU
-#include "gpu/cuda_common.cuh"
+#include "gpu/cuda/cuda_common.cuh"
 #else // tests/unit/test_attention_tc_emu.cc runs this file on the CPU (tests/unit/cuda_emu.h)
 #include "tests/unit/cuda_emu.h"
 #endif
-#include "gpu/cuda_attention_tc.h"
+#include "gpu/cuda/cuda_attention_tc.h"
 
 #include <math.h>
 #include <stdio.h>
