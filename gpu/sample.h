@@ -51,7 +51,10 @@ int bk_sample_is_stop(int32_t id, const int32_t *stop, int n);
  * counters[i]); ids [N] (device) gets the token, or -1 when the row holds a NaN.
  * Equal to bk_sample_token on the same row except when a cumulative mass falls within
  * rounding (~1e-16 relative) of top_p or of the draw's target: the softmax sum and the
- * nucleus mass are reduced in another order.  work: bk_cuda_sample_work_bytes(N, V). */
+ * nucleus mass are reduced in another order.  work: bk_cuda_sample_work_bytes(N, V).
+ * With BK_DECODE=v2 (gpu/cuda/cuda.h) the bounded sampler of cuda_sample2.cuh: the same
+ * rule, masses summed exactly in 2^-62 fixed point, so a difference needs a cumulative
+ * mass within about V 2^-53 of top_p or of the draw's target. */
 void bk_cuda_sample(int32_t *ids /* [N] */, const float *logits /* [*,V] */,
 		    const int32_t *rows /* [N] */, const uint64_t *keys /* [N] */,
 		    const int32_t *counters /* [N] */, int N, int V, float temperature,

@@ -46,15 +46,16 @@ void bk_cuda_scatter_rows(float *dst, const float *src, const int32_t *rows, int
 double bk_cuda_kl_exact(const float *hidden, const bk_weight *lm_head,
 			const float *teacher_hidden, const float *teacher_logp,
 			const int32_t *sample_of, int n, int n_samples, int chunk,
-			float temperature, float *d_hidden, float *row_kl);
+			float temperature, float softcap, float *d_hidden, float *row_kl);
 double bk_cuda_kl_topk(const float *hidden, const bk_weight *lm_head, const int32_t *topk_ids,
 		       const float *topk_logp, const float *rest, const int32_t *sample_of,
 		       int n, int n_samples, int k, int chunk, float temperature,
-		       float *d_hidden, float *row_kl);
+		       float softcap, float *d_hidden, float *row_kl);
 void bk_cuda_teacher_topk(const float *hidden, const bk_weight *lm_head, int n, int chunk,
-			  float temperature, int k, int32_t *ids, float *logp, float *rest);
+			  float temperature, float softcap, int k, int32_t *ids, float *logp,
+			  float *rest);
 void bk_cuda_teacher_logprobs(const float *hidden, const bk_weight *lm_head, int n, int chunk,
-			      float temperature, float *logp);
+			      float temperature, float softcap, float *logp);
 
 /* gpu/cuda/cuda_optim.cu: the optimizer ops (ops.h, gpu/optim8.h). */
 void bk_cuda_adamw_step(float *param, const float *grad, float *m, float *v, size_t n,
@@ -76,6 +77,36 @@ void bk_cuda_mem_reset_peak(void);
 size_t bk_cuda_mem_used(void);
 /* Waits for every op issued so far (for timing). */
 void bk_cuda_sync(void);
+
+/* gpu/cuda/cuda_gen.cu: which decode path bk_gen_ops_cuda and the engine (gpu/gen.c)
+ * take: 1 = v1 (the default: the kernels as first written), 2 = v2 (BK_DECODE=v2: the
+ * bandwidth-bound linear with split-K and a tiled prefill, the bounded top-p sampler,
+ * one CUDA graph per batch-size bucket for the decode step, pinned asynchronous copies).
+ * Read from BK_DECODE (v1, v2; anything else dies) on first use; set_mode overrides it
+ * (the check programs compare both in one process). */
+int bk_cuda_decode_mode(void);
+void bk_cuda_decode_set_mode(int mode /* 1 or 2 */);
+
+/* gpu/cuda/cuda_ops.cu: the projection-group ops (bk_ops.proj_forward/proj_backward,
+ * ops.h).  1 = v1 (the default: each member's linear and LoRA kernels in turn), 2 = v2
+ * (BK_LINEAR=v2: one bf16 copy of x per group, one GEMM for the members' LoRA A, the
+ * LoRA B product written first and the base GEMM accumulating onto it; cuda_ops.cu has
+ * the details).  Read from BK_LINEAR (v1, v2; anything else dies) on first use;
+ * set_mode overrides it.  The v1/v2 entries are the two paths themselves, whatever the
+ * mode (check programs compare both in one process).  xa is v1's and v2's own layout:
+ * a backward must read the xa of the same path's forward. */
+int bk_cuda_linear_mode(void);
+void bk_cuda_linear_set_mode(int mode /* 1 or 2 */);
+void bk_cuda_proj_forward_v1(const bk_proj *p, int n, const float *x, float *xa, int T,
+			     int in, int R, float scale, float drop, float *scratch);
+void bk_cuda_proj_backward_v1(float *dx, const bk_proj *p, int n, const float *x,
+			      const float *xa, int T, int in, int R, float scale, float drop,
+			      float *scratch);
+void bk_cuda_proj_forward_v2(const bk_proj *p, int n, const float *x, float *xa, int T,
+			     int in, int R, float scale, float drop, float *scratch);
+void bk_cuda_proj_backward_v2(float *dx, const bk_proj *p, int n, const float *x,
+			      const float *xa, int T, int in, int R, float scale, float drop,
+			      float *scratch);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,8 @@
 #include "gpu/cuda/cuda_common.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "gpu/gen.h"
@@ -143,10 +145,16 @@ __global__ void __launch_bounds__(LIN_THREADS)
 			}
 }
 
+static void cuda_gen_linear2(float *y, const float *x, const bk_weight *W, int T);
+
 static void cuda_gen_linear(float *y, const float *x, const bk_weight *W, int T)
 {
 	if (T <= 0)
 		return;
+	if (bk_cuda_decode_mode() == 2) {
+		cuda_gen_linear2(y, x, W, T);
+		return;
+	}
 	int out = W->rows, in = W->cols;
 	const __nv_bfloat16 *w = (const __nv_bfloat16 *)W->data;
 	cudaStream_t st = bk_cuda_stream();
@@ -164,6 +172,105 @@ static void cuda_gen_linear(float *y, const float *x, const bk_weight *W, int T)
 		gen_linear_kernel<4><<<dim3(gx, gy), LIN_THREADS, 0, st>>>(y, x, w, T, in, out);
 		CUDA_LAUNCH_CHECK("gen_linear_kernel<4>");
 	}
+}
+
+// ---------------------------------------------------------------------------------
+// linear v2 (BK_DECODE=v2): W streamed with 8 16-byte loads in flight per thread, 64
+// outputs per block (a warp per 16 outputs: W is the mma's A operand, the tokens its
+// B operand), x staged once per block in shared memory as bf16 (pieces of 256 inputs),
+// split-K over the grid for enough blocks, and a tiled prefill kernel for T > 64.
+//
+// Reduction order of one output (t, o), the same for every T and both kernels:
+//   the input is cut in chunks of 32 and the chunks in KS ranges of CPS chunks each
+//   (KS, CPS from in and out alone: lin2_plan); in a range the chunks go in increasing
+//   order, two mmas per chunk (the v1 assignment of a chunk's 32 inputs to k slots),
+//   into an fp32 accumulator that starts at 0; then y = p_0 + p_1 + ... + p_{KS-1}, in
+//   range order.  Decode (T <= 64): a block per (64 outputs, range); the last block of
+//   an output tile to finish (an atomic count) adds the ranges' partial sums in order.
+//   Prefill (T > 64): a block per (128 outputs, 64 tokens) runs every range itself and
+//   adds them in the same order, so its rows are bit for bit those of decode.
+// An mma's output element depends only on its row of A (W row o), its column of B (x
+// row t) and its accumulator, so which tokens share a tile changes nothing.
+
+#include "gpu/cuda/cuda_linear2.cuh"
+
+static int g_decode_mode; // 0: not read yet; 1: v1; 2: v2
+
+extern "C" int bk_cuda_decode_mode(void)
+{
+	if (!g_decode_mode) {
+		const char *e = getenv("BK_DECODE");
+		if (!e || !*e || !strcmp(e, "v1"))
+			g_decode_mode = 1;
+		else if (!strcmp(e, "v2"))
+			g_decode_mode = 2;
+		else
+			die("BK_DECODE=%s: expected v1 (the default) or v2", e);
+	}
+	return g_decode_mode;
+}
+
+extern "C" void bk_cuda_decode_set_mode(int mode)
+{
+	if (mode != 1 && mode != 2)
+		CUDA_BUG("decode mode %d (1 or 2)", mode);
+	g_decode_mode = mode;
+}
+
+// the decode kernels' scratch: fixed size (allocated once, so a captured graph's
+// pointers stay valid): partial sums of KS > 1 for <= 64 tokens, tile counters
+static float *g_l2_part;
+static unsigned *g_l2_cnt;
+static size_t g_l2_part_floats;
+
+static void lin2_scratch(void)
+{
+	if (g_l2_part)
+		return;
+	// KS > 1 only when tiles < L2_TARGET_BLOCKS, and then KS * tiles < 2 L2_TARGET_BLOCKS
+	g_l2_part_floats = (size_t)64 * 2 * L2_TARGET_BLOCKS * 64;
+	CUDA_CHECK(cudaMalloc((void **)&g_l2_part, g_l2_part_floats * sizeof(float)));
+	CUDA_CHECK(cudaMalloc((void **)&g_l2_cnt, L2_NCNT * sizeof(unsigned)));
+	CUDA_CHECK(cudaMemset(g_l2_cnt, 0, L2_NCNT * sizeof(unsigned)));
+}
+
+static void cuda_gen_linear2(float *y, const float *x, const bk_weight *W, int T)
+{
+	int out = W->rows, in = W->cols, KS, CPS;
+	const __nv_bfloat16 *w = (const __nv_bfloat16 *)W->data;
+	cudaStream_t st = bk_cuda_stream();
+	lin2_plan(in, out, &KS, &CPS);
+	if (T > 64) {
+		unsigned gx = bk_cuda_blocks((size_t)out, L2_PRE_NW * 16);
+		unsigned gy = bk_cuda_blocks((size_t)T, 64);
+		if (gy > 65535)
+			CUDA_BUG("gen linear v2: %d rows", T);
+		gen_linear2_prefill_kernel<<<dim3(gx, gy), L2_PRE_NW * 32, 0, st>>>(y, x, w, T, in,
+										   out, KS, CPS);
+		CUDA_LAUNCH_CHECK("gen_linear2_prefill_kernel");
+		return;
+	}
+	unsigned gx = bk_cuda_blocks((size_t)out, L2_DEC_NW * 16);
+	if (KS > 1) {
+		lin2_scratch();
+		if ((size_t)KS * T * out > g_l2_part_floats || gx > L2_NCNT)
+			CUDA_BUG("gen linear v2: %d ranges x %d rows x %d outputs", KS, T, out);
+	}
+	dim3 grid(gx, 1, KS);
+#define L2_LAUNCH(NT)                                                                      \
+	gen_linear2_kernel<NT><<<grid, L2_DEC_NW * 32, 0, st>>>(y, x, w, T, in, out, KS, CPS,  \
+							      g_l2_part, g_l2_cnt);        \
+	CUDA_LAUNCH_CHECK("gen_linear2_kernel<" #NT ">")
+	if (T <= 8) {
+		L2_LAUNCH(1);
+	} else if (T <= 16) {
+		L2_LAUNCH(2);
+	} else if (T <= 32) {
+		L2_LAUNCH(4);
+	} else {
+		L2_LAUNCH(8);
+	}
+#undef L2_LAUNCH
 }
 
 // ---------------------------------------------------------------------------------

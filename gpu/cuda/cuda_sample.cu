@@ -4,7 +4,9 @@
 // patterns, integer counts) finds the CAND-th largest probability, only the tokens at or
 // above it are sorted (bitonic, by probability then id) and the nucleus and the draw are
 // scanned in that order as on the host.  When the nucleus is larger than the candidates
-// (flat distributions, top-p 1) the whole row is sorted instead.  Not the engine (gen.c).
+// (flat distributions, top-p 1) the whole row is sorted instead.  BK_DECODE=v2 takes
+// sample2_kernel (cuda_sample2.cuh) instead: a bounded radix select by mass, no sort.
+// Not the engine (gen.c).
 #include "gpu/cuda/cuda_common.cuh"
 
 #include <math.h>
@@ -281,6 +283,8 @@ __global__ void __launch_bounds__(SMP_THREADS)
 	}
 }
 
+#include "gpu/cuda/cuda_sample2.cuh"
+
 extern "C" void bk_cuda_sample(int32_t *ids, const float *logits, const int32_t *rows,
 			       const uint64_t *keys, const int32_t *counters, int N, int V,
 			       float temperature, float top_p, void *work)
@@ -290,6 +294,13 @@ extern "C" void bk_cuda_sample(int32_t *ids, const float *logits, const int32_t 
 	if (V <= 0 || !(temperature >= 0) || !(top_p > 0))
 		CUDA_BUG("cuda sample: V %d, temperature %g, top-p %g", V, temperature, top_p);
 	int nb = N < SMP_MAX_BLOCKS ? N : SMP_MAX_BLOCKS;
+	if (bk_cuda_decode_mode() == 2) {
+		sample2_kernel<SMP_THREADS><<<nb, SMP_THREADS, 0, bk_cuda_stream()>>>(
+			ids, logits, rows, keys, counters, N, V, temperature, top_p, (char *)work,
+			per_block_bytes(V));
+		CUDA_LAUNCH_CHECK("sample2_kernel");
+		return;
+	}
 	sample_kernel<<<nb, SMP_THREADS, 0, bk_cuda_stream()>>>(ids, logits, rows, keys, counters,
 								N, V, temperature, top_p,
 								(char *)work, per_block_bytes(V));

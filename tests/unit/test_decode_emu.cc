@@ -1,0 +1,469 @@
+/* test_decode_emu.cc - the v2 decode kernels (BK_DECODE=v2) of gpu/cuda/cuda_linear2.cuh
+ * (the split-K decode linear and the tiled prefill linear) and gpu/cuda/cuda_sample2.cuh
+ * (the bounded top-p sampler), their own source compiled for the CPU under a small
+ * emulation of CUDA defined here: one host thread per CUDA thread of a block, blocks one
+ * after another (x fastest); __syncthreads a barrier of the block; warp shuffles, match
+ * and mma.sync m16n8k16 (bf16 in, fp32 accumulate, fragments decoded by the PTX layout)
+ * exchanges between two barriers of the warp's 32 threads; __shared__ variables are
+ * statics (one block runs at a time); device memory is host memory.
+ *
+ * Checked: the linear against a double reference on bf16-rounded inputs (bound 1e-4 of
+ * max|y|: the emulated mma adds its 16 products in fp32, a wrong index is off by O(1));
+ * sizes with one and several K ranges, ragged ranges, in % 8 != 0 (scalar loads), out not
+ * a multiple of 16 or 64; that every row is bit for bit the same whether it runs alone,
+ * with other rows, or through the prefill kernel (T > 64) - the batch invariance the
+ * engine relies on; that the tile counters are back at 0 after a call; NaN-poisoned
+ * outputs fully written and nothing past them.  The sampler against bk_sample_token
+ * (gpu/sample.c, the host twin) token for token: greedy with tied maxima, peaked, flat
+ * (the nucleus far larger than any candidate set), tied probabilities across the top-p
+ * boundary, top-p 1, tiny top-p, a NaN row.
+ * Not checked here: the hardware's rounding, its fragment layout itself, races between
+ * blocks, speed (tests/gpu/check_decode.c does those on a GPU). */
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+#include <functional>
+#include <vector>
+
+extern "C" {
+#include "common/rng.h"
+#include "gpu/sample.h"
+void bk_diag_init(const char *argv0);
+}
+
+// ---- the emulator ----
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+
+struct emu_dim3 {
+	unsigned x, y, z;
+	emu_dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+typedef emu_dim3 dim3;
+static thread_local emu_dim3 threadIdx, blockIdx;
+static emu_dim3 gridDim, blockDim;
+
+struct __attribute__((may_alias, aligned(16))) uint4 {
+	uint32_t x, y, z, w;
+};
+struct __attribute__((may_alias, aligned(8))) float2 {
+	float x, y;
+};
+static inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w)
+{
+	return {x, y, z, w};
+}
+static inline int min(int a, int b) { return a < b ? a : b; }
+
+struct __nv_bfloat16 {
+	uint16_t bits;
+};
+static inline uint16_t bf16_bits(float f) // round to nearest even
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x40);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+static inline float bf16_float(uint16_t b)
+{
+	uint32_t u = (uint32_t)b << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.bits; }
+static inline uint32_t pack_bf16(float a, float b)
+{
+	return (uint32_t)bf16_bits(a) | ((uint32_t)bf16_bits(b) << 16);
+}
+
+template <typename T> static inline T __ldg(const T *p) { return *p; }
+template <typename T> static inline T __ldcg(const T *p) { return *p; }
+static inline void __threadfence(void) { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline unsigned atomicAdd(unsigned *p, unsigned v)
+{
+	return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v)
+{
+	return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+static inline long long __double_as_longlong(double d)
+{
+	long long r;
+	memcpy(&r, &d, 8);
+	return r;
+}
+static inline double __longlong_as_double(long long v)
+{
+	double d;
+	memcpy(&d, &v, 8);
+	return d;
+}
+static inline unsigned long long __double2ull_rn(double d)
+{
+	return (unsigned long long)nearbyint(d);
+}
+static inline double bk_crng_uniform_dev(uint64_t key, uint64_t counter)
+{
+	return bk_crng_uniform(key, counter);
+}
+
+static pthread_barrier_t emu_block_bar;
+static std::vector<pthread_barrier_t> emu_warp_bar;
+struct emu_warp_buf {
+	uint64_t v[32];
+	uint32_t a[32][4], b[32][2];
+};
+static std::vector<emu_warp_buf> emu_wb;
+static std::atomic<int> emu_or;
+
+static void emu_warp_sync(int w) { pthread_barrier_wait(&emu_warp_bar[w]); }
+static void __syncthreads(void) { pthread_barrier_wait(&emu_block_bar); }
+static int __syncthreads_or(int v)
+{
+	pthread_barrier_wait(&emu_block_bar);
+	if (v)
+		emu_or = 1;
+	pthread_barrier_wait(&emu_block_bar);
+	int r = emu_or;
+	pthread_barrier_wait(&emu_block_bar);
+	if (threadIdx.x == 0)
+		emu_or = 0;
+	pthread_barrier_wait(&emu_block_bar);
+	return r;
+}
+
+template <typename T> static T __shfl_xor_sync(unsigned, T v, int lane_mask)
+{
+	static_assert(sizeof(T) <= 8, "8 bytes at most");
+	int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+	uint64_t u = 0;
+	memcpy(&u, &v, sizeof(T));
+	emu_wb[w].v[lane] = u;
+	emu_warp_sync(w);
+	u = emu_wb[w].v[lane ^ lane_mask];
+	emu_warp_sync(w);
+	T r;
+	memcpy(&r, &u, sizeof(T));
+	return r;
+}
+
+static unsigned __match_any_sync(unsigned, int v)
+{
+	int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+	emu_wb[w].v[lane] = (uint64_t)(uint32_t)v;
+	emu_warp_sync(w);
+	unsigned m = 0;
+	for (int i = 0; i < 32; i++)
+		if (emu_wb[w].v[i] == (uint64_t)(uint32_t)v)
+			m |= 1u << i;
+	emu_warp_sync(w);
+	return m;
+}
+
+static float emu_half(uint32_t reg, int half) { return bf16_float((uint16_t)(reg >> (16 * half))); }
+
+// mma.sync m16n8k16 row.col bf16 -> f32, d = A B + d.  PTX fragments (g = lane / 4,
+// t = lane % 4): A reg r: row g + 8 (r & 1), cols 2t + 8 (r >> 1) + {0,1}; B reg r: rows
+// 2t + 8 r + {0,1}, col g; C: c0, c1 row g cols 2t, 2t+1; c2, c3 row g + 8
+static void mma_bf16(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+		     uint32_t b0, uint32_t b1)
+{
+	int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	emu_warp_buf &B = emu_wb[w];
+	B.a[lane][0] = a0, B.a[lane][1] = a1, B.a[lane][2] = a2, B.a[lane][3] = a3;
+	B.b[lane][0] = b0, B.b[lane][1] = b1;
+	emu_warp_sync(w);
+	float out[4];
+	for (int e = 0; e < 4; e++) {
+		int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+		float acc = 0.0f;
+		for (int kk = 0; kk < 16; kk++) {
+			int ka = (kk % 8) / 2, half = kk % 2, hi = kk / 8;
+			float av = emu_half(B.a[(row % 8) * 4 + ka][(row / 8) + 2 * hi], half);
+			float bv = emu_half(B.b[col * 4 + ka][hi], half);
+			acc += av * bv;
+		}
+		out[e] = d[e] + acc;
+	}
+	emu_warp_sync(w);
+	for (int e = 0; e < 4; e++)
+		d[e] = out[e];
+}
+
+struct emu_arg {
+	unsigned tid, bx, by, bz;
+	const std::function<void()> *body;
+};
+
+static void *emu_thread(void *p)
+{
+	emu_arg *a = (emu_arg *)p;
+	threadIdx = emu_dim3(a->tid);
+	blockIdx = emu_dim3(a->bx, a->by, a->bz);
+	(*a->body)();
+	return NULL;
+}
+
+static void emu_launch(emu_dim3 grid, int threads, const std::function<void()> &body)
+{
+	if (threads % 32) {
+		fprintf(stderr, "emu_launch: %d threads is not whole warps\n", threads);
+		exit(2);
+	}
+	gridDim = grid;
+	blockDim = emu_dim3((unsigned)threads);
+	int nw = threads / 32;
+	emu_warp_bar.resize(nw);
+	emu_wb.resize(nw);
+	std::vector<pthread_t> th(threads);
+	std::vector<emu_arg> args(threads);
+	for (unsigned b = 0; b < grid.x * grid.y * grid.z; b++) {
+		unsigned bx = b % grid.x, by = b / grid.x % grid.y, bz = b / (grid.x * grid.y);
+		pthread_barrier_init(&emu_block_bar, NULL, (unsigned)threads);
+		for (int w = 0; w < nw; w++)
+			pthread_barrier_init(&emu_warp_bar[w], NULL, 32);
+		for (int i = 0; i < threads; i++) {
+			args[i] = {(unsigned)i, bx, by, bz, &body};
+			if (pthread_create(&th[i], NULL, emu_thread, &args[i])) {
+				fprintf(stderr, "emu_launch: pthread_create failed\n");
+				exit(2);
+			}
+		}
+		for (int i = 0; i < threads; i++)
+			pthread_join(th[i], NULL);
+		pthread_barrier_destroy(&emu_block_bar);
+		for (int w = 0; w < nw; w++)
+			pthread_barrier_destroy(&emu_warp_bar[w]);
+	}
+}
+
+// the kernels themselves
+#define BK_UNROLL /* nvcc's #pragma unroll */
+#include "gpu/cuda/cuda_linear2.cuh"
+#include "gpu/cuda/cuda_sample2.cuh"
+
+// ---- the host side of the kernels (as cuda_gen.cu / cuda_sample.cu launch them) ----
+
+static unsigned bk_cuda_blocks_(int n, int per) { return (unsigned)((n + per - 1) / per); }
+
+static std::vector<float> g_part(64 * 2 * L2_TARGET_BLOCKS * 64);
+static std::vector<unsigned> g_cnt(L2_NCNT, 0);
+static int g_prefill_calls, g_decode_calls;
+
+static void linear2(float *y, const float *x, const __nv_bfloat16 *w, int T, int in, int out)
+{
+	int KS, CPS;
+	lin2_plan(in, out, &KS, &CPS);
+	if (T > 64) {
+		g_prefill_calls++;
+		emu_dim3 grid(bk_cuda_blocks_(out, L2_PRE_NW * 16), bk_cuda_blocks_(T, 64));
+		emu_launch(grid, L2_PRE_NW * 32, [&]() {
+			gen_linear2_prefill_kernel(y, x, w, T, in, out, KS, CPS);
+		});
+		return;
+	}
+	g_decode_calls++;
+	emu_dim3 grid(bk_cuda_blocks_(out, L2_DEC_NW * 16), 1, KS);
+	if ((size_t)KS * T * out > g_part.size()) {
+		fprintf(stderr, "linear2: scratch too small\n");
+		exit(2);
+	}
+	float *part = g_part.data();
+	unsigned *cnt = g_cnt.data();
+	std::function<void()> body;
+	if (T <= 8)
+		body = [&]() { gen_linear2_kernel<1>(y, x, w, T, in, out, KS, CPS, part, cnt); };
+	else if (T <= 16)
+		body = [&]() { gen_linear2_kernel<2>(y, x, w, T, in, out, KS, CPS, part, cnt); };
+	else if (T <= 32)
+		body = [&]() { gen_linear2_kernel<4>(y, x, w, T, in, out, KS, CPS, part, cnt); };
+	else
+		body = [&]() { gen_linear2_kernel<8>(y, x, w, T, in, out, KS, CPS, part, cnt); };
+	emu_launch(grid, L2_DEC_NW * 32, body);
+}
+
+// ---- the test ----
+
+static uint64_t rs = 88172645463325252ull;
+static float urand(void) /* [-1, 1) */
+{
+	rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+	return (float)((double)(rs >> 11) * 0x1p-53 * 2 - 1);
+}
+
+static int n_fail;
+static void verdict(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void verdict(int ok, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf(" %s\n", ok ? "ok" : "FAIL");
+	n_fail += !ok;
+}
+
+static void check_linear(int T, int in, int out)
+{
+	std::vector<float> x((size_t)T * in), yref((size_t)T * out);
+	std::vector<__nv_bfloat16> w((size_t)out * in);
+	for (auto &v : x)
+		v = urand();
+	for (auto &v : w)
+		v.bits = bf16_bits(0.1f * urand());
+	double ymax = 1e-3;
+	for (int t = 0; t < T; t++)
+		for (int o = 0; o < out; o++) {
+			double s = 0;
+			for (int k = 0; k < in; k++)
+				s += (double)bf16_float(bf16_bits(x[(size_t)t * in + k])) *
+				     bf16_float(w[(size_t)o * in + k].bits);
+			yref[(size_t)t * out + o] = (float)s;
+			ymax = fabs(s) > ymax ? fabs(s) : ymax;
+		}
+	// one guard float past the output, NaN everywhere
+	std::vector<float> y((size_t)T * out + 1, NAN);
+	linear2(y.data(), x.data(), w.data(), T, in, out);
+	double err = 0;
+	for (size_t i = 0; i < (size_t)T * out; i++) {
+		double e = fabs((double)y[i] - yref[i]) / ymax;
+		err = e > err || e != e ? e : err;
+	}
+	int KS, CPS;
+	lin2_plan(in, out, &KS, &CPS);
+	verdict(err <= 1e-4 && isnan(y[(size_t)T * out]),
+		"linear2 T=%d in=%d out=%d (%s, %d K ranges of %d chunks): err %.2e (bound 1e-4)",
+		T, in, out, T > 64 ? "prefill" : "decode", KS, CPS, err);
+	int zero = 1;
+	for (unsigned c : g_cnt)
+		zero &= c == 0;
+	verdict(zero, "  tile counters back at 0");
+	// batch invariance: every row alone (decode T = 1); and in chunks of up to 64 rows
+	// (decode) when T > 64 ran the prefill kernel
+	int same = 1;
+	std::vector<float> y1((size_t)out);
+	for (int t = 0; t < T; t += T > 8 ? 7 : 1) {
+		linear2(y1.data(), x.data() + (size_t)t * in, w.data(), 1, in, out);
+		same &= !memcmp(y1.data(), y.data() + (size_t)t * out, (size_t)out * 4);
+	}
+	verdict(same, "  rows alone (T=1): bit for bit");
+	if (T > 1) {
+		std::vector<float> yc((size_t)T * out);
+		for (int t0 = 0; t0 < T; t0 += 64 - 11) { // odd chunks, never the prefill kernel
+			int n = T - t0 < 64 - 11 ? T - t0 : 64 - 11;
+			linear2(yc.data() + (size_t)t0 * out, x.data() + (size_t)t0 * in, w.data(), n, in,
+				out);
+		}
+		verdict(!memcmp(yc.data(), y.data(), (size_t)T * out * 4),
+			"  rows in chunks of 53 (decode kernel): bit for bit");
+	}
+}
+
+enum { ROW_PEAKED, ROW_FLAT, ROW_TIED_MAX, ROW_TIED_P, ROW_MID, ROW_NAN, NKIND };
+
+static void check_sample(int V, float temperature, float top_p, int N, int threads)
+{
+	std::vector<float> lg((size_t)N * V);
+	for (int i = 0; i < N; i++) {
+		int kind = i % NKIND;
+		float *r = lg.data() + (size_t)i * V;
+		float sc = kind == ROW_PEAKED ? 8.0f : kind == ROW_FLAT ? 0.05f : 2.0f;
+		for (int j = 0; j < V; j++)
+			r[j] = sc * urand();
+		if (kind == ROW_TIED_MAX)
+			for (int k = 0; k < 3; k++)
+				r[(int)((urand() + 1) * 0.5f * V) % V] = 50.0f;
+		if (kind == ROW_TIED_P) // a few distinct values only: long runs of ties
+			for (int j = 0; j < V; j++)
+				r[j] = (float)((int)((urand() + 1) * 2));
+		if (kind == ROW_NAN)
+			r[V / 3] = NAN;
+	}
+	std::vector<int32_t> rows(N), ctr(N), ids(N, -7);
+	std::vector<uint64_t> keys(N);
+	for (int i = 0; i < N; i++) {
+		rows[i] = N - 1 - i;
+		keys[i] = rs ^ (uint64_t)i * 0x9e3779b97f4a7c15ull;
+		ctr[i] = i * 3;
+	}
+	size_t per = ((size_t)V * sizeof(double) + 64 + 15) & ~(size_t)15;
+	int nb = N < 5 ? N : 5; // fewer blocks than draws: each block takes several
+	std::vector<char> work(per * nb + 16);
+	char *wk = (char *)(((uintptr_t)work.data() + 15) & ~(uintptr_t)15);
+	emu_launch(emu_dim3(nb), threads, [&]() {
+		sample2_kernel<1024>(ids.data(), lg.data(), rows.data(), keys.data(), ctr.data(), N,
+				     V, temperature, top_p, wk, per);
+	});
+	bk_sample_work *sw = bk_sample_work_new(V);
+	bk_sample_params sp = {temperature, top_p};
+	int bad = 0, first = -1;
+	int32_t fw = 0;
+	for (int i = 0; i < N; i++) {
+		int32_t want;
+		if (rows[i] % NKIND == ROW_NAN) {
+			want = -1;
+		} else {
+			double u = temperature > 0 ? bk_crng_uniform(keys[i], (uint64_t)ctr[i]) : 0;
+			want = bk_sample_token(lg.data() + (size_t)rows[i] * V, V, &sp, u, sw);
+		}
+		if (ids[i] != want) {
+			if (first < 0)
+				first = i, fw = want;
+			bad++;
+		}
+	}
+	bk_sample_work_free(sw);
+	verdict(!bad, "sample2 V=%d temperature=%g top_p=%g draws=%d threads=%d: %d differ%s", V,
+		temperature, top_p, N, threads, bad,
+		first >= 0 ? " (see the first below)" : "");
+	if (first >= 0)
+		printf("  first: draw %d (row kind %d) got %d, host %d\n", first, rows[first] % NKIND,
+		       ids[first], fw);
+}
+
+int main(int argc, char **argv)
+{
+	(void)argc;
+	bk_diag_init(argv[0]);
+	// decode: one range, several, ragged; scalar loads; out not a multiple of 16 / 64
+	check_linear(1, 64, 96);
+	check_linear(3, 8, 5);
+	check_linear(5, 100, 37);
+	check_linear(9, 520, 200);
+	check_linear(17, 264, 70);
+	check_linear(33, 1024, 64);
+	// prefill (T > 64) against decode chunks
+	check_linear(70, 264, 130);
+	check_linear(129, 96, 20);
+	printf("linear2: %d prefill and %d decode launches\n", g_prefill_calls, g_decode_calls);
+	verdict(g_prefill_calls == 2, "the prefill kernel ran for T > 64 only");
+
+	check_sample(300, 0, 1, 6, 64);
+	check_sample(300, 0.8f, 0.9f, 12, 64);
+	check_sample(1500, 1.5f, 0.5f, 6, 64);
+	check_sample(1500, 1.0f, 0.98f, 6, 96);
+	check_sample(777, 1.0f, 1.0f, 6, 64);     // top-p 1: the whole row
+	check_sample(500, 0.7f, 0.0001f, 6, 64);  // the first token only
+	check_sample(3000, 2.0f, 0.95f, 6, 128);  // flat: a nucleus of thousands
+	if (n_fail) {
+		printf("test_decode_emu: %d FAILED\n", n_fail);
+		return 1;
+	}
+	printf("test_decode_emu: all ok\n");
+	return 0;
+}
