@@ -270,7 +270,7 @@ int main(int argc, char **argv)
 		ops->gather_rows(srows, sh, rows_d, N, T, H);
 		mark(&mk, PH_LOSS);
 		loss = ops->kl_exact(srows, m->lm_head, trows, NULL, sample_of, N, S, 4096, 1.0f,
-				     drows, NULL);
+				     m->cfg.final_softcap, drows, NULL);
 		ops->zero(dh, (size_t)T * H * 4);
 		ops->scatter_rows(dh, drows, rows_d, N, T, H);
 		mark(&mk, PH_BACKWARD);

@@ -265,10 +265,9 @@ static void parse_family(bk_config *c, json_t *root)
 					   f == BK_FAM_GEMMA2 && !json_object_get(root,
 						"final_logit_softcapping") ? 30.0 : 0.0);
 		if (c->attn_softcap < 0 || c->final_softcap < 0)
-			die("%s: a logit softcapping is negative", path);
-		if (c->final_softcap > 0) /* the loss ops do not cap the LM head's logits yet */
-			die("%s: key 'final_logit_softcapping' (%g) is not supported yet", path,
-			    c->final_softcap);
+			die("%s: key '%s' (%g) is negative", path,
+			    c->attn_softcap < 0 ? "attn_logit_softcapping" : "final_logit_softcapping",
+			    c->attn_softcap < 0 ? c->attn_softcap : c->final_softcap);
 		c->sliding_window = get_pos_int(path, root, "sliding_window", 0, 4096);
 		if (get_bool(path, root, "use_bidirectional_attention", 0))
 			die("%s: key 'use_bidirectional_attention' is true (only causal "

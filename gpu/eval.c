@@ -51,7 +51,7 @@ bk_kl_result bk_eval_kl(const bk_model *m, const float *lm_head, const bk_lora *
 		response_rows(m, NULL, acts, s->t_prompt, s->nt, s->resp, s->nr, ids, pos, hid, trows);
 		response_rows(m, lora, acts, s->s_prompt, s->ns, s->resp, s->nr, ids, pos, hid, srows);
 		double loss = m->ops->kl_exact(srows, m->lm_head, trows, NULL, sample_of, s->nr, 1,
-					       4096, temperature, NULL, kl);
+					       4096, temperature, m->cfg.final_softcap, NULL, kl);
 		for (int r = 0; r < s->nr; r++)
 			sum_tok += kl[r];
 		sum_sample += loss;

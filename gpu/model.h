@@ -33,7 +33,8 @@ typedef struct bk_llama_config {
 	float attn_scale;  /* 0: D^-0.5; Gemma-2/3: query_pre_attn_scalar^-0.5 */
 	float attn_softcap; /* 0: none; Gemma-2 attn_logit_softcapping */
 	float final_softcap; /* 0: none; Gemma-2 final_logit_softcapping (the LM head's
-			      * logits; generation applies it, see gen.c) */
+			      * logits; generation applies it, see gen.c; the loss ops
+			      * take it as their softcap argument) */
 	const int *window;  /* [L] sliding window of each layer (0 = full) or NULL (copied) */
 	const float *inv_freq_local; /* [D/2] RoPE of the sliding layers (Gemma-3), or NULL:
 				      * every layer uses inv_freq (copied) */

@@ -160,7 +160,8 @@ typedef struct bk_ops {
 	void (*bias_forward)(float *y /* [T,n] += */, const bk_weight *b /* [1,n] */, int T);
 
 	/* ---- final-logit softcap (Gemma-2): x <- tanh(x / cap) * cap, in place
-	 * (generation's logits before sampling; the loss ops take the cap themselves) ---- */
+	 * (generation's logits before sampling; the loss ops take the cap themselves,
+	 * their softcap argument, with the same arithmetic) ---- */
 	void (*softcap_forward)(float *x /* [n] */, float cap, size_t n);
 
 	/* ---- residual: out = a + b (out may alias a or b); the backward is the identity:
@@ -189,21 +190,24 @@ typedef struct bk_ops {
 			   const float *teacher_hidden /* [N,H] or NULL */,
 			   const float *teacher_logp /* [N,V] or NULL */,
 			   const int32_t *sample_of /* [N] host */, int n, int n_samples,
-			   int chunk, float temperature, float *d_hidden /* [N,H] or NULL */,
+			   int chunk, float temperature, float softcap,
+			   float *d_hidden /* [N,H] or NULL */,
 			   float *row_kl /* [N] host, or NULL */);
 	double (*kl_topk)(const float *hidden /* [N,H] student */,
 			  const bk_weight *lm_head /* [V,H] */,
+	 * softcap: the final logit softcap (0: none; Gemma-2 final_logit_softcapping),
+	 * applied to each logit before the temperature, in the gradient too;
 			  const int32_t *topk_ids /* [N,K] */, const float *topk_logp /* [N,K] */,
 			  const float *rest /* [N] */, const int32_t *sample_of /* [N] host */,
-			  int n, int n_samples, int k, int chunk, float temperature,
+			  int n, int n_samples, int k, int chunk, float temperature, float softcap,
 			  float *d_hidden /* [N,H] or NULL */, float *row_kl /* [N] host, or NULL */);
 	void (*teacher_topk)(const float *hidden /* [N,H] */, const bk_weight *lm_head /* [V,H] */,
-			     int n, int chunk, float temperature, int k,
+			     int n, int chunk, float temperature, float softcap, int k,
 			     int32_t *ids /* [N,K] out */, float *logp /* [N,K] out */,
 			     float *rest /* [N] out */);
 	void (*teacher_logprobs)(const float *hidden /* [N,H] */,
 				 const bk_weight *lm_head /* [V,H] */, int n, int chunk,
-				 float temperature, float *logp /* [N,V] out */);
+				 float temperature, float softcap, float *logp /* [N,V] out */);
 
 	/* ---- optimizer, on flat fp32 device vectors (rules and 8-bit state: gpu/optim8.h).
 	 * AdamW as torch.optim.AdamW: step is the update's 1-based count (bias correction);

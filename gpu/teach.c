@@ -236,11 +236,11 @@ static void run_forward(bk_teach *t, const bk_teach_seq *seqs, const int *idx, i
 	ops->gather_rows(t->rows_d, t->hidden, t->rowidx_d, N, T, H);
 	size_t per = t->k ? (size_t)t->k : (size_t)V;
 	if (t->k)
-		ops->teacher_topk(t->rows_d, m->lm_head, N, t->vocab_chunk, t->temperature, t->k,
-				  t->ids_d, t->logp_d, t->rest_d);
+		ops->teacher_topk(t->rows_d, m->lm_head, N, t->vocab_chunk, t->temperature,
+				  m->cfg.final_softcap, t->k, t->ids_d, t->logp_d, t->rest_d);
 	else
 		ops->teacher_logprobs(t->rows_d, m->lm_head, N, t->vocab_chunk, t->temperature,
-				      t->logp_d);
+				      m->cfg.final_softcap, t->logp_d);
 	size_t r = 0;
 	for (int i = 0; i < cnt; i++) {
 		bk_teacher *o = &out[idx[i]];

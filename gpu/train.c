@@ -287,11 +287,11 @@ void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
 	gather_rows(t, t->hrows_d, N, T);
 
 	int chunk = t->o.vocab_chunk;
-	float T_ = t->o.temperature;
+	float T_ = t->o.temperature, cap = m->cfg.final_softcap; /* Gemma-2: 0 = none */
 	double loss;
 	if (kind == KIND_EXACT) {
 		loss = ops->kl_exact(t->hrows_d, m->lm_head, t->trows_d, NULL, t->sample_of, N, ns,
-				     chunk, T_, t->drows_d, NULL);
+				     chunk, T_, cap, t->drows_d, NULL);
 	} else if (kind == KIND_FULL) {
 		size_t r = 0;
 		for (int i = 0; i < ns; i++) {
@@ -300,7 +300,7 @@ void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
 			r += (size_t)tc->n;
 		}
 		loss = ops->kl_exact(t->hrows_d, m->lm_head, NULL, t->tk_logp_d, t->sample_of, N,
-				     ns, chunk, T_, t->drows_d, NULL);
+				     ns, chunk, T_, cap, t->drows_d, NULL);
 	} else {
 		size_t r = 0;
 		for (int i = 0; i < ns; i++) {
@@ -311,7 +311,7 @@ void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
 			r += (size_t)tc->n;
 		}
 		loss = ops->kl_topk(t->hrows_d, m->lm_head, t->tk_ids_d, t->tk_logp_d, t->tk_rest_d,
-				    t->sample_of, N, ns, K, chunk, T_, t->drows_d, NULL);
+				    t->sample_of, N, ns, K, chunk, T_, cap, t->drows_d, NULL);
 	}
 
 	/* scatter dLoss/d(response rows) into a zeroed [T,H] gradient (t->rows_d holds the

@@ -47,8 +47,8 @@ test_expect_success 'an unsupported option of a supported family is refused, nam
 	check_refused yarn "rope_scaling.: rope type .yarn. is not supported" &&
 	config_dir softcap "{\"architectures\": [\"Gemma2ForCausalLM\"], \"model_type\": \"gemma2\",
 		\"hidden_size\": 8, \"intermediate_size\": 8, \"num_hidden_layers\": 2,
-		\"num_attention_heads\": 1, \"vocab_size\": 10}" &&
-	check_refused softcap "final_logit_softcapping"
+		\"num_attention_heads\": 1, \"vocab_size\": 10, \"final_logit_softcapping\": -1}" &&
+	check_refused softcap "key .final_logit_softcapping. (-1) is negative"
 '
 
 test_expect_success 'bk-merge folds an adapter into Qwen2 and Gemma-3 models; the results load' '

@@ -22,8 +22,8 @@
 // gpu/host/loss.h (C): the row weights and the host fallback of a very large top-k
 extern "C" int bk_loss_row_weights(const int32_t *sample_of, int n, int n_samples, float *w);
 extern "C" void bk_teacher_topk(const float *hidden, const float *lm_head, const float *logits,
-				int n, int h, int v, int chunk, float temperature, int k,
-				int32_t *ids, float *logp, float *rest);
+				int n, int h, int v, int chunk, float temperature, float softcap,
+				int k, int32_t *ids, float *logp, float *rest);
 
 #define LOSS_THREADS 256
 #define TOPK_MAX_K 4096
@@ -90,6 +90,31 @@ static void to_bf16(__nv_bfloat16 *out, const float *in, size_t n)
 		return;
 	loss_to_bf16_kernel<<<grid_for(n), 256, 0, bk_cuda_stream()>>>(out, in, n);
 	CUDA_LAUNCH_CHECK("loss_to_bf16_kernel");
+}
+
+// u [n] = cap(u) / T in place, cap(z) = tanhf(z / c) * c (Gemma-2's final logit
+// softcap, loss.c's arithmetic); c = 0: u / T only
+__global__ void cap_scale_kernel(float *u, size_t n, float c, float t)
+{
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x)
+		u[i] = (c > 0 ? tanhf(u[i] / c) * c : u[i]) / t;
+}
+
+static void cap_scale(float *u, size_t n, float c, float t)
+{
+	if (!n)
+		return;
+	cap_scale_kernel<<<grid_for(n), 256, 0, bk_cuda_stream()>>>(u, n, c, t);
+	CUDA_LAUNCH_CHECK("cap_scale_kernel");
+}
+
+// the slope of the cap at a scaled logit u = cap(z) / T: 1 - (u T / c)^2; tc = T / c
+// (tc = 0: no cap, slope 1)
+__device__ __forceinline__ float cap_slope(float u, float tc)
+{
+	float t = u * tc;
+	return 1.0f - t * t;
 }
 
 // u [N,cn] (row-major) = (x [N,H] W[c0:c0+cn,:]^T) * alpha; column-major cuBLAS sees
@@ -244,7 +269,7 @@ __global__ void fill_rows_kernel(double *m, double *s, double mv, int n)
 // teacher: ut [N,cn] scaled logits with lse_t, or tl = log-probs [N,V] (lse_t unused)
 __global__ void kl_exact_chunk_kernel(const float *us, const float *ut, const float *tl, int V,
 				      int c0, int cn, const double *lse_s, const double *lse_t,
-				      const float *w, double *kl, __nv_bfloat16 *G)
+				      const float *w, float tc, double *kl, __nv_bfloat16 *G)
 {
 	__shared__ double shd[32];
 	int r = blockIdx.x;
@@ -258,7 +283,8 @@ __global__ void kl_exact_chunk_kernel(const float *us, const float *ut, const fl
 		float q = expf((float)ls), p = expf((float)lt);
 		if (p > 0)
 			acc += p * (lt - ls);
-		G[(size_t)r * cn + j] = bk_f32_to_bf16(wr * (q - p));
+		float g = wr * (q - p);
+		G[(size_t)r * cn + j] = bk_f32_to_bf16(tc > 0 ? g * cap_slope(u[j], tc) : g);
 	}
 	acc = block_reduce(acc, op_sumd(), shd);
 	if (threadIdx.x == 0)
@@ -321,7 +347,8 @@ __global__ void topk_row_kernel(const float *tu, const float *logp, int n, int K
 // top-k pass 2, every column: G = w (P q - prest q / q_rest) (ids fixed up next)
 __global__ void topk_grad_chunk_kernel(const float *us, int cn, const double *lse,
 				       const double *lrest, const double *ptot,
-				       const double *prest, const float *w, __nv_bfloat16 *G)
+				       const double *prest, const float *w, float tc,
+				       __nv_bfloat16 *G)
 {
 	int r = blockIdx.x;
 	const float *u = us + (size_t)r * cn;
@@ -331,14 +358,15 @@ __global__ void topk_grad_chunk_kernel(const float *us, int cn, const double *ls
 		double g = pt * expf((float)((double)u[j] - l));
 		if (pr > 0)
 			g -= pr * expf((float)((double)u[j] - lr));
-		G[(size_t)r * cn + j] = bk_f32_to_bf16(wr * (float)g);
+		float gj = wr * (float)g;
+		G[(size_t)r * cn + j] = bk_f32_to_bf16(tc > 0 ? gj * cap_slope(u[j], tc) : gj);
 	}
 }
 
 // top-k pass 2 fix-up at the ids of the chunk: G = w (P q - p), q = exp(tu - l)
 __global__ void topk_grad_ids_kernel(__nv_bfloat16 *G, int n, int cn, int c0,
 				     const int32_t *ids, const float *tu, const float *logp, int K,
-				     const double *lse, const double *ptot, const float *w)
+				     const double *lse, const double *ptot, const float *w, float tc)
 {
 	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= (size_t)n * K)
@@ -347,18 +375,38 @@ __global__ void topk_grad_ids_kernel(__nv_bfloat16 *G, int n, int cn, int c0,
 	if (id < c0 || id >= c0 + cn)
 		return;
 	double q = exp((double)tu[i] - lse[r]), p = exp((double)logp[i]);
-	G[(size_t)r * cn + (id - c0)] = bk_f32_to_bf16(w[r] * (float)(ptot[r] * q - p));
+	float g = w[r] * (float)(ptot[r] * q - p);
+	G[(size_t)r * cn + (id - c0)] = bk_f32_to_bf16(tc > 0 ? g * cap_slope(tu[i], tc) : g);
 }
 
 // ---------------------------------------------------------------------------------
 // the loss ops
 
-static void loss_check_dims(const char *what, int n, int h, int v, int chunk, float temperature)
+static void loss_check_dims(const char *what, int n, int h, int v, int chunk, float temperature,
+			    float softcap)
 {
 	if (n < 0 || h <= 0 || v <= 0 || chunk <= 0)
 		CUDA_BUG("%s: bad sizes n=%d h=%d v=%d chunk=%d", what, n, h, v, chunk);
 	if (!(temperature > 0) || isinf(temperature))
 		die("%s: temperature %g is not a positive number", what, (double)temperature);
+	if (!(softcap >= 0) || isinf(softcap))
+		die("%s: final logit softcap %g is not a positive number or 0", what,
+		    (double)softcap);
+}
+
+// the scaled logits of a chunk: u = (x W^T) / T (alpha folded into the GEMM) without a
+// cap; with one the raw logits, then cap(z) / T elementwise as loss.c
+static void scaled_logits(const __nv_bfloat16 *xb, const bk_weight *W, int n, int c0, int cn,
+			  float temperature, float softcap, float *u, int ldu)
+{
+	if (softcap > 0) {
+		logits_gemm(xb, W, n, c0, cn, 1.0f, u, ldu);
+		if (ldu != cn)
+			CUDA_BUG("scaled_logits: a capped chunk must be dense (ldu %d, cn %d)", ldu, cn);
+		cap_scale(u, (size_t)n * cn, softcap, temperature);
+	} else {
+		logits_gemm(xb, W, n, c0, cn, 1.0f / temperature, u, ldu);
+	}
 }
 
 // the row weights on the host (dies on a bad sample index), uploaded into wd [N]
@@ -391,10 +439,10 @@ static double finish_loss(const int32_t *sample_of, int n, int n_samples, const 
 extern "C" double bk_cuda_kl_exact(const float *hidden, const bk_weight *lm_head,
 				   const float *teacher_hidden, const float *teacher_logp,
 				   const int32_t *sample_of, int n, int n_samples, int chunk,
-				   float temperature, float *d_hidden, float *row_kl)
+				   float temperature, float softcap, float *d_hidden, float *row_kl)
 {
 	int H = lm_head->cols, V = lm_head->rows;
-	loss_check_dims("exact loss", n, H, V, chunk, temperature);
+	loss_check_dims("exact loss", n, H, V, chunk, temperature, softcap);
 	if (!teacher_hidden == !teacher_logp)
 		CUDA_BUG("exact loss: give exactly one of teacher hidden rows and teacher log-probs");
 	if (n == 0)
@@ -428,16 +476,16 @@ extern "C" double bk_cuda_kl_exact(const float *hidden, const bk_weight *lm_head
 	CUDA_LAUNCH_CHECK("fill_rows_kernel");
 	fill_rows_kernel<<<rb, 256, 0, st>>>(kl, stt, 0.0, n); // kl = 0 (stt re-zeroed)
 	CUDA_LAUNCH_CHECK("fill_rows_kernel");
-	float alpha = 1.0f / temperature;
+	float alpha = 1.0f / temperature, tc = softcap > 0 ? temperature / softcap : 0.0f;
 
 	// pass 1: log-sum-exp of both sides
 	for (int c = 0; c < V; c += C) {
 		int cn = V - c < C ? V - c : C;
-		logits_gemm(xb, lm_head, n, c, cn, alpha, us, cn);
+		scaled_logits(xb, lm_head, n, c, cn, temperature, softcap, us, cn);
 		lse_chunk_kernel<<<n, LOSS_THREADS, 0, st>>>(us, cn, ms, ss);
 		CUDA_LAUNCH_CHECK("lse_chunk_kernel");
 		if (ut) {
-			logits_gemm(tb, lm_head, n, c, cn, alpha, ut, cn);
+			scaled_logits(tb, lm_head, n, c, cn, temperature, softcap, ut, cn);
 			lse_chunk_kernel<<<n, LOSS_THREADS, 0, st>>>(ut, cn, mt, stt);
 			CUDA_LAUNCH_CHECK("lse_chunk_kernel");
 		}
@@ -452,11 +500,11 @@ extern "C" double bk_cuda_kl_exact(const float *hidden, const bk_weight *lm_head
 	// pass 2: KL and dL/du = w (q - p), d_hidden += G W_chunk / T
 	for (int c = 0; c < V; c += C) {
 		int cn = V - c < C ? V - c : C;
-		logits_gemm(xb, lm_head, n, c, cn, alpha, us, cn);
+		scaled_logits(xb, lm_head, n, c, cn, temperature, softcap, us, cn);
 		if (ut)
-			logits_gemm(tb, lm_head, n, c, cn, alpha, ut, cn);
+			scaled_logits(tb, lm_head, n, c, cn, temperature, softcap, ut, cn);
 		kl_exact_chunk_kernel<<<n, LOSS_THREADS, 0, st>>>(us, ut, teacher_logp, V, c, cn, ms,
-								 mt, wd, kl, gb);
+								 mt, wd, tc, kl, gb);
 		CUDA_LAUNCH_CHECK("kl_exact_chunk_kernel");
 		if (d_hidden)
 			backward_gemm(gb, lm_head, n, c, cn, alpha, c == 0, d_hidden);
@@ -473,11 +521,11 @@ static int cmp_i32(const void *a, const void *b)
 extern "C" double bk_cuda_kl_topk(const float *hidden, const bk_weight *lm_head,
 				  const int32_t *topk_ids, const float *topk_logp,
 				  const float *rest, const int32_t *sample_of, int n, int n_samples,
-				  int k, int chunk, float temperature, float *d_hidden,
+				  int k, int chunk, float temperature, float softcap, float *d_hidden,
 				  float *row_kl)
 {
 	int H = lm_head->cols, V = lm_head->rows;
-	loss_check_dims("sparse loss", n, H, V, chunk, temperature);
+	loss_check_dims("sparse loss", n, H, V, chunk, temperature, softcap);
 	if (k < 0 || k > V)
 		die("sparse loss: top-k count %d is not in [0, %d]", k, V);
 	if (n == 0)
@@ -539,13 +587,13 @@ extern "C" double bk_cuda_kl_topk(const float *hidden, const bk_weight *lm_head,
 	unsigned rb = bk_cuda_blocks((size_t)n, 256);
 	fill_rows_kernel<<<rb, 256, 0, st>>>(m, s, -INFINITY, n);
 	CUDA_LAUNCH_CHECK("fill_rows_kernel");
-	float alpha = 1.0f / temperature;
+	float alpha = 1.0f / temperature, tc = softcap > 0 ? temperature / softcap : 0.0f;
 	unsigned kb = bk_cuda_blocks(nk, 256);
 
 	// pass 1: student u at the ids, log-sum-exp over the other ids
 	for (int c = 0; c < V; c += C) {
 		int cn = V - c < C ? V - c : C;
-		logits_gemm(xb, lm_head, n, c, cn, alpha, us, cn);
+		scaled_logits(xb, lm_head, n, c, cn, temperature, softcap, us, cn);
 		if (nk) {
 			topk_mask_kernel<<<kb, 256, 0, st>>>(us, n, cn, c, topk_ids, k, tu);
 			CUDA_LAUNCH_CHECK("topk_mask_kernel");
@@ -560,13 +608,13 @@ extern "C" double bk_cuda_kl_topk(const float *hidden, const bk_weight *lm_head,
 	if (d_hidden) {
 		for (int c = 0; c < V; c += C) {
 			int cn = V - c < C ? V - c : C;
-			logits_gemm(xb, lm_head, n, c, cn, alpha, us, cn);
+			scaled_logits(xb, lm_head, n, c, cn, temperature, softcap, us, cn);
 			topk_grad_chunk_kernel<<<n, LOSS_THREADS, 0, st>>>(us, cn, lse, m, ptot_d,
-									  prest_d, wd, gb);
+									  prest_d, wd, tc, gb);
 			CUDA_LAUNCH_CHECK("topk_grad_chunk_kernel");
 			if (nk) {
 				topk_grad_ids_kernel<<<kb, 256, 0, st>>>(gb, n, cn, c, topk_ids, tu,
-									topk_logp, k, lse, ptot_d, wd);
+									topk_logp, k, lse, ptot_d, wd, tc);
 				CUDA_LAUNCH_CHECK("topk_grad_ids_kernel");
 			}
 			backward_gemm(gb, lm_head, n, c, cn, alpha, c == 0, d_hidden);
@@ -598,17 +646,17 @@ __global__ void log_softmax_rows_kernel(float *u /* [N,V] */, int V)
 }
 
 extern "C" void bk_cuda_teacher_logprobs(const float *hidden, const bk_weight *lm_head, int n,
-					 int chunk, float temperature, float *logp)
+					 int chunk, float temperature, float softcap, float *logp)
 {
 	int H = lm_head->cols, V = lm_head->rows;
-	loss_check_dims("teacher log-probs", n, H, V, chunk, temperature);
+	loss_check_dims("teacher log-probs", n, H, V, chunk, temperature, softcap);
 	if (n == 0)
 		return;
 	size_t nh = (size_t)n * H;
 	__nv_bfloat16 *xb = (__nv_bfloat16 *)bk_cuda_workspace(0, nh * 2);
 	to_bf16(xb, hidden, nh);
 	// the output is [N,V] anyway: the logits go straight into it, then normalise
-	logits_gemm(xb, lm_head, n, 0, V, 1.0f / temperature, logp, V);
+	scaled_logits(xb, lm_head, n, 0, V, temperature, softcap, logp, V);
 	log_softmax_rows_kernel<<<n, LOSS_THREADS, 0, bk_cuda_stream()>>>(logp, V);
 	CUDA_LAUNCH_CHECK("log_softmax_rows_kernel");
 }
@@ -768,20 +816,12 @@ topk_select_kernel(const float *u /* [rows,V] */, int V, int K, int Kp, int32_t 
 		rest_out[blockIdx.x] = srest > 0 ? (float)(srest / (stop + srest)) : 0.0f;
 }
 
-// x [n] /= t
-__global__ void topk_div_kernel(float *x, size_t n, float t)
-{
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x)
-		x[i] /= t;
-}
-
 extern "C" void bk_cuda_teacher_topk(const float *hidden, const bk_weight *lm_head, int n,
-				     int chunk, float temperature, int k, int32_t *ids,
-				     float *logp, float *rest)
+				     int chunk, float temperature, float softcap, int k,
+				     int32_t *ids, float *logp, float *rest)
 {
 	int H = lm_head->cols, V = lm_head->rows;
-	loss_check_dims("teacher top-k", n, H, V, chunk, temperature);
+	loss_check_dims("teacher top-k", n, H, V, chunk, temperature, softcap);
 	if (k < 1 || k > V)
 		die("teacher top-k: k %d is not in [1, %d]", k, V);
 	if (n == 0)
@@ -808,12 +848,9 @@ extern "C" void bk_cuda_teacher_topk(const float *hidden, const bk_weight *lm_he
 		int rn = n - r0 < nb ? n - r0 : nb;
 		logits_gemm(xb + (size_t)r0 * H, lm_head, rn, 0, V, 1.0f, u, V); // raw logits
 		if (k <= TOPK_MAX_K) {
-			// u = logits / T, divided as loss.c does
-			if (temperature != 1.0f) {
-				size_t cnt = (size_t)rn * V;
-				topk_div_kernel<<<grid_for(cnt), 256, 0, st>>>(u, cnt, temperature);
-				CUDA_LAUNCH_CHECK("topk_div_kernel");
-			}
+			// u = cap(logits) / T, as loss.c does
+			if (temperature != 1.0f || softcap > 0)
+				cap_scale(u, (size_t)rn * V, softcap, temperature);
 			topk_select_kernel<<<rn, LOSS_THREADS, smem, st>>>(
 				u, V, k, kp, ids + (size_t)r0 * k, logp + (size_t)r0 * k, rest + r0);
 			CUDA_LAUNCH_CHECK("topk_select_kernel");
@@ -827,10 +864,12 @@ extern "C" void bk_cuda_teacher_topk(const float *hidden, const bk_weight *lm_he
 			hr = (float *)host_alloc((size_t)nb * sizeof(float));
 		}
 		d2h(hl, u, (size_t)rn * V * sizeof(float));
-		bk_teacher_topk(NULL, NULL, hl, rn, H, V, chunk, temperature, k, hi, hp, hr);
+		bk_teacher_topk(NULL, NULL, hl, rn, H, V, chunk, temperature, softcap, k, hi, hp,
+				hr);
 		h2d(ids + (size_t)r0 * k, hi, (size_t)rn * k * sizeof(int32_t));
 		h2d(logp + (size_t)r0 * k, hp, (size_t)rn * k * sizeof(float));
 		h2d(rest + r0, hr, (size_t)rn * sizeof(float));
 	}
 	free(hl), free(hi), free(hp), free(hr);
 }
+

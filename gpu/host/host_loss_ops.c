@@ -45,33 +45,34 @@ static const float *head(const bk_weight *w) { return (const float *)w->data; } 
 double bk_host_kl_exact(const float *hidden, const bk_weight *lm_head,
 			const float *teacher_hidden, const float *teacher_logp,
 			const int32_t *sample_of, int n, int n_samples, int chunk,
-			float temperature, float *d_hidden, float *row_kl)
+			float temperature, float softcap, float *d_hidden, float *row_kl)
 {
 	return bk_loss_kl_exact(hidden, head(lm_head), teacher_hidden, teacher_logp, sample_of, n,
 				n_samples, lm_head->cols, lm_head->rows, chunk, temperature,
-				d_hidden, row_kl);
+				softcap, d_hidden, row_kl);
 }
 
 double bk_host_kl_topk(const float *hidden, const bk_weight *lm_head, const int32_t *topk_ids,
 		       const float *topk_logp, const float *rest, const int32_t *sample_of,
 		       int n, int n_samples, int k, int chunk, float temperature,
-		       float *d_hidden, float *row_kl)
+		       float softcap, float *d_hidden, float *row_kl)
 {
 	return bk_loss_kl_topk(hidden, head(lm_head), topk_ids, topk_logp, rest, sample_of, n,
 			       n_samples, lm_head->cols, lm_head->rows, k, chunk, temperature,
-			       d_hidden, row_kl);
+			       softcap, d_hidden, row_kl);
 }
 
 void bk_host_teacher_topk(const float *hidden, const bk_weight *lm_head, int n, int chunk,
-			  float temperature, int k, int32_t *ids, float *logp, float *rest)
+			  float temperature, float softcap, int k, int32_t *ids, float *logp,
+			  float *rest)
 {
 	bk_teacher_topk(hidden, head(lm_head), NULL, n, lm_head->cols, lm_head->rows, chunk,
-			temperature, k, ids, logp, rest);
+			temperature, softcap, k, ids, logp, rest);
 }
 
 void bk_host_teacher_logprobs(const float *hidden, const bk_weight *lm_head, int n, int chunk,
-			      float temperature, float *logp)
+			      float temperature, float softcap, float *logp)
 {
 	bk_teacher_logprobs(hidden, head(lm_head), n, lm_head->cols, lm_head->rows, chunk,
-			    temperature, logp);
+			    temperature, softcap, logp);
 }

@@ -12,14 +12,15 @@ void bk_host_scatter_rows(float *dst, const float *src, const int32_t *rows, int
 double bk_host_kl_exact(const float *hidden, const bk_weight *lm_head,
 			const float *teacher_hidden, const float *teacher_logp,
 			const int32_t *sample_of, int n, int n_samples, int chunk,
-			float temperature, float *d_hidden, float *row_kl);
+			float temperature, float softcap, float *d_hidden, float *row_kl);
 double bk_host_kl_topk(const float *hidden, const bk_weight *lm_head, const int32_t *topk_ids,
 		       const float *topk_logp, const float *rest, const int32_t *sample_of,
 		       int n, int n_samples, int k, int chunk, float temperature,
-		       float *d_hidden, float *row_kl);
+		       float softcap, float *d_hidden, float *row_kl);
 void bk_host_teacher_topk(const float *hidden, const bk_weight *lm_head, int n, int chunk,
-			  float temperature, int k, int32_t *ids, float *logp, float *rest);
+			  float temperature, float softcap, int k, int32_t *ids, float *logp,
+			  float *rest);
 void bk_host_teacher_logprobs(const float *hidden, const bk_weight *lm_head, int n, int chunk,
-			      float temperature, float *logp);
+			      float temperature, float softcap, float *logp);
 
 #endif

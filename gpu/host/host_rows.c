@@ -23,12 +23,14 @@ static void head_logits(float *lg, const float *hidden, const bk_weight *head, i
 }
 
 static void rows_teacher_topk(const float *hidden, const bk_weight *head, int n, int chunk,
-			      float temperature, int k, int32_t *ids, float *logp, float *rest)
+			      float temperature, float softcap, int k, int32_t *ids, float *logp,
+			      float *rest)
 {
 	int V = head->rows, H = head->cols;
 	if (n <= 0) { /* bk_teacher_topk's checks and messages (n = 0 stops after them) */
 		static const float none = 0;
-		bk_teacher_topk(NULL, NULL, &none, 0, H, V, chunk, temperature, k, ids, logp, rest);
+		bk_teacher_topk(NULL, NULL, &none, 0, H, V, chunk, temperature, softcap, k, ids,
+				logp, rest);
 		return;
 	}
 	float *lg = xmalloc((size_t)RB * V * sizeof(float));
@@ -37,7 +39,7 @@ static void rows_teacher_topk(const float *hidden, const bk_weight *head, int n,
 		head_logits(lg, hidden, head, r0, nb);
 		/* the logits form of bk_teacher_topk: each row's heap and log-sum-exp see
 		 * only that row */
-		bk_teacher_topk(NULL, NULL, lg, nb, H, V, chunk, temperature, k,
+		bk_teacher_topk(NULL, NULL, lg, nb, H, V, chunk, temperature, softcap, k,
 				ids + (size_t)r0 * k, logp + (size_t)r0 * k, rest + r0);
 	}
 	free(lg);
@@ -45,11 +47,11 @@ static void rows_teacher_topk(const float *hidden, const bk_weight *head, int n,
 
 /* log_softmax(logits / T) per row: max, then the sum of exp in index order, in double */
 static void rows_teacher_logprobs(const float *hidden, const bk_weight *head, int n, int chunk,
-				  float temperature, float *logp)
+				  float temperature, float softcap, float *logp)
 {
 	int V = head->rows;
 	/* bk_teacher_logprobs's checks and messages (n = 0 stops right after them) */
-	bk_teacher_logprobs(NULL, NULL, 0, head->cols, V, chunk, temperature, NULL);
+	bk_teacher_logprobs(NULL, NULL, 0, head->cols, V, chunk, temperature, softcap, NULL);
 	if (n <= 0)
 		return;
 	float *lg = xmalloc((size_t)RB * V * sizeof(float));
@@ -61,6 +63,8 @@ static void rows_teacher_logprobs(const float *hidden, const bk_weight *head, in
 			float *u = lg + (size_t)r * V;
 			double mx = -INFINITY, s = 0;
 			for (int j = 0; j < V; j++) {
+				if (softcap > 0) /* Gemma-2's final softcap, as loss.c */
+					u[j] = bk_loss_softcap(u[j], softcap);
 				if (temperature != 1.0f)
 					u[j] /= temperature;
 				mx = u[j] > mx ? u[j] : mx;

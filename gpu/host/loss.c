@@ -38,31 +38,49 @@ int bk_loss_row_weights(const int32_t *sample_of, int n, int n_samples, float *w
 	return nonempty;
 }
 
-/* u [N,C] = (x [N,H] @ W[c0:c0+C, :]^T) / T */
-static void logits_chunk(const float *x, const float *lm_head, int n, int h, int c0, int cn,
-			 float temperature, float *u)
+/* u = cap(z) / T, cap(z) = tanh(z / c) * c when c > 0 (bk_loss_softcap), in place */
+static void scale_chunk(float *u, size_t total, float temperature, float softcap)
 {
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cn, h, 1.0f, x, h,
-		    lm_head + (size_t)c0 * h, h, 0.0f, u, cn);
-	if (temperature != 1.0f) {
-		size_t total = (size_t)n * cn;
+	if (softcap > 0) {
+#pragma omp parallel for schedule(static) if (total > PAR_MIN)
+		for (size_t i = 0; i < total; i++)
+			u[i] = bk_loss_softcap(u[i], softcap) / temperature;
+	} else if (temperature != 1.0f) {
 #pragma omp parallel for schedule(static) if (total > PAR_MIN)
 		for (size_t i = 0; i < total; i++)
 			u[i] /= temperature;
 	}
 }
 
-/* u [N,C] = logits[:, c0:c0+C] / T */
+/* u [N,C] = cap(x [N,H] @ W[c0:c0+C, :]^T) / T */
+static void logits_chunk(const float *x, const float *lm_head, int n, int h, int c0, int cn,
+			 float temperature, float softcap, float *u)
+{
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cn, h, 1.0f, x, h,
+		    lm_head + (size_t)c0 * h, h, 0.0f, u, cn);
+	scale_chunk(u, (size_t)n * cn, temperature, softcap);
+}
+
+/* u [N,C] = cap(logits[:, c0:c0+C]) / T */
 static void logits_copy(const float *logits, int n, int v, int c0, int cn, float temperature,
-			float *u)
+			float softcap, float *u)
 {
 #pragma omp parallel for schedule(static) if ((size_t)n * cn > PAR_MIN)
 	for (int r = 0; r < n; r++) {
 		const float *src = logits + (size_t)r * v + c0;
 		float *dst = u + (size_t)r * cn;
 		for (int j = 0; j < cn; j++)
-			dst[j] = src[j] / temperature;
+			dst[j] = (softcap > 0 ? bk_loss_softcap(src[j], softcap) : src[j]) /
+				 temperature;
 	}
+}
+
+/* d cap(z) / dz = 1 - tanh^2(z / c) at a scaled logit u = cap(z) / T: with
+ * t = u T / c, 1 - t^2 (1 without a cap); tc = T / c */
+static inline float cap_slope(float u, float tc)
+{
+	float t = u * tc;
+	return 1.0f - t * t;
 }
 
 /* d_hidden [N,H] (+)= (G [N,C] @ W[c0:c0+C, :]) / T */
@@ -105,12 +123,16 @@ static double logaddexp(double a, double b)
 	return mx + log1p(exp(-fabs(a - b)));
 }
 
-static void check_dims(const char *what, int n, int h, int v, int chunk, float temperature)
+static void check_dims(const char *what, int n, int h, int v, int chunk, float temperature,
+		       float softcap)
 {
 	if (n < 0 || h <= 0 || v <= 0 || chunk <= 0)
 		BUG("%s: bad sizes n=%d h=%d v=%d chunk=%d", what, n, h, v, chunk);
 	if (!(temperature > 0) || isinf(temperature))
 		die("%s: temperature %g is not a positive number", what, (double)temperature);
+	if (!(softcap >= 0) || isinf(softcap))
+		die("%s: final logit softcap %g is not a positive number or 0", what,
+		    (double)softcap);
 }
 
 /* the batch loss sum_r w[r] kl[r]; row_kl (if not NULL) gets each row's KL */
@@ -127,9 +149,10 @@ static double weighted_loss(const float *w, const double *kl, int n, float *row_
 
 double bk_loss_kl_exact(const float *hidden, const float *lm_head, const float *teacher_hidden,
 			const float *teacher_logp, const int32_t *sample_of, int n, int n_samples,
-			int h, int v, int chunk, float temperature, float *d_hidden, float *row_kl)
+			int h, int v, int chunk, float temperature, float softcap, float *d_hidden,
+			float *row_kl)
 {
-	check_dims("exact loss", n, h, v, chunk, temperature);
+	check_dims("exact loss", n, h, v, chunk, temperature, softcap);
 	if (!teacher_hidden == !teacher_logp)
 		BUG("exact loss: give exactly one of teacher hidden rows and teacher log-probs");
 	if (n == 0)
@@ -148,9 +171,9 @@ double bk_loss_kl_exact(const float *hidden, const float *lm_head, const float *
 	/* pass 1: log-sum-exp of both sides */
 	for (int c0 = 0; c0 < v; c0 += cmax) {
 		int cn = v - c0 < cmax ? v - c0 : cmax;
-		logits_chunk(hidden, lm_head, n, h, c0, cn, temperature, us);
+		logits_chunk(hidden, lm_head, n, h, c0, cn, temperature, softcap, us);
 		if (ut)
-			logits_chunk(teacher_hidden, lm_head, n, h, c0, cn, temperature, ut);
+			logits_chunk(teacher_hidden, lm_head, n, h, c0, cn, temperature, softcap, ut);
 #pragma omp parallel for schedule(static) if ((size_t)n * cn > PAR_MIN)
 		for (int r = 0; r < n; r++) {
 			lse_add_row(us + (size_t)r * cn, cn, &ms[r], &ss[r]);
@@ -163,12 +186,13 @@ double bk_loss_kl_exact(const float *hidden, const float *lm_head, const float *
 		mt[r] = ut ? lse_value(mt[r], st[r]) : 0.0;
 	}
 
-	/* pass 2: KL and dL/du = w (q - p) */
+	/* pass 2: KL and dL/du = w (q - p), times the cap's slope: dL/dz T */
+	float tc = softcap > 0 ? temperature / softcap : 0.0f;
 	for (int c0 = 0; c0 < v; c0 += cmax) {
 		int cn = v - c0 < cmax ? v - c0 : cmax;
-		logits_chunk(hidden, lm_head, n, h, c0, cn, temperature, us);
+		logits_chunk(hidden, lm_head, n, h, c0, cn, temperature, softcap, us);
 		if (ut)
-			logits_chunk(teacher_hidden, lm_head, n, h, c0, cn, temperature, ut);
+			logits_chunk(teacher_hidden, lm_head, n, h, c0, cn, temperature, softcap, ut);
 #pragma omp parallel for schedule(static) if ((size_t)n * cn > PAR_MIN)
 		for (int r = 0; r < n; r++) {
 			float *u = us + (size_t)r * cn;
@@ -179,7 +203,8 @@ double bk_loss_kl_exact(const float *hidden, const float *lm_head, const float *
 				float q = expf((float)ls), p = expf((float)lt);
 				if (p > 0)
 					acc += p * (lt - ls);
-				u[j] = w[r] * (q - p);
+				float g = w[r] * (q - p);
+				u[j] = softcap > 0 ? g * cap_slope(u[j], tc) : g;
 			}
 			kl[r] += acc;
 		}
@@ -227,9 +252,9 @@ static void topk_order(const int32_t *ids /* [N,K] */, int n, int k, int v,
 double bk_loss_kl_topk(const float *hidden, const float *lm_head, const int32_t *topk_ids,
 		       const float *topk_logp, const float *rest, const int32_t *sample_of, int n,
 		       int n_samples, int h, int v, int k, int chunk, float temperature,
-		       float *d_hidden, float *row_kl)
+		       float softcap, float *d_hidden, float *row_kl)
 {
-	check_dims("sparse loss", n, h, v, chunk, temperature);
+	check_dims("sparse loss", n, h, v, chunk, temperature, softcap);
 	if (k < 0 || k > v)
 		die("sparse loss: top-k count %d is not in [0, %d]", k, v);
 	if (n == 0)
@@ -271,7 +296,7 @@ double bk_loss_kl_topk(const float *hidden, const float *lm_head, const int32_t 
 	/* pass 1: student u at the ids, log-sum-exp over the other ids */
 	for (int c0 = 0; c0 < v; c0 += cmax) {
 		int cn = v - c0 < cmax ? v - c0 : cmax;
-		logits_chunk(hidden, lm_head, n, h, c0, cn, temperature, us);
+		logits_chunk(hidden, lm_head, n, h, c0, cn, temperature, softcap, us);
 #pragma omp parallel for schedule(static) if ((size_t)n * cn > PAR_MIN)
 		for (int r = 0; r < n; r++) {
 			float *u = us + (size_t)r * cn;
@@ -307,12 +332,14 @@ double bk_loss_kl_topk(const float *hidden, const float *lm_head, const int32_t 
 		kl[r] = acc;
 	}
 
-	/* pass 2: dL/du = w (P q - p) at the ids, w (P q - prest q / q_rest) elsewhere */
+	/* pass 2: dL/du = w (P q - p) at the ids, w (P q - prest q / q_rest) elsewhere,
+	 * times the cap's slope */
 	if (d_hidden) {
+		float tc = softcap > 0 ? temperature / softcap : 0.0f;
 		memset(cur, 0, (size_t)n * sizeof(int));
 		for (int c0 = 0; c0 < v; c0 += cmax) {
 			int cn = v - c0 < cmax ? v - c0 : cmax;
-			logits_chunk(hidden, lm_head, n, h, c0, cn, temperature, us);
+			logits_chunk(hidden, lm_head, n, h, c0, cn, temperature, softcap, us);
 #pragma omp parallel for schedule(static) if ((size_t)n * cn > PAR_MIN)
 			for (int r = 0; r < n; r++) {
 				float *u = us + (size_t)r * cn;
@@ -327,12 +354,14 @@ double bk_loss_kl_topk(const float *hidden, const float *lm_head, const int32_t 
 					double g = pt * expf((float)((double)u[j] - l));
 					if (pr > 0)
 						g -= pr * expf((float)((double)u[j] - lr));
-					u[j] = wr * (float)g;
+					float gj = wr * (float)g;
+					u[j] = softcap > 0 ? gj * cap_slope(u[j], tc) : gj;
 				}
 				for (int c = c_begin; c < c_end; c++) {
 					size_t i = (size_t)r * k + o[c];
 					double q = exp((double)tu[i] - l);
-					u[id[o[c]] - c0] = wr * (float)(pt * q - p[i]);
+					float gi = wr * (float)(pt * q - p[i]);
+					u[id[o[c]] - c0] = softcap > 0 ? gi * cap_slope(tu[i], tc) : gi;
 				}
 			}
 			backward_chunk(us, lm_head, n, h, c0, cn, temperature, c0 == 0, d_hidden);
@@ -411,10 +440,10 @@ static int cmp_entry_desc(const void *a, const void *b)
 }
 
 void bk_teacher_topk(const float *hidden, const float *lm_head, const float *logits, int n, int h,
-		     int v, int chunk, float temperature, int k, int32_t *ids, float *logp,
-		     float *rest)
+		     int v, int chunk, float temperature, float softcap, int k, int32_t *ids,
+		     float *logp, float *rest)
 {
-	check_dims("teacher top-k", n, h, v, chunk, temperature);
+	check_dims("teacher top-k", n, h, v, chunk, temperature, softcap);
 	if (!hidden == !logits)
 		BUG("teacher top-k: give exactly one of hidden rows and logits");
 	if (k < 1 || k > v)
@@ -433,9 +462,9 @@ void bk_teacher_topk(const float *hidden, const float *lm_head, const float *log
 	for (int c0 = 0; c0 < v; c0 += cmax) {
 		int cn = v - c0 < cmax ? v - c0 : cmax;
 		if (hidden)
-			logits_chunk(hidden, lm_head, n, h, c0, cn, temperature, us);
+			logits_chunk(hidden, lm_head, n, h, c0, cn, temperature, softcap, us);
 		else
-			logits_copy(logits, n, v, c0, cn, temperature, us);
+			logits_copy(logits, n, v, c0, cn, temperature, softcap, us);
 #pragma omp parallel for schedule(static) if ((size_t)n * cn > PAR_MIN)
 		for (int r = 0; r < n; r++) {
 			const float *u = us + (size_t)r * cn;
@@ -478,9 +507,9 @@ void bk_teacher_topk(const float *hidden, const float *lm_head, const float *log
 }
 
 void bk_teacher_logprobs(const float *hidden, const float *lm_head, int n, int h, int v,
-			 int chunk, float temperature, float *logp)
+			 int chunk, float temperature, float softcap, float *logp)
 {
-	check_dims("teacher log-probs", n, h, v, chunk, temperature);
+	check_dims("teacher log-probs", n, h, v, chunk, temperature, softcap);
 	if (n == 0)
 		return;
 	int cmax = chunk < v ? chunk : v;
@@ -490,7 +519,7 @@ void bk_teacher_logprobs(const float *hidden, const float *lm_head, int n, int h
 		m[r] = -INFINITY;
 	for (int c0 = 0; c0 < v; c0 += cmax) {
 		int cn = v - c0 < cmax ? v - c0 : cmax;
-		logits_chunk(hidden, lm_head, n, h, c0, cn, temperature, us);
+		logits_chunk(hidden, lm_head, n, h, c0, cn, temperature, softcap, us);
 #pragma omp parallel for schedule(static) if ((size_t)n * cn > PAR_MIN)
 		for (int r = 0; r < n; r++)
 			lse_add_row(us + (size_t)r * cn, cn, &m[r], &s[r]);
@@ -499,7 +528,7 @@ void bk_teacher_logprobs(const float *hidden, const float *lm_head, int n, int h
 		m[r] = lse_value(m[r], s[r]);
 	for (int c0 = 0; c0 < v; c0 += cmax) {
 		int cn = v - c0 < cmax ? v - c0 : cmax;
-		logits_chunk(hidden, lm_head, n, h, c0, cn, temperature, us);
+		logits_chunk(hidden, lm_head, n, h, c0, cn, temperature, softcap, us);
 #pragma omp parallel for schedule(static) if ((size_t)n * cn > PAR_MIN)
 		for (int r = 0; r < n; r++)
 			for (int j = 0; j < cn; j++)

@@ -11,7 +11,10 @@
  * Semantics (BAKERY-SEMANTICS.md "Loss"): per row r,
  *   KL_r = sum_v P_t(v) (log P_t(v) - log P_s(v)),
  *   P_t = softmax(teacher_logits / T), log P_s = log_softmax(student_logits / T),
- * no T^2 factor; the batch loss is the mean over samples (a sample = the rows with
+ * no T^2 factor; with a final logit softcap c > 0 (Gemma-2 final_logit_softcapping) every
+ * logit z of either side is first capped, z <- tanh(z / c) c (bk_loss_softcap), then
+ * divided by T, as HF caps after the LM head and before the softmax (softcap 0: none;
+ * a teacher given as log-probs was capped when they were made).  The batch loss is the mean over samples (a sample = the rows with
  * the same sample_of[r]) of the mean over that sample's rows.  Samples without rows
  * are dropped; no rows at all gives loss 0.  The teacher is detached.
  *
@@ -24,7 +27,12 @@
 #ifndef BK_LOSS_H
 #define BK_LOSS_H
 
+#include <math.h>
 #include <stdint.h>
+
+/* the final logit softcap of one logit, the arithmetic of every loss op and of
+ * ops->softcap_forward: tanhf(z / c) * c (c > 0) */
+static inline float bk_loss_softcap(float z, float c) { return tanhf(z / c) * c; }
 
 /* Per-row weights of the batch mean: w[r] = 1 / (rows of sample_of[r]) / (number of
  * samples with rows).  Returns that number of non-empty samples (0: all w are 0). */
@@ -41,7 +49,7 @@ double bk_loss_kl_exact(const float *hidden /* [N,H] student */,
 			const float *teacher_hidden /* [N,H] or NULL */,
 			const float *teacher_logp /* [N,V] or NULL */,
 			const int32_t *sample_of /* [N] */, int n, int n_samples, int h,
-			int v, int chunk, float temperature,
+			int v, int chunk, float temperature, float softcap /* 0: none */,
 			float *d_hidden /* [N,H] out, or NULL */,
 			float *row_kl /* [N] out, or NULL */);
 
@@ -55,18 +63,19 @@ double bk_loss_kl_exact(const float *hidden /* [N,H] student */,
  * K = V, where rest can only be rounding) drops the rest term; rest may be up to
  * 1e-4 below 0 or above 1 from rounding (clamped), further out dies.  With K = V and
  * rest = 0 this is the exact loss.  Gradient: dKL_r/du_v = P q_v - p_v for the K ids
- * and P q_v - p_rest q_v / q_rest for the others (u = logits / T, P = sum p + p_rest). */
+ * and P q_v - p_rest q_v / q_rest for the others (u = logits / T, P = sum p + p_rest).
+ * With a softcap the gradient w.r.t. the raw logit z is dKL/du (1 - (cap(z)/c)^2) / T. */
 double bk_loss_kl_topk(const float *hidden /* [N,H] student */,
 		       const float *lm_head /* [V,H] */,
 		       const int32_t *topk_ids /* [N,K] */,
 		       const float *topk_logp /* [N,K] */,
 		       const float *rest /* [N] */,
 		       const int32_t *sample_of /* [N] */, int n, int n_samples, int h,
-		       int v, int k, int chunk, float temperature,
+		       int v, int k, int chunk, float temperature, float softcap /* 0: none */,
 		       float *d_hidden /* [N,H] out, or NULL */,
 		       float *row_kl /* [N] out, or NULL */);
 
-/* Teacher top-k of softmax(logits / T), in vocabulary chunks, for bk-teach.  Exactly
+/* Teacher top-k of softmax(cap(logits) / T), in vocabulary chunks, for bk-teach.  Exactly
  * one of hidden (with lm_head) and logits is non-NULL.  Out: the K largest ids per
  * row in descending probability (ties: smaller id first), their log-probs normalised
  * over the full vocabulary, and rest[r] = the probability of all other ids (summed
@@ -75,13 +84,15 @@ double bk_loss_kl_topk(const float *hidden /* [N,H] student */,
 void bk_teacher_topk(const float *hidden /* [N,H] or NULL */,
 		     const float *lm_head /* [V,H], used with hidden */,
 		     const float *logits /* [N,V] raw logits, or NULL */, int n, int h,
-		     int v, int chunk, float temperature, int k,
+		     int v, int chunk, float temperature, float softcap /* 0: none */, int k,
 		     int32_t *ids /* [N,K] out */, float *logp /* [N,K] out */,
 		     float *rest /* [N] out */);
 
-/* Full teacher log-probs log_softmax(hidden @ lm_head^T / T), chunked (two passes). */
+/* Full teacher log-probs log_softmax(cap(hidden @ lm_head^T) / T), chunked (two
+ * passes). */
 void bk_teacher_logprobs(const float *hidden /* [N,H] */,
 			 const float *lm_head /* [V,H] */, int n, int h, int v,
-			 int chunk, float temperature, float *logp /* [N,V] out */);
+			 int chunk, float temperature, float softcap /* 0: none */,
+			 float *logp /* [N,V] out */);
 
 #endif

@@ -261,10 +261,10 @@ static void check_loss(int n, int h, int v, int chunk, float temp, int k)
 
 	/* exact, teacher hidden */
 	float *dd = put(NULL, nh);
-	double lr = H->kl_exact(hs, wh, ht, NULL, so, n, ns, chunk, temp, dref, klr);
+	double lr = H->kl_exact(hs, wh, ht, NULL, so, n, ns, chunk, temp, 0.0f, dref, klr);
 	for (int r = 0; r < n; r++)
 		klg[r] = NAN;
-	double lg = bk_cuda_kl_exact(dhs, wg, dht, NULL, so, n, ns, chunk, temp, dd, klg);
+	double lg = bk_cuda_kl_exact(dhs, wg, dht, NULL, so, n, ns, chunk, temp, 0.0f, dd, klg);
 	report("kl_exact hidden", size, "loss", fabs(lg - lr) / fabs(lr), TOL_LOSS, 0);
 	report("kl_exact hidden", size, "row_kl", err_of(klg, klr, (size_t)n, 1e-3), TOL_ROWKL, 0);
 	dmg = get(dgot, dd, nh);
@@ -272,15 +272,15 @@ static void check_loss(int n, int h, int v, int chunk, float temp, int k)
 
 	/* teacher log-probs */
 	float *tl = xmalloc(nv * 4), *tlg = xmalloc(nv * 4), *dtl = put(NULL, nv);
-	H->teacher_logprobs(ht, wh, n, chunk, temp, tl);
-	bk_cuda_teacher_logprobs(dht, wg, n, chunk, temp, dtl);
+	H->teacher_logprobs(ht, wh, n, chunk, temp, 0.0f, tl);
+	bk_cuda_teacher_logprobs(dht, wg, n, chunk, temp, 0.0f, dtl);
 	dmg = get(tlg, dtl, nv);
 	report("teacher_logprobs", size, "logp", err_of(tlg, tl, nv, -1), TOL_LOGP, dmg);
 	G->upload(dtl, tl, nv * 4); /* the host's log-probs as the teacher on both sides */
 	drop(dd);
 	dd = put(NULL, nh);
-	lr = H->kl_exact(hs, wh, NULL, tl, so, n, ns, chunk, temp, dref, klr);
-	lg = bk_cuda_kl_exact(dhs, wg, NULL, dtl, so, n, ns, chunk, temp, dd, klg);
+	lr = H->kl_exact(hs, wh, NULL, tl, so, n, ns, chunk, temp, 0.0f, dref, klr);
+	lg = bk_cuda_kl_exact(dhs, wg, NULL, dtl, so, n, ns, chunk, temp, 0.0f, dd, klg);
 	report("kl_exact logp", size, "loss", fabs(lg - lr) / fabs(lr), TOL_LOSS, 0);
 	report("kl_exact logp", size, "row_kl", err_of(klg, klr, (size_t)n, 1e-3), TOL_ROWKL, 0);
 	dmg = get(dgot, dd, nh);
@@ -290,7 +290,7 @@ static void check_loss(int n, int h, int v, int chunk, float temp, int k)
 	int32_t *idh = xmalloc(nk * 4), *idg = xmalloc(nk * 4);
 	float *lph = xmalloc(nk * 4), *lpg = xmalloc(nk * 4);
 	float *rsh = xmalloc((size_t)n * 4), *rsg = xmalloc((size_t)n * 4);
-	H->teacher_topk(ht, wh, n, chunk, temp, k, idh, lph, rsh);
+	H->teacher_topk(ht, wh, n, chunk, temp, 0.0f, k, idh, lph, rsh);
 	int32_t *did = G->alloc(nk * 4);
 	{ /* poison the ids with -1 */
 		int32_t *m1 = xmalloc(nk * 4);
@@ -299,7 +299,7 @@ static void check_loss(int n, int h, int v, int chunk, float temp, int k)
 		free(m1);
 	}
 	float *dlp = put(NULL, nk), *drs = put(NULL, (size_t)n);
-	bk_cuda_teacher_topk(dht, wg, n, chunk, temp, k, did, dlp, drs);
+	bk_cuda_teacher_topk(dht, wg, n, chunk, temp, 0.0f, k, did, dlp, drs);
 	G->download(idg, did, nk * 4);
 	dmg = get(lpg, dlp, nk) + get(rsg, drs, (size_t)n);
 	double e_lp = 0, e_set = 0, e_rest = err_of(rsg, rsh, (size_t)n, -1);
@@ -342,8 +342,8 @@ static void check_loss(int n, int h, int v, int chunk, float temp, int k)
 	G->upload(drs, rsh, (size_t)n * 4);
 	drop(dd);
 	dd = put(NULL, nh);
-	lr = H->kl_topk(hs, wh, idh, lph, rsh, so, n, ns, k, chunk, temp, dref, klr);
-	lg = bk_cuda_kl_topk(dhs, wg, did, dlp, drs, so, n, ns, k, chunk, temp, dd, klg);
+	lr = H->kl_topk(hs, wh, idh, lph, rsh, so, n, ns, k, chunk, temp, 0.0f, dref, klr);
+	lg = bk_cuda_kl_topk(dhs, wg, did, dlp, drs, so, n, ns, k, chunk, temp, 0.0f, dd, klg);
 	report("kl_topk", size, "loss", fabs(lg - lr) / fabs(lr), TOL_LOSS, 0);
 	report("kl_topk", size, "row_kl", err_of(klg, klr, (size_t)n, 1e-3), TOL_ROWKL, 0);
 	dmg = get(dgot, dd, nh);

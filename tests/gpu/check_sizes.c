@@ -109,9 +109,9 @@ static void check_loss(int n, int h, int v, int chunk)
 		const char *op = pass ? "kl_exact logp" : "kl_exact hidden";
 		if (pass) {
 			tl = xmalloc(nv * 4);
-			Hs->teacher_logprobs(ht, wh, n, chunk, 1.0f, tl);
+			Hs->teacher_logprobs(ht, wh, n, chunk, 1.0f, 0.0f, tl);
 			dtl = put(NULL, nv);
-			G->teacher_logprobs(dht, wg, n, chunk, 1.0f, dtl);
+			G->teacher_logprobs(dht, wg, n, chunk, 1.0f, 0.0f, dtl);
 			float *g = get(dtl, nv);
 			report("teacher_logprobs", size, "logp", err_of(g, tl, nv, -1), 1e-3);
 			free(g);
@@ -119,8 +119,10 @@ static void check_loss(int n, int h, int v, int chunk)
 		}
 		for (int r = 0; r < n; r++)
 			klg[r] = NAN;
-		double lr = Hs->kl_exact(hs, wh, pass ? NULL : ht, tl, so, n, 3, chunk, 1.0f, dref, klr);
-		double lg = G->kl_exact(dhs, wg, pass ? NULL : dht, dtl, so, n, 3, chunk, 1.0f, dd, klg);
+		double lr = Hs->kl_exact(hs, wh, pass ? NULL : ht, tl, so, n, 3, chunk, 1.0f, 0.0f,
+					 dref, klr);
+		double lg = G->kl_exact(dhs, wg, pass ? NULL : dht, dtl, so, n, 3, chunk, 1.0f, 0.0f,
+					dd, klg);
 		report(op, size, "loss", fabs(lg - lr) / fabs(lr), 2e-3);
 		report(op, size, "row_kl", err_of(klg, klr, (size_t)n, 1e-3), 2e-3);
 		float *g = get(dd, nh);

@@ -68,10 +68,10 @@ FAMILY_CONFIGS = {
     "qwen3": dict(head_dim=12, tie_word_embeddings=True, rope_theta=1000000.0),
     # (1+w) norms, sqrt(H) embedding scale, GeGLU, sandwich norms, attention softcap
     # (small enough to bend the scores), query_pre_attn_scalar != head_dim, window 4 on
-    # layer 0; final_logit_softcapping off (not supported by the loss ops yet)
+    # layer 0; final_logit_softcapping 2.5 (the logits reach about 4: it bends them)
     "gemma2": dict(head_dim=8, tie_word_embeddings=True, rope_theta=10000.0,
                    hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=12,
-                   attn_logit_softcapping=3.0, final_logit_softcapping=None,
+                   attn_logit_softcapping=3.0, final_logit_softcapping=2.5,
                    sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
     # + q/k norms with (1+w), local RoPE base 1e4 on the sliding layer 0 and global 1e6
     # with linear scaling (factor 2) on the full layer 1
@@ -540,7 +540,8 @@ class RefLlama:
       or hd^-0.5, cap(s) = tanh(s/c) c (Gemma-2); a = o(att) (rms(a) * w_post_attn for
       Gemma-2/3); x += a; h = rms(x) * w_post (Gemma-2/3: w_pre_ff); m = down(act(gate h) *
       up h), act = silu or gelu_tanh (Gemma); x += m (rms(m) * w_post_ff for Gemma-2/3);
-      logits = (rms(x) * w_norm) @ lm_head^T (embed if tied).  Gemma norm weights
+      logits = (rms(x) * w_norm) @ lm_head^T (embed if tied), capped as tanh(z/c) c with
+      Gemma-2's final_logit_softcapping.  Gemma norm weights
       multiply as (1 + w).  lin(h) = h W^T + (alpha/r) (h A^T) B^T."""
 
     def __init__(self, path):
@@ -563,6 +564,7 @@ class RefLlama:
         self.scale = (c.get("query_pre_attn_scalar") if mt in ("gemma2", "gemma3_text")
                       else self.hd) ** -0.5
         self.softcap = c.get("attn_logit_softcapping") if mt == "gemma2" else None
+        self.final_cap = c.get("final_logit_softcapping") if mt == "gemma2" else None
         L = c["num_hidden_layers"]
         types = c.get("layer_types") or ["full_attention"] * L
         if mt in ("qwen2", "qwen3") and not c.get("use_sliding_window"):
@@ -653,7 +655,10 @@ class RefLlama:
             if self.sandwich:
                 m = self.rms(m, pre + "post_feedforward_layernorm.weight")
             x = x + m
-        return self.rms(x, "model.norm.weight") @ W["lm_head.weight"].T  # (n, V)
+        z = self.rms(x, "model.norm.weight") @ W["lm_head.weight"].T  # (n, V)
+        if self.final_cap:  # Gemma-2 final_logit_softcapping
+            z = torch.tanh(z / self.final_cap) * self.final_cap
+        return z
 
 
 

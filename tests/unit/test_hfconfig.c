@@ -223,6 +223,10 @@ static void test_families(void)
 	      "embed scale rounded to the weight dtype: bf16 %.9g f16 %.9g",
 	      bk_config_embed_scale(c, BK_DT_BF16), bk_config_embed_scale(c, BK_DT_F16));
 	bk_config_free(c);
+	c = parse(GEMMA2 "}"); /* final_logit_softcapping absent: HF's default 30 */
+	CHECK(c->final_softcap == 30 && c->attn_softcap == 50, "gemma2 default final softcap %g",
+	      c->final_softcap);
+	bk_config_free(c);
 	c = parse(GEMMA2 ", \"final_logit_softcapping\": null, \"attn_logit_softcapping\": "
 			 "null, \"query_pre_attn_scalar\": 144, \"sliding_window\": 7, "
 			 "\"head_dim\": 16}");
@@ -370,8 +374,8 @@ static void test_refusals(void)
 		{"gemma2 exact gelu",
 		 GEMMA2 ", \"hidden_activation\": \"gelu\", \"final_logit_softcapping\": null}",
 		 "key 'hidden_activation' is gelu (only 'gelu_pytorch_tanh' is supported"},
-		{"gemma2 final softcap default", GEMMA2 "}",
-		 "key 'final_logit_softcapping' (30) is not supported yet"},
+		{"gemma2 negative final softcap", GEMMA2 ", \"final_logit_softcapping\": -1}",
+		 "key 'final_logit_softcapping' (-1) is negative"},
 		{"gemma3 bidirectional", GEMMA3 ", \"use_bidirectional_attention\": true}",
 		 "'use_bidirectional_attention'"},
 		{"gemma3 layer type", GEMMA3 ", \"layer_types\": [\"full_attention\", "

@@ -1,6 +1,7 @@
 /* test_loss.c - the chunked baking loss (gpu/host/loss.h) against a naive double-precision
  * full-logits reference written here: loss, per-row KL, d_hidden (against central
- * finite differences of the reference), sparse top-k mode, teacher top-k, extremes.
+ * finite differences of the reference), sparse top-k mode, teacher top-k, extremes;
+ * every case without and with a final logit softcap (Gemma-2).
  * Not a speed test. */
 #include <math.h>
 #include <stdint.h>
@@ -14,9 +15,14 @@
 #include "gpu/host/loss.h"
 #include "tests/harness.h"
 
+/* The final logit softcap of every call below (the cases run with 0 and with a cap small
+ * enough to bend these logits, which reach about +-4): the reference caps in double. */
+static double g_cap;
+#define CAPF ((float)g_cap)
+
 /* ---- naive reference, double precision, whole vocabulary at once ---- */
 
-/* z [N,V] = (x [N,H] @ W^T) / T */
+/* z [N,V] = cap(x [N,H] @ W^T) / T, cap(a) = tanh(a / c) c for c = g_cap > 0 */
 static void ref_scaled_logits(const double *x, const float *w, int n, int h, int v, double t,
 			      double *z)
 {
@@ -25,6 +31,8 @@ static void ref_scaled_logits(const double *x, const float *w, int n, int h, int
 			double acc = 0;
 			for (int c = 0; c < h; c++)
 				acc += x[(size_t)r * h + c] * w[(size_t)j * h + c];
+			if (g_cap > 0)
+				acc = tanh(acc / g_cap) * g_cap;
 			z[(size_t)r * v + j] = acc / t;
 		}
 }
@@ -202,7 +210,7 @@ static void test_exact(int n, int h, int v, const int32_t *sample_of, int ns, ui
 			if (chunk <= 0)
 				continue;
 			double got = bk_loss_kl_exact(hs, w, ht, NULL, sample_of, n, ns, h, v, chunk,
-						      (float)t, dh, rk);
+						      (float)t, CAPF, dh, rk);
 			CHECK(bk_relerr(got, want, 1e-6) < 2e-5,
 			      "exact/hidden n=%d v=%d T=%g chunk=%d: loss %.9g want %.9g", n, v, t,
 			      chunk, got, want);
@@ -215,21 +223,21 @@ static void test_exact(int n, int h, int v, const int32_t *sample_of, int ns, ui
 			CHECK(rkerr < 1e-4, "exact/hidden T=%g chunk=%d: row KL relerr %g", t, chunk, rkerr);
 
 			/* teacher log-probs through the chunked helper, then the logp mode */
-			bk_teacher_logprobs(ht, w, n, h, v, chunk, (float)t, tlogp);
+			bk_teacher_logprobs(ht, w, n, h, v, chunk, (float)t, CAPF, tlogp);
 			double lerr = 0;
 			for (size_t i = 0; i < (size_t)n * v; i++)
 				lerr = fmax(lerr, fabs(tlogp[i] - tl[i]));
 			CHECK(lerr < 1e-5, "teacher log-probs T=%g chunk=%d: max abs error %g", t, chunk,
 			      lerr);
 			double got2 = bk_loss_kl_exact(hs, w, NULL, tlogp, sample_of, n, ns, h, v, chunk,
-						       (float)t, dh2, NULL);
+						       (float)t, CAPF, dh2, NULL);
 			CHECK(bk_relerr(got2, want, 1e-6) < 2e-5,
 			      "exact/logp T=%g chunk=%d: loss %.9g want %.9g", t, chunk, got2, want);
 			CHECK(max_relerr_d(dh2, g, nh, 1e-6) < 2e-4,
 			      "exact/logp T=%g chunk=%d: d_hidden relerr %g", t, chunk,
 			      max_relerr_d(dh2, g, nh, 1e-6));
 			double got3 = bk_loss_kl_exact(hs, w, ht, NULL, sample_of, n, ns, h, v, chunk,
-						       (float)t, NULL, NULL);
+						       (float)t, CAPF, NULL, NULL);
 			CHECK(got3 == got, "loss without gradient %.9g differs from %.9g", got3, got);
 		}
 	}
@@ -248,14 +256,14 @@ static void test_exact_fd_self(void)
 	fill(&rng, w, V * H, 1.0);
 	fill(&rng, hs, N * H, 1.0);
 	fill(&rng, ht, N * H, 1.0);
-	bk_loss_kl_exact(hs, w, ht, NULL, so, N, 2, H, V, 6, 1.5f, dh, NULL);
+	bk_loss_kl_exact(hs, w, ht, NULL, so, N, 2, H, V, 6, 1.5f, CAPF, dh, NULL);
 	double num = 0, den = 0;
 	for (int i = 0; i < N * H; i++) {
 		float x0 = hs[i], e = 1e-2f;
 		hs[i] = x0 + e;
-		double lp = bk_loss_kl_exact(hs, w, ht, NULL, so, N, 2, H, V, 6, 1.5f, NULL, NULL);
+		double lp = bk_loss_kl_exact(hs, w, ht, NULL, so, N, 2, H, V, 6, 1.5f, CAPF, NULL, NULL);
 		hs[i] = x0 - e;
-		double lm = bk_loss_kl_exact(hs, w, ht, NULL, so, N, 2, H, V, 6, 1.5f, NULL, NULL);
+		double lm = bk_loss_kl_exact(hs, w, ht, NULL, so, N, 2, H, V, 6, 1.5f, CAPF, NULL, NULL);
 		hs[i] = x0;
 		double fd = (lp - lm) / (2.0 * e);
 		num = fmax(num, fabs(fd - dh[i]));
@@ -288,7 +296,7 @@ static void test_sparse(void)
 		for (int ki = 0; ki < 4; ki++) {
 			int k = ks[ki];
 			double t = temps[ti];
-			bk_teacher_topk(ht, w, NULL, N, H, V, 16, (float)t, k, ids, logp, rest);
+			bk_teacher_topk(ht, w, NULL, N, H, V, 16, (float)t, CAPF, k, ids, logp, rest);
 			if (k == V)
 				for (int r = 0; r < N; r++)
 					rest[r] = 0;
@@ -298,7 +306,7 @@ static void test_sparse(void)
 			ref_grad_fd(&c, hs, g);
 			for (int ci = 0; ci < 5; ci++) {
 				double got = bk_loss_kl_topk(hs, w, ids, logp, rest, so, N, NS, H, V, k,
-							     chunks[ci], (float)t, dh, rk);
+							     chunks[ci], (float)t, CAPF, dh, rk);
 				CHECK(bk_relerr(got, want, 1e-6) < 2e-5,
 				      "sparse k=%d T=%g chunk=%d: loss %.9g want %.9g", k, t, chunks[ci],
 				      got, want);
@@ -311,10 +319,10 @@ static void test_sparse(void)
 				CHECK(e < 1e-4, "sparse k=%d T=%g: row KL relerr %g", k, t, e);
 			}
 			if (k == V) { /* equals the exact mode */
-				double ex = bk_loss_kl_exact(hs, w, ht, NULL, so, N, NS, H, V, 16, (float)t,
+				double ex = bk_loss_kl_exact(hs, w, ht, NULL, so, N, NS, H, V, 16, (float)t, CAPF,
 							     dh2, NULL);
 				double sp = bk_loss_kl_topk(hs, w, ids, logp, rest, so, N, NS, H, V, k, 16,
-							    (float)t, dh, NULL);
+							    (float)t, CAPF, dh, NULL);
 				CHECK(bk_relerr(sp, ex, 1e-6) < 2e-5, "k=V T=%g: sparse %.9g exact %.9g", t,
 				      sp, ex);
 				CHECK(bk_max_relerr(dh, dh2, N * H, 1e-6) < 1e-4,
@@ -324,14 +332,14 @@ static void test_sparse(void)
 				for (int r = 0; r < N; r++)
 					tiny[r] = 3e-7f;
 				double sp2 = bk_loss_kl_topk(hs, w, ids, logp, tiny, so, N, NS, H, V, k, 16,
-							     (float)t, dh2, NULL);
+							     (float)t, CAPF, dh2, NULL);
 				CHECK(sp2 == sp, "k=V T=%g: rest 3e-7 gives %.9g, rest 0 %.9g", t, sp2, sp);
 			}
 		}
 	/* the coarsened loss is at most the exact one (data processing inequality) */
-	bk_teacher_topk(ht, w, NULL, N, H, V, 16, 1.0f, 3, ids, logp, rest);
-	double sp = bk_loss_kl_topk(hs, w, ids, logp, rest, so, N, NS, H, V, 3, 16, 1.0f, NULL, NULL);
-	double ex = bk_loss_kl_exact(hs, w, ht, NULL, so, N, NS, H, V, 16, 1.0f, NULL, NULL);
+	bk_teacher_topk(ht, w, NULL, N, H, V, 16, 1.0f, CAPF, 3, ids, logp, rest);
+	double sp = bk_loss_kl_topk(hs, w, ids, logp, rest, so, N, NS, H, V, 3, 16, 1.0f, CAPF, NULL, NULL);
+	double ex = bk_loss_kl_exact(hs, w, ht, NULL, so, N, NS, H, V, 16, 1.0f, CAPF, NULL, NULL);
 	CHECK(sp > 0 && sp < ex, "coarsened KL %.9g not in (0, exact %.9g)", sp, ex);
 }
 
@@ -355,7 +363,7 @@ static void test_sparse_rest_zero(void)
 		      .n = N, .ns = 2, .h = H, .v = V, .k = K, .t = 1.0};
 	double want = ref_loss(&c, x, NULL);
 	ref_grad_fd(&c, hs, g);
-	double got = bk_loss_kl_topk(hs, w, ids, logp, rest, so, N, 2, H, V, K, 5, 1.0f, dh, NULL);
+	double got = bk_loss_kl_topk(hs, w, ids, logp, rest, so, N, 2, H, V, K, 5, 1.0f, CAPF, dh, NULL);
 	CHECK(isfinite(got) && bk_relerr(got, want, 1e-6) < 2e-5, "rest=0: loss %.9g want %.9g",
 	      got, want);
 	CHECK(max_relerr_d(dh, g, N * H, 1e-6) < 2e-4, "rest=0: d_hidden relerr %g",
@@ -366,13 +374,13 @@ static void test_sparse_rest_zero(void)
 	c.logp = logp9, c.rest = rest9;
 	want = ref_loss(&c, x, NULL);
 	ref_grad_fd(&c, hs, g);
-	got = bk_loss_kl_topk(hs, w, ids, logp9, rest9, so, N, 2, H, V, K, 4, 1.0f, dh, NULL);
+	got = bk_loss_kl_topk(hs, w, ids, logp9, rest9, so, N, 2, H, V, K, 4, 1.0f, CAPF, dh, NULL);
 	CHECK(bk_relerr(got, want, 1e-6) < 2e-5, "P=0.9: loss %.9g want %.9g", got, want);
 	CHECK(max_relerr_d(dh, g, N * H, 1e-6) < 2e-4, "P=0.9: d_hidden relerr %g",
 	      max_relerr_d(dh, g, N * H, 1e-6));
 	/* only rest mass (k = 0): KL of {rest} vs {rest} is 0 */
 	float one[N] = {1.0f, 1.0f};
-	got = bk_loss_kl_topk(hs, w, ids, logp, one, so, N, 2, H, V, 0, 5, 1.0f, dh, NULL);
+	got = bk_loss_kl_topk(hs, w, ids, logp, one, so, N, 2, H, V, 0, 5, 1.0f, CAPF, dh, NULL);
 	CHECK(fabs(got) < 1e-9, "k=0: loss %g", got);
 	CHECK(bk_max_relerr(dh, (float[N * H]){0}, N * H, 1.0) < 1e-7, "k=0: gradient not 0");
 }
@@ -397,7 +405,7 @@ static void test_teacher_topk(void)
 		ref_scaled_logits(x, w, N, H, V, t, z);
 		ref_log_softmax(z, N, V);
 		for (int ci = 0; ci < 4; ci++) {
-			bk_teacher_topk(hs, w, NULL, N, H, V, chunks[ci], (float)t, K, ids, logp, rest);
+			bk_teacher_topk(hs, w, NULL, N, H, V, chunks[ci], (float)t, CAPF, K, ids, logp, rest);
 			int ok_order = 1;
 			double lerr = 0, rerr = 0;
 			for (int r = 0; r < N; r++) {
@@ -420,7 +428,7 @@ static void test_teacher_topk(void)
 			      rerr);
 		}
 	}
-	/* logits path: the same rows as raw logits */
+	/* logits path: the same rows as raw logits (capped by the function) */
 	for (int r = 0; r < N; r++)
 		for (int j = 0; j < V; j++) {
 			double acc = 0;
@@ -428,8 +436,8 @@ static void test_teacher_topk(void)
 				acc += (double)hs[r * H + c] * w[j * H + c];
 			logits[r * V + j] = (float)acc;
 		}
-	bk_teacher_topk(hs, w, NULL, N, H, V, 8, 2.0f, K, ids, logp, rest);
-	bk_teacher_topk(NULL, NULL, logits, N, H, V, 8, 2.0f, K, ids2, logp2, rest2);
+	bk_teacher_topk(hs, w, NULL, N, H, V, 8, 2.0f, CAPF, K, ids, logp, rest);
+	bk_teacher_topk(NULL, NULL, logits, N, H, V, 8, 2.0f, CAPF, K, ids2, logp2, rest2);
 	CHECK(memcmp(ids, ids2, sizeof(ids)) == 0, "hidden and logits paths pick different ids");
 	CHECK(bk_max_relerr(logp2, logp, N * K, 1.0) < 1e-5, "hidden/logits logp differ");
 	CHECK(bk_max_relerr(rest2, rest, N, 1e-3) < 1e-4, "hidden/logits rest differ");
@@ -438,7 +446,7 @@ static void test_teacher_topk(void)
 	for (int j = 0; j < V; j++)
 		tie[j] = (j % 3 == 0) ? 1.0f : 0.0f; /* ids 0,3,6,... tie at the top */
 	for (int ci = 0; ci < 4; ci++) {
-		bk_teacher_topk(NULL, NULL, tie, 1, 1, V, chunks[ci], 1.0f, K, ids, logp, rest);
+		bk_teacher_topk(NULL, NULL, tie, 1, 1, V, chunks[ci], 1.0f, CAPF, K, ids, logp, rest);
 		int ok = 1;
 		for (int i = 0; i < K; i++)
 			ok &= ids[i] == 3 * i;
@@ -452,7 +460,7 @@ static void test_teacher_topk(void)
 	/* k = V: rest 0, everything sorted */
 	int32_t idsv[V];
 	float logpv[V];
-	bk_teacher_topk(NULL, NULL, logits, 1, 1, V, 7, 1.0f, V, idsv, logpv, rest2);
+	bk_teacher_topk(NULL, NULL, logits, 1, 1, V, 7, 1.0f, CAPF, V, idsv, logpv, rest2);
 	int sorted = 1;
 	for (int i = 1; i < V; i++)
 		sorted &= logpv[i] <= logpv[i - 1];
@@ -479,31 +487,31 @@ static void test_extreme(void)
 	}
 	for (int ti = 0; ti < 2; ti++) {
 		float t = ti ? 2.0f : 1.0f;
-		double l = bk_loss_kl_exact(hs, w, ht, NULL, so, N, 2, H, V, 5, t, dh, NULL);
+		double l = bk_loss_kl_exact(hs, w, ht, NULL, so, N, 2, H, V, 5, t, CAPF, dh, NULL);
 		int fin = isfinite(l) && l >= 0;
 		for (int i = 0; i < N * H; i++)
 			fin &= isfinite(dh[i]);
 		CHECK(fin, "extreme exact T=%g: loss %g or gradient not finite", t, l);
-		bk_teacher_logprobs(ht, w, N, H, V, 5, t, tlogp);
-		l = bk_loss_kl_exact(hs, w, NULL, tlogp, so, N, 2, H, V, 5, t, dh, NULL);
+		bk_teacher_logprobs(ht, w, N, H, V, 5, t, CAPF, tlogp);
+		l = bk_loss_kl_exact(hs, w, NULL, tlogp, so, N, 2, H, V, 5, t, CAPF, dh, NULL);
 		fin = isfinite(l) && l >= 0;
 		for (int i = 0; i < N * H; i++)
 			fin &= isfinite(dh[i]);
 		CHECK(fin, "extreme exact/logp T=%g: loss %g or gradient not finite", t, l);
-		bk_teacher_topk(ht, w, NULL, N, H, V, 5, t, K, ids, logp, rest);
+		bk_teacher_topk(ht, w, NULL, N, H, V, 5, t, CAPF, K, ids, logp, rest);
 		fin = 1;
 		for (int i = 0; i < N * K; i++)
 			fin &= logp[i] <= 0 && !isnan(logp[i]);
 		for (int r = 0; r < N; r++)
 			fin &= rest[r] >= 0 && rest[r] <= 1;
 		CHECK(fin, "extreme teacher top-k T=%g: bad logp or rest", t);
-		l = bk_loss_kl_topk(hs, w, ids, logp, rest, so, N, 2, H, V, K, 5, t, dh, NULL);
+		l = bk_loss_kl_topk(hs, w, ids, logp, rest, so, N, 2, H, V, K, 5, t, CAPF, dh, NULL);
 		fin = isfinite(l) && l >= -1e-6;
 		for (int i = 0; i < N * H; i++)
 			fin &= isfinite(dh[i]);
 		CHECK(fin, "extreme sparse T=%g: loss %g or gradient not finite", t, l);
 		/* student == teacher: loss 0 even at the extremes */
-		l = bk_loss_kl_exact(ht, w, ht, NULL, so, N, 2, H, V, 5, t, dh, NULL);
+		l = bk_loss_kl_exact(ht, w, ht, NULL, so, N, 2, H, V, 5, t, CAPF, dh, NULL);
 		CHECK(fabs(l) < 1e-6, "extreme: KL(p||p) = %g", l);
 	}
 	/* a one-hot teacher given as log-probs with -inf: exact mode = sparse k = 1 */
@@ -514,14 +522,14 @@ static void test_extreme(void)
 	for (int r = 0; r < N; r++)
 		tlogp[r * V + one_id[r]] = 0.0f;
 	fill_small_w(w, V, H);
-	double le = bk_loss_kl_exact(hs, w, NULL, tlogp, so, N, 2, H, V, 5, 1.0f, dh, NULL);
-	double ls = bk_loss_kl_topk(hs, w, one_id, zero_lp, zero_rest, so, N, 2, H, V, 1, 5, 1.0f,
+	double le = bk_loss_kl_exact(hs, w, NULL, tlogp, so, N, 2, H, V, 5, 1.0f, CAPF, dh, NULL);
+	double ls = bk_loss_kl_topk(hs, w, one_id, zero_lp, zero_rest, so, N, 2, H, V, 1, 5, 1.0f, CAPF,
 				    NULL, NULL);
 	CHECK(isfinite(le) && bk_relerr(le, ls, 1e-6) < 1e-5, "one-hot teacher with -inf: exact %g sparse %g",
 	      le, ls);
 	for (int i = 0; i < N * V; i++)
 		logits[i] = (i % 7 == 0) ? 1e4f : -1e4f;
-	bk_teacher_topk(NULL, NULL, logits, N, 1, V, 6, 1.0f, K, ids, logp, rest);
+	bk_teacher_topk(NULL, NULL, logits, N, 1, V, 6, 1.0f, CAPF, K, ids, logp, rest);
 	int fin = 1;
 	for (int i = 0; i < N * K; i++)
 		fin &= !isnan(logp[i]) && logp[i] <= 0;
@@ -532,9 +540,9 @@ static void test_extreme(void)
 static void test_empty(void)
 {
 	float w[3 * 2] = {1, 2, 3, 4, 5, 6}, wt[4];
-	double l = bk_loss_kl_exact(NULL, w, w, NULL, NULL, 0, 0, 2, 3, 2, 1.0f, NULL, NULL);
+	double l = bk_loss_kl_exact(NULL, w, w, NULL, NULL, 0, 0, 2, 3, 2, 1.0f, CAPF, NULL, NULL);
 	CHECK(l == 0.0, "no rows: loss %g", l);
-	l = bk_loss_kl_topk(NULL, w, NULL, NULL, NULL, NULL, 0, 3, 2, 3, 1, 2, 1.0f, NULL, NULL);
+	l = bk_loss_kl_topk(NULL, w, NULL, NULL, NULL, NULL, 0, 3, 2, 3, 1, 2, 1.0f, CAPF, NULL, NULL);
 	CHECK(l == 0.0, "no rows (sparse): loss %g", l);
 	int32_t so[4] = {2, 0, 2, 2};
 	int ne = bk_loss_row_weights(so, 4, 5, wt);
@@ -564,38 +572,70 @@ static void bad_duplicate(void)
 {
 	float w[4 * 1] = {1, 2, 3, 4}, hs[1] = {1}, lp[2] = {-1, -2}, rest[1] = {0.5f};
 	int32_t ids[2] = {2, 2}, so[1] = {0};
-	bk_loss_kl_topk(hs, w, ids, lp, rest, so, 1, 1, 1, 4, 2, 2, 1.0f, NULL, NULL);
+	bk_loss_kl_topk(hs, w, ids, lp, rest, so, 1, 1, 1, 4, 2, 2, 1.0f, CAPF, NULL, NULL);
 }
 
 static void bad_sample(void)
 {
 	float w[4] = {1, 2, 3, 4}, hs[1] = {1};
 	int32_t so[1] = {3};
-	bk_loss_kl_exact(hs, w, hs, NULL, so, 1, 1, 1, 4, 2, 1.0f, NULL, NULL);
+	bk_loss_kl_exact(hs, w, hs, NULL, so, 1, 1, 1, 4, 2, 1.0f, CAPF, NULL, NULL);
 }
 
 static void bad_rest(void)
 {
 	float w[4] = {1, 2, 3, 4}, hs[1] = {1}, lp[1] = {-1}, rest[1] = {1.5f};
 	int32_t ids[1] = {1}, so[1] = {0};
-	bk_loss_kl_topk(hs, w, ids, lp, rest, so, 1, 1, 1, 4, 1, 2, 1.0f, NULL, NULL);
+	bk_loss_kl_topk(hs, w, ids, lp, rest, so, 1, 1, 1, 4, 1, 2, 1.0f, CAPF, NULL, NULL);
+}
+
+/* The cap bends the loss: with a cap the loss differs from the uncapped one, and a cap
+ * far above every logit gives the uncapped loss within rounding. */
+static void test_cap_effect(void)
+{
+	enum { N = 3, H = 6, V = 19 };
+	int32_t so[N] = {0, 1, 1};
+	bk_rng rng;
+	bk_rng_seed(&rng, 3);
+	float w[V * H], hs[N * H], ht[N * H];
+	fill(&rng, w, V * H, 1.0);
+	fill(&rng, hs, N * H, 1.5);
+	fill(&rng, ht, N * H, 1.5);
+	double l0 = bk_loss_kl_exact(hs, w, ht, NULL, so, N, 2, H, V, 5, 1.0f, 0.0f, NULL, NULL);
+	double l2 = bk_loss_kl_exact(hs, w, ht, NULL, so, N, 2, H, V, 5, 1.0f, 2.0f, NULL, NULL);
+	double lbig = bk_loss_kl_exact(hs, w, ht, NULL, so, N, 2, H, V, 5, 1.0f, 1e4f, NULL, NULL);
+	CHECK(fabs(l2 - l0) > 1e-3 * l0, "cap 2 leaves the loss %.9g (uncapped %.9g)", l2, l0);
+	CHECK(bk_relerr(lbig, l0, 1e-9) < 1e-4, "cap 1e4: loss %.9g, uncapped %.9g", lbig, l0);
+}
+
+static void bad_cap(void)
+{
+	float w[4] = {1, 2, 3, 4}, hs[1] = {1};
+	int32_t so[1] = {0};
+	bk_loss_kl_exact(hs, w, hs, NULL, so, 1, 1, 1, 4, 2, 1.0f, -1.0f, NULL, NULL);
 }
 
 int main(void)
 {
 	bk_diag_init("test_loss");
-	int32_t so1[7] = {0, 0, 0, 2, 2, 3, 3}; /* sample 1 empty, sizes 3, 2, 2 */
-	test_exact(7, 8, 37, so1, 4, 1);
-	int32_t so2[10];
-	for (int r = 0; r < 10; r++)
-		so2[r] = r < 6 ? 0 : r < 7 ? 1 : 3; /* sizes 6, 1, 0, 3 */
-	test_exact(10, 12, 300, so2, 4, 2);
-	test_exact_fd_self();
-	test_sparse();
-	test_sparse_rest_zero();
-	test_teacher_topk();
-	test_extreme();
-	test_empty();
+	for (int ci = 0; ci < 2; ci++) {
+		g_cap = ci ? 2.0 : 0.0;
+		int32_t so1[7] = {0, 0, 0, 2, 2, 3, 3}; /* sample 1 empty, sizes 3, 2, 2 */
+		test_exact(7, 8, 37, so1, 4, 1);
+		int32_t so2[10];
+		for (int r = 0; r < 10; r++)
+			so2[r] = r < 6 ? 0 : r < 7 ? 1 : 3; /* sizes 6, 1, 0, 3 */
+		test_exact(10, 12, 300, so2, 4, 2);
+		test_exact_fd_self();
+		test_sparse();
+		test_sparse_rest_zero();
+		test_teacher_topk();
+		test_extreme();
+		test_empty();
+	}
+	g_cap = 0;
+	test_cap_effect();
+	CHECK(dies(bad_cap), "a negative final logit softcap does not die");
 	CHECK(dies(bad_duplicate), "a duplicate top-k id does not die");
 	CHECK(dies(bad_sample), "a sample index out of range does not die");
 	CHECK(dies(bad_rest), "a rest mass of 1.5 does not die");

@@ -13,6 +13,7 @@
 
 #include "common/diag.h"
 #include "common/rng.h"
+#include "gpu/host/host_rows.h"
 #include "gpu/host/loss.h"
 #include "gpu/ops.h"
 #include "tests/harness.h"
@@ -77,7 +78,8 @@ static void test_rows(void)
 
 /* kl_exact (teacher hidden and teacher log-probs), kl_topk, teacher_topk and
  * teacher_logprobs through the ops against the loss.h functions, bit for bit */
-static void test_loss(int n, int h, int v, int chunk, float temp, int k, uint64_t seed)
+static void test_loss(int n, int h, int v, int chunk, float temp, float cap, int k,
+		      uint64_t seed)
 {
 	bk_rng g;
 	bk_rng_seed(&g, seed);
@@ -100,26 +102,26 @@ static void test_loss(int n, int h, int v, int chunk, float temp, int k, uint64_
 	float *dd = ops->alloc(nh * sizeof(float));
 
 	/* exact, teacher hidden */
-	double lr = bk_loss_kl_exact(hs, head, ht, NULL, so, n, ns, h, v, chunk, temp, d_ref, kl_ref);
-	double lg = ops->kl_exact(hs_d, w, ht_d, NULL, so, n, ns, chunk, temp, dd, kl_got);
+	double lr = bk_loss_kl_exact(hs, head, ht, NULL, so, n, ns, h, v, chunk, temp, cap, d_ref, kl_ref);
+	double lg = ops->kl_exact(hs_d, w, ht_d, NULL, so, n, ns, chunk, temp, cap, dd, kl_got);
 	ops->download(d_got, dd, nh * sizeof(float));
 	CHECK(lr == lg && lr > 0, "exact (hidden) n=%d v=%d: loss %.17g vs %.17g", n, v, lg, lr);
 	CHECK(same(d_ref, d_got, nh * sizeof(float)), "exact (hidden) n=%d v=%d: d_hidden differs", n, v);
 	CHECK(same(kl_ref, kl_got, (size_t)n * sizeof(float)), "exact (hidden): row_kl differs");
 	/* no gradient, no row_kl */
-	double l0 = ops->kl_exact(hs_d, w, ht_d, NULL, so, n, ns, chunk, temp, NULL, NULL);
+	double l0 = ops->kl_exact(hs_d, w, ht_d, NULL, so, n, ns, chunk, temp, cap, NULL, NULL);
 	CHECK(l0 == lr, "exact without outputs: loss %.17g vs %.17g", l0, lr);
 
 	/* teacher log-probs: the op's teacher_logprobs against bk_teacher_logprobs */
 	size_t nv = (size_t)n * v;
 	float *tl_ref = xmalloc(nv * sizeof(float)), *tl_got = xmalloc(nv * sizeof(float));
 	float *tl_d = ops->alloc(nv * sizeof(float));
-	bk_teacher_logprobs(ht, head, n, h, v, chunk, temp, tl_ref);
-	ops->teacher_logprobs(ht_d, w, n, chunk, temp, tl_d);
+	bk_teacher_logprobs(ht, head, n, h, v, chunk, temp, cap, tl_ref);
+	ops->teacher_logprobs(ht_d, w, n, chunk, temp, cap, tl_d);
 	ops->download(tl_got, tl_d, nv * sizeof(float));
 	CHECK(same(tl_ref, tl_got, nv * sizeof(float)), "teacher_logprobs n=%d v=%d differs", n, v);
-	lr = bk_loss_kl_exact(hs, head, NULL, tl_ref, so, n, ns, h, v, chunk, temp, d_ref, kl_ref);
-	lg = ops->kl_exact(hs_d, w, NULL, tl_d, so, n, ns, chunk, temp, dd, kl_got);
+	lr = bk_loss_kl_exact(hs, head, NULL, tl_ref, so, n, ns, h, v, chunk, temp, cap, d_ref, kl_ref);
+	lg = ops->kl_exact(hs_d, w, NULL, tl_d, so, n, ns, chunk, temp, cap, dd, kl_got);
 	ops->download(d_got, dd, nh * sizeof(float));
 	CHECK(lr == lg && lr > 0, "exact (log-probs): loss %.17g vs %.17g", lg, lr);
 	CHECK(same(d_ref, d_got, nh * sizeof(float)), "exact (log-probs): d_hidden differs");
@@ -132,21 +134,37 @@ static void test_loss(int n, int h, int v, int chunk, float temp, int k, uint64_
 	float *rs_ref = xmalloc((size_t)n * sizeof(float)), *rs_got = xmalloc((size_t)n * sizeof(float));
 	int32_t *id_d = ops->alloc(nk * sizeof(int32_t));
 	float *lp_d = ops->alloc(nk * sizeof(float)), *rs_d = ops->alloc((size_t)n * sizeof(float));
-	bk_teacher_topk(ht, head, NULL, n, h, v, chunk, temp, k, id_ref, lp_ref, rs_ref);
-	ops->teacher_topk(ht_d, w, n, chunk, temp, k, id_d, lp_d, rs_d);
+	bk_teacher_topk(ht, head, NULL, n, h, v, chunk, temp, cap, k, id_ref, lp_ref, rs_ref);
+	ops->teacher_topk(ht_d, w, n, chunk, temp, cap, k, id_d, lp_d, rs_d);
 	ops->download(id_got, id_d, nk * sizeof(int32_t));
 	ops->download(lp_got, lp_d, nk * sizeof(float));
 	ops->download(rs_got, rs_d, (size_t)n * sizeof(float));
 	CHECK(same(id_ref, id_got, nk * sizeof(int32_t)), "teacher_topk k=%d: ids differ", k);
 	CHECK(same(lp_ref, lp_got, nk * sizeof(float)), "teacher_topk k=%d: logp differ", k);
 	CHECK(same(rs_ref, rs_got, (size_t)n * sizeof(float)), "teacher_topk k=%d: rest differs", k);
-	lr = bk_loss_kl_topk(hs, head, id_ref, lp_ref, rs_ref, so, n, ns, h, v, k, chunk, temp, d_ref,
+	lr = bk_loss_kl_topk(hs, head, id_ref, lp_ref, rs_ref, so, n, ns, h, v, k, chunk, temp, cap, d_ref,
 			     kl_ref);
-	lg = ops->kl_topk(hs_d, w, id_d, lp_d, rs_d, so, n, ns, k, chunk, temp, dd, kl_got);
+	lg = ops->kl_topk(hs_d, w, id_d, lp_d, rs_d, so, n, ns, k, chunk, temp, cap, dd, kl_got);
 	ops->download(d_got, dd, nh * sizeof(float));
 	CHECK(lr == lg && lr > 0, "top-k k=%d: loss %.17g vs %.17g", k, lg, lr);
 	CHECK(same(d_ref, d_got, nh * sizeof(float)), "top-k k=%d: d_hidden differs", k);
 	CHECK(same(kl_ref, kl_got, (size_t)n * sizeof(float)), "top-k k=%d: row_kl differs", k);
+
+	/* the batch-invariant host table of bk-teach (host_rows.h) caps as loss.c does */
+	if (ops == &bk_ops_host) {
+		const bk_ops *ro = bk_ops_host_rows();
+		ro->teacher_logprobs(ht_d, w, n, chunk, temp, cap, tl_d);
+		ops->download(tl_got, tl_d, nv * sizeof(float));
+		CHECK(bk_max_relerr(tl_got, tl_ref, nv, 1.0) < 1e-5,
+		      "host rows teacher_logprobs cap %g: relerr %g", (double)cap,
+		      bk_max_relerr(tl_got, tl_ref, nv, 1.0));
+		ro->teacher_topk(ht_d, w, n, chunk, temp, cap, k, id_d, lp_d, rs_d);
+		ops->download(id_got, id_d, nk * sizeof(int32_t));
+		ops->download(lp_got, lp_d, nk * sizeof(float));
+		CHECK(same(id_ref, id_got, nk * sizeof(int32_t)) &&
+			      bk_max_relerr(lp_got, lp_ref, nk, 1.0) < 1e-5,
+		      "host rows teacher_topk cap %g: ids or logp differ", (double)cap);
+	}
 
 	ops->weight_free(w);
 	ops->free(hs_d), ops->free(ht_d), ops->free(dd), ops->free(tl_d);
@@ -185,16 +203,19 @@ static void bad_topk_id(void)
 	float head[4] = {1, 2, 3, 4}, hs[1] = {1}, lp[1] = {-1}, rest[1] = {0.5f};
 	int32_t ids[1] = {4}, so[1] = {0};
 	bk_weight *w = ops->weight_upload(head, 4, 1);
-	ops->kl_topk(hs, w, ids, lp, rest, so, 1, 1, 1, 2, 1.0f, NULL, NULL);
+	ops->kl_topk(hs, w, ids, lp, rest, so, 1, 1, 1, 2, 1.0f, 0.0f, NULL, NULL);
 }
 
 int main(void)
 {
 	bk_diag_init("test_loss_ops");
 	test_rows();
-	test_loss(9, 6, 37, 8, 1.0f, 5, 1);     /* V not a multiple of the chunk */
-	test_loss(4, 16, 300, 4096, 2.0f, 1, 2); /* one chunk, temperature 2, k = 1 */
-	test_loss(3, 5, 23, 7, 0.7f, 23, 3);    /* k = V */
+	for (int c = 0; c < 2; c++) {
+		float cap = c ? 2.0f : 0.0f; /* Gemma-2's final logit softcap, small enough to bend */
+		test_loss(9, 6, 37, 8, 1.0f, cap, 5, 1);     /* V not a multiple of the chunk */
+		test_loss(4, 16, 300, 4096, 2.0f, cap, 1, 2); /* one chunk, temperature 2, k = 1 */
+		test_loss(3, 5, 23, 7, 0.7f, cap, 23, 3);    /* k = V */
+	}
 	CHECK(exits_with(bad_row, -SIGABRT), "a row index out of range does not BUG");
 	CHECK(exits_with(bad_topk_id, BK_EXIT_FAIL), "a top-k id out of range does not die");
 	return bk_test_done("test_loss_ops");

@@ -343,7 +343,8 @@ static double baking_loss(pcase *c, const bk_lora *lora, float temp, bk_lora *gr
 		memcpy(sh + (size_t)r * H, c->hid + (size_t)c->sp.rows[r] * H, H * sizeof(float));
 	const float *lm_head = (const float *)c->m->lm_head->data; /* host twin: fp32 [V,H] */
 	double loss = bk_loss_kl_exact(sh, lm_head, th, NULL, c->sp.sample_of, N, c->S, H, c->V,
-				       VOCAB_CHUNK, temp, grads ? dh : NULL, rkl);
+				       VOCAB_CHUNK, temp, c->m->cfg.final_softcap, grads ? dh : NULL,
+				       rkl);
 	if (per_sample) {
 		for (int i = 0; i < c->S; i++) {
 			double s = 0;

@@ -353,9 +353,9 @@ static void test_full_k(const bk_model *m, const float *head, const bk_teach_seq
 	}
 	float *g1 = xmalloc((size_t)N * H * sizeof(float)), *g2 = xmalloc((size_t)N * H * sizeof(float));
 	double l_topk = bk_loss_kl_topk(rows, head, kid, klp, krest, sample.v, N, NSEQ, H, V, V,
-					128, 1.3f, g1, NULL);
+					128, 1.3f, 0.0f, g1, NULL);
 	double l_exact = bk_loss_kl_exact(rows, head, NULL, flp, sample.v, N, NSEQ, H, V, 128,
-					  1.3f, g2, NULL);
+					  1.3f, 0.0f, g2, NULL);
 	double e = bk_relerr(l_topk, l_exact, 1e-12), eg = bk_max_relerr(g1, g2, (size_t)N * H, 1e-12);
 	printf("K=V: sparse loss %.8f exact loss %.8f relerr %.2e, gradient relerr %.2e\n", l_topk,
 	       l_exact, e, eg);

@@ -113,7 +113,7 @@ int main(void)
 			r += sq[i].n;
 		}
 	}
-	double exact = bk_loss_kl_exact(srows, head, trows, NULL, sample, N, NPAIR, H, V, 256, 1.0f,
+	double exact = bk_loss_kl_exact(srows, head, trows, NULL, sample, N, NPAIR, H, V, 256, 1.0f, 0.0f,
 					NULL, NULL);
 	printf("stories260K, %d pairs, %d response rows, student = base + LoRA (r 8, B ~ U(-0.01, 0.01))\n",
 	       NPAIR, N);
@@ -143,7 +143,7 @@ int main(void)
 		for (int r = 0; r < N; r++)
 			mean_rest += krest[r] / N;
 		double lk = bk_loss_kl_topk(srows, head, kid, klp, krest, sample, N, NPAIR, H, V, k, 256,
-					    1.0f, NULL, NULL);
+					    1.0f, 0.0f, NULL, NULL);
 		double err = fabs(lk - exact) / exact;
 		printf("%6d %12.6f %12.3e %14.3e\n", k, lk, err, mean_rest);
 		/* ROUND: the fp32 rounding floor of the comparison (the error at k = V) */

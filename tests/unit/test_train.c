@@ -118,7 +118,7 @@ static void test_packing(void)
 		forward_rows(a, NULL, q[i].t, q[i].nt, q[i].r, q[i].nr, hid, tr);
 		forward_rows(a, t->lora, q[i].s, q[i].ns, q[i].r, q[i].nr, hid, sr);
 		double li = bk_loss_kl_exact(sr, (const float *)M->lm_head->data, tr, NULL, so,
-					     q[i].nr, 1, H, V, 100, 1.0f, dr, NULL);
+					     q[i].nr, 1, H, V, 100, 1.0f, 0.0f, dr, NULL);
 		want += li / 2;
 		int T = q[i].ns + q[i].nr;
 		memset(dh, 0, (size_t)T * H * 4);
@@ -221,7 +221,7 @@ static void test_exact_vs_full(float temperature)
 		tc[i] = (bk_teacher){.k = 0, .temperature = temperature, .n = q[i].nr, .v = V};
 		tc[i].logp = xmalloc((size_t)q[i].nr * V * 4);
 		bk_teacher_logprobs(tr, (const float *)M->lm_head->data, q[i].nr, H, V, 128,
-				    temperature, tc[i].logp);
+				    temperature, 0.0f, tc[i].logp);
 	}
 	bk_train_sample se[2] = {smp(&q[0], NULL), smp(&q[1], NULL)};
 	bk_train_sample sf[2] = {smp(&q[0], &tc[0]), smp(&q[1], &tc[1])};
