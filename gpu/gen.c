@@ -88,6 +88,20 @@ typedef struct {
 	int n_free, used;
 } kvpool;
 
+/* a captured decode step (the fast path): graph, the epochs it was captured at */
+typedef struct {
+	void *exec;
+	uint64_t e_ops, e_eng;
+	int seen; /* the shape ran once eagerly (its workspaces are allocated) */
+} fgraph;
+
+enum { FG_DIM = 32 }; /* graphs [log2 batch bucket][log2 table-width bucket] */
+
+/* device pointers of a step's inputs */
+typedef struct {
+	const int32_t *ids, *pos, *seq, *slot, *nkey, *table;
+} stepin;
+
 /* one draw of a step: row of the step's logits, key, counter (token index) */
 typedef struct {
 	int row;
@@ -125,6 +139,18 @@ struct bk_gen {
 	int32_t *d_drow, *d_dctr, *d_dids, *h_drow, *h_dctr, *h_dids;     /* [N] */
 	uint64_t *d_dkey, *h_dkey;                                         /* [N] */
 	void *swork;                                                       /* device */
+	/* the fast decode step (gops->fast(), gen.h): one pinned input block [f_ints]
+	 * (ids, pos, seq, slot, nkey, draw rows, draw counters [fB] each, draw keys [fB]
+	 * uint64, table [fB, fW]) and its device mirror; padding rows of a bucket write
+	 * the scratch KV block (one past the pool's own blocks) */
+	int fast, fB, fW;
+	int32_t *f_h, *f_d;
+	size_t f_ints;
+	int32_t *f_ids_h, *f_ids_d; /* [fB] drawn ids: pinned, device */
+	void *f_swork;              /* sampler work for fB draws */
+	int32_t scratch_blk;
+	uint64_t eng_epoch;         /* bumped when a buffer a graph points into moves */
+	fgraph *graphs;             /* [FG_DIM * FG_DIM] */
 };
 
 static size_t kvd(const bk_model *m) { return (size_t)m->cfg.NKV * m->cfg.D; }
@@ -149,7 +175,8 @@ static void pool_grow(bk_gen *g, int want)
 	nc = nc < 64 ? 64 : nc;
 	nc = nc > p->limit ? p->limit : nc;
 	BUG_ON(nc <= cap);
-	void *k = g->ops->alloc((size_t)nc * p->bbytes), *v = g->ops->alloc((size_t)nc * p->bbytes);
+	size_t nphys = (size_t)nc + (g->fast ? 1 : 0); /* + the fast path's scratch block */
+	void *k = g->ops->alloc(nphys * p->bbytes), *v = g->ops->alloc(nphys * p->bbytes);
 	if (cap) {
 		g->ops->copy(k, p->k, (size_t)cap * p->bbytes);
 		g->ops->copy(v, p->v, (size_t)cap * p->bbytes);
@@ -166,6 +193,8 @@ static void pool_grow(bk_gen *g, int want)
 	}
 	p->cap = (int)nc;
 	g->st.kv_blocks = p->cap;
+	g->scratch_blk = (int32_t)nc;
+	g->eng_epoch++;
 }
 
 static int32_t blk_alloc(bk_gen *g)
@@ -257,6 +286,7 @@ static void ws_ensure(bk_gen *g, int T, int S)
 	if (T <= g->capT && S <= g->capS)
 		return;
 	ws_free(g);
+	g->eng_epoch++;
 	T = T > g->capT ? (T > 2 * g->capT ? T : 2 * g->capT) : g->capT;
 	S = S > g->capS ? (S > 2 * g->capS ? S : 2 * g->capS) : g->capS;
 	g->capT = T;
@@ -300,6 +330,7 @@ static void table_ensure(bk_gen *g, int n)
 	if (n <= g->capTab)
 		return;
 	g->capTab = n > 2 * g->capTab ? n : 2 * g->capTab;
+	g->eng_epoch++;
 	g->ops->free(g->d_table);
 	free(g->h_table);
 	g->d_table = g->ops->alloc((size_t)g->capTab * sizeof(int32_t));
@@ -370,15 +401,18 @@ static void rmsnorm_rows(bk_gen *g, float *out, const float *x, const bk_weight 
 	norm_rows(g, out, x, w, T, g->m->cfg.H);
 }
 
-static void rope_rows(bk_gen *g, float *x, int T, int nh, const float *inv_freq)
+static void rope_rows(bk_gen *g, float *x, const int32_t *pos, int T, int nh,
+		      const float *inv_freq)
 {
 	const bk_llama_config *c = &g->m->cfg;
 	for (int t0 = 0, ch = row_chunk(g, T); t0 < T; t0 += ch) {
 		int n = T - t0 < ch ? T - t0 : ch;
-		g->ops->rope_forward(x + (size_t)t0 * nh * c->D, g->d_pos + t0, inv_freq, n, nh,
-				     c->D);
+		g->ops->rope_forward(x + (size_t)t0 * nh * c->D, pos + t0, inv_freq, n, nh, c->D);
 	}
 }
+
+static void forward_ops(bk_gen *g, const stepin *in, int T, int S, int W,
+			const int32_t *h_last);
 
 /* Runs items[0..S) through the model, storing every token's K/V in its item's blocks;
  * leaves the logits of each item's last token in g->logits [S,V] (device) and, when
@@ -396,7 +430,7 @@ static void forward(bk_gen *g, const item *it, int S, int want_host)
 	BUG_ON(T <= 0);
 	ws_ensure(g, T, S);
 	table_ensure(g, S * W);
-	size_t H = c->H, I = c->I, i4 = sizeof(int32_t);
+	size_t i4 = sizeof(int32_t);
 	int t = 0;
 	for (int s = 0; s < S; s++) {
 		const btable *tb = it[s].tab;
@@ -419,8 +453,23 @@ static void forward(bk_gen *g, const item *it, int S, int want_host)
 	ops->upload(g->d_slot, g->h_slot, T * i4);
 	ops->upload(g->d_nkey, g->h_nkey, T * i4);
 	ops->upload(g->d_table, g->h_table, (size_t)S * W * i4);
+	stepin in = { g->d_ids, g->d_pos, g->d_seq, g->d_slot, g->d_nkey, g->d_table };
+	forward_ops(g, &in, T, S, W, g->h_last);
+	if (want_host)
+		ops->download(g->h_logits, g->logits, (size_t)S * c->V * sizeof(float));
+	g->st.steps++;
+}
 
-	ops->embedding_forward(g->x, g->d_ids, m->embed, T);
+/* The ops of a step on device inputs `in`: T tokens of S sequences, tables [S,W]; the
+ * last token of sequence s is row h_last[s] (NULL: row s, every sequence one token). */
+static void forward_ops(bk_gen *g, const stepin *in, int T, int S, int W,
+			const int32_t *h_last)
+{
+	const bk_ops *ops = g->ops;
+	const bk_model *m = g->m;
+	const bk_llama_config *c = &m->cfg;
+	size_t H = c->H, I = c->I;
+	ops->embedding_forward(g->x, in->ids, m->embed, T);
 	if (c->embed_scale > 0 && c->embed_scale != 1)
 		ops->scale(g->x, c->embed_scale, (size_t)T * H);
 	for (int l = 0; l < c->L; l++) {
@@ -447,12 +496,12 @@ static void forward(bk_gen *g, const item *it, int S, int want_host)
 		lin(g, l, BK_LORA_V, g->v, g->ln, T);
 		if (c->qkv_bias)
 			ops->bias_forward(g->v, w->bv, T);
-		rope_rows(g, g->q, T, c->NH, w->inv_freq);
-		rope_rows(g, g->k, T, c->NKV, w->inv_freq);
-		g->gops->kv_store(g->pool.k, g->pool.v, l, c->L, g->k, g->v, g->d_slot, T, c->NKV,
+		rope_rows(g, g->q, in->pos, T, c->NH, w->inv_freq);
+		rope_rows(g, g->k, in->pos, T, c->NKV, w->inv_freq);
+		g->gops->kv_store(g->pool.k, g->pool.v, l, c->L, g->k, g->v, in->slot, T, c->NKV,
 				  c->D);
-		g->gops->attend(g->att, g->q, g->d_seq, g->d_nkey, T, c->NH, c->NKV, c->D, g->pool.k,
-				g->pool.v, l, c->L, g->d_table, W, &w->attn);
+		g->gops->attend(g->att, g->q, in->seq, in->nkey, T, c->NH, c->NKV, c->D, g->pool.k,
+				g->pool.v, l, c->L, in->table, W, &w->attn);
 		lin(g, l, BK_LORA_O, g->tmp, g->att, T);
 		if (c->sandwich) {
 			rmsnorm_rows(g, g->ln, g->tmp, w->post_attn_norm, T);
@@ -476,15 +525,16 @@ static void forward(bk_gen *g, const item *it, int S, int want_host)
 			ops->residual_forward(g->x, g->x, g->tmp, (size_t)T * H);
 		}
 	}
-	for (int s = 0; s < S; s++)
-		ops->copy(g->hl + (size_t)s * H, g->x + (size_t)g->h_last[s] * H, H * sizeof(float));
+	if (h_last)
+		for (int s = 0; s < S; s++)
+			ops->copy(g->hl + (size_t)s * H, g->x + (size_t)h_last[s] * H,
+				  H * sizeof(float));
+	else
+		ops->copy(g->hl, g->x, (size_t)S * H * sizeof(float));
 	rmsnorm_rows(g, g->hn, g->hl, m->final_norm, S);
 	g->gops->linear(g->logits, g->hn, m->lm_head, S);
 	if (c->final_softcap > 0) /* Gemma-2: logits <- tanh(logits / cap) * cap */
 		ops->softcap_forward(g->logits, c->final_softcap, (size_t)S * c->V);
-	if (want_host)
-		ops->download(g->h_logits, g->logits, (size_t)S * c->V * sizeof(float));
-	g->st.steps++;
 }
 
 /* Draws every request of a step from the step's logits (rows of g->logits, S rows):
@@ -525,6 +575,127 @@ static void draw_all(bk_gen *g, const drawreq *d, int N)
 			    (unsigned long long)d[i].tag, d[i].counter);
 }
 
+/* ---- the fast decode step (gops->fast, gen.h) ---- */
+
+static int pow2_ge(int n)
+{
+	int p = 1;
+	while (p < n)
+		p <<= 1;
+	return p;
+}
+
+static int log2_of(int p)
+{
+	int l = 0;
+	while ((1 << l) < p)
+		l++;
+	return l;
+}
+
+/* the pinned input block and its device mirror for tables of width fW */
+static void fast_inputs(bk_gen *g, int W)
+{
+	if (g->f_h && W <= g->fW)
+		return;
+	const bk_gen_ops *go = g->gops;
+	if (g->f_h) {
+		go->sync(); /* nothing in flight reads the old block */
+		go->host_free(g->f_h);
+		g->ops->free(g->f_d);
+	}
+	g->fW = W > 2 * g->fW ? W : 2 * g->fW;
+	g->f_ints = (size_t)9 * g->fB + (size_t)g->fB * g->fW;
+	g->f_h = go->host_alloc(g->f_ints * sizeof(int32_t));
+	g->f_d = g->ops->alloc(g->f_ints * sizeof(int32_t));
+	g->eng_epoch++;
+}
+
+/* One decode-only step of S running samples on the fast path: inputs for the batch
+ * bucket B = pow2(S) (padding rows: token 0 at position 0 of the scratch block) and
+ * the draws in one upload, the step's graph replayed (captured on the second step of a
+ * shape, the first runs eagerly so every workspace exists), the sampler, the ids (and
+ * logits when wanted) downloaded, one sync.  Ids go to g->h_dids. */
+static void forward_fast(bk_gen *g, const item *it, int S, const drawreq *d, int N,
+			 int want_host)
+{
+	const bk_gen_ops *go = g->gops;
+	const bk_llama_config *c = &g->m->cfg;
+	int B = pow2_ge(S), W = 1;
+	BUG_ON(B > g->fB || N != S);
+	for (int s = 0; s < S; s++)
+		W = it[s].tab->n > W ? it[s].tab->n : W;
+	int Wb = pow2_ge(W);
+	fast_inputs(g, Wb);
+	ws_ensure(g, g->fB, g->fB);
+	draws_ensure(g, N);
+	size_t fB = (size_t)g->fB;
+	int32_t *h = g->f_h, *dv = g->f_d;
+	int32_t *ids = h, *pos = h + fB, *seq = h + 2 * fB, *slot = h + 3 * fB, *nkey = h + 4 * fB;
+	int32_t *drow = h + 5 * fB, *dctr = h + 6 * fB, *table = h + 9 * fB;
+	uint64_t *dkey = (uint64_t *)(void *)(h + 7 * fB); /* fB even: 8-byte aligned */
+	for (int s = 0; s < B; s++) {
+		const btable *tb = s < S ? it[s].tab : NULL;
+		int p = s < S ? it[s].pos0 : 0;
+		BUG_ON(tb && (it[s].n_tok != 1 || p / BS >= tb->n));
+		ids[s] = tb ? it[s].ids[0] : 0;
+		pos[s] = p;
+		seq[s] = s;
+		slot[s] = tb ? tb->b[p / BS] * BS + p % BS : g->scratch_blk * BS;
+		nkey[s] = p + 1;
+		for (int j = 0; j < Wb; j++)
+			table[(size_t)s * Wb + j] = tb ? (j < tb->n ? tb->b[j] : -1)
+						       : (j == 0 ? g->scratch_blk : -1);
+	}
+	for (int i = 0; i < N; i++) {
+		drow[i] = d[i].row;
+		dctr[i] = d[i].counter;
+		dkey[i] = d[i].key;
+	}
+	go->upload_async(dv, h, (9 * fB + (size_t)B * Wb) * sizeof(int32_t));
+	stepin in = { dv, dv + fB, dv + 2 * fB, dv + 3 * fB, dv + 4 * fB, dv + 9 * fB };
+	fgraph *fg = &g->graphs[log2_of(B) * FG_DIM + log2_of(Wb)];
+	if (fg->exec && (fg->e_ops != go->epoch() || fg->e_eng != g->eng_epoch)) {
+		go->graph_free(fg->exec);
+		fg->exec = NULL;
+		fg->seen = 0; /* a workspace moved: run the shape eagerly once more */
+	}
+	if (!fg->exec && fg->seen && go->capture_begin()) {
+		uint64_t eo = go->epoch(), ee = g->eng_epoch;
+		forward_ops(g, &in, B, B, Wb, NULL);
+		fg->exec = go->capture_end();
+		fg->e_ops = go->epoch();
+		fg->e_eng = g->eng_epoch;
+		if (fg->e_ops != eo || fg->e_eng != ee) /* allocated while capturing */
+			BUG("generation: a workspace moved while the decode step was captured");
+	}
+	if (fg->exec) {
+		go->graph_launch(fg->exec);
+	} else {
+		forward_ops(g, &in, B, B, Wb, NULL);
+		fg->seen = 1;
+	}
+	const bk_sample_params *sp = &g->cfg.sample;
+	int V = c->V;
+	go->sample(g->f_ids_d, g->logits, dv + 5 * fB, (const uint64_t *)(const void *)(dv + 7 * fB),
+		   dv + 6 * fB, N, V, sp->temperature, sp->top_p, g->f_swork);
+	go->download_async(g->f_ids_h, g->f_ids_d, (size_t)N * sizeof(int32_t));
+	if (want_host) /* pageable: this copy waits for itself */
+		go->download_async(g->h_logits, g->logits, (size_t)S * V * sizeof(float));
+	go->sync();
+	g->st.steps++;
+	if (g->cfg.on_logits)
+		for (int i = 0; i < N; i++)
+			g->cfg.on_logits(g->cfg.ctx, d[i].tag, d[i].counter,
+					 g->h_logits + (size_t)d[i].row * V, V);
+	for (int i = 0; i < N; i++) {
+		g->h_dids[i] = g->f_ids_h[i];
+		if (g->h_dids[i] < 0 || g->h_dids[i] >= V)
+			die("sampling: the logits of sample %llu at token %d hold a NaN",
+			    (unsigned long long)d[i].tag, d[i].counter);
+	}
+}
+
 /* ---- engine ---- */
 
 bk_gen *bk_gen_create(const bk_model *m, const bk_gen_ops *gops, const bk_lora *lora,
@@ -551,6 +722,16 @@ bk_gen *bk_gen_create(const bk_model *m, const bk_gen_ops *gops, const bk_lora *
 	g->cfg.stop = g->stop;
 	g->slots = xcalloc((size_t)cfg->max_batch, sizeof(*g->slots));
 	g->sw = bk_sample_work_new(m->cfg.V);
+	/* the fast decode step: the gen ops have it and it is on (CUDA: BK_DECODE=v2) */
+	if (gops->fast && gops->fast()) {
+		g->fast = 1;
+		g->fB = pow2_ge(cfg->max_batch);
+		g->fB = g->fB < 2 ? 2 : g->fB; /* even: the uint64 keys stay aligned */
+		g->f_ids_h = gops->host_alloc((size_t)g->fB * sizeof(int32_t));
+		g->f_ids_d = m->ops->alloc((size_t)g->fB * sizeof(int32_t));
+		g->f_swork = m->ops->alloc(gops->sample_work_bytes(g->fB, m->cfg.V));
+		g->graphs = xcalloc((size_t)FG_DIM * FG_DIM, sizeof(*g->graphs));
+	}
 
 	/* the KV pool: --kv-memory, else the device's free memory less headroom (allocated
 	 * at once), else (host) grown on demand */
@@ -631,6 +812,17 @@ void bk_gen_free(bk_gen *g)
 	free(g->h_dkey);
 	free(g->pool.ref);
 	free(g->pool.freel);
+	if (g->fast) {
+		for (int i = 0; i < FG_DIM * FG_DIM; i++)
+			if (g->graphs[i].exec)
+				g->gops->graph_free(g->graphs[i].exec);
+		free(g->graphs);
+		g->gops->host_free(g->f_h);
+		g->gops->host_free(g->f_ids_h);
+		ops->free(g->f_d);
+		ops->free(g->f_ids_d);
+		ops->free(g->f_swork);
+	}
 	bk_sample_work_free(g->sw);
 	free(g->slots);
 	free(g->stop);
@@ -873,7 +1065,6 @@ int bk_gen_step(bk_gen *g)
 		ndraw += e->n_samples;
 	}
 	if (S > 0) {
-		forward(g, it, S, !g->gops->sample || g->cfg.on_logits);
 		/* 3. draw the next token of every running sample, the first of every new one */
 		drawreq *d = xmalloc((size_t)ndraw * sizeof(*d));
 		int N = 0;
@@ -885,7 +1076,13 @@ int bk_gen_step(bk_gen *g)
 			for (int i = 0; i < pre[j]->n_samples; i++)
 				d[N++] = (drawreq){ .row = n_decode + (int)j, .key = pre[j]->keys[i],
 						    .tag = pre[j]->tags[i], .counter = 0 };
-		draw_all(g, d, N);
+		int want_host = !g->gops->sample || g->cfg.on_logits;
+		if (g->fast && npre == 0) {
+			forward_fast(g, it, S, d, N, want_host);
+		} else {
+			forward(g, it, S, want_host);
+			draw_all(g, d, N);
+		}
 		N = 0;
 		for (int j = 0; j < n_decode; j++)
 			push(g, &g->slots[who[j]], g->h_dids[N++]);

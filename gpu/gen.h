@@ -75,6 +75,31 @@ typedef struct bk_gen_ops {
 	/* Optional: bytes of device memory free now (sizes the KV pool when the caller
 	 * gives none); NULL: the pool grows on demand (host). */
 	size_t (*mem_free)(void);
+	/* Optional, all or none (the host twin has none): the fast decode step.  When
+	 * fast() is nonzero (CUDA: BK_DECODE=v2), a step that only decodes runs as one
+	 * upload of its inputs from pinned memory, a CUDA graph per (batch-size bucket,
+	 * table-width bucket) replayed, the sampler, one download, one sync.
+	 *   host_alloc / host_free   pinned host memory
+	 *   upload_async / download_async   ordered on the ops' stream; the host side must
+	 *                            be host_alloc memory and stays in use until sync()
+	 *   capture_begin            starts capturing the stream's work; 0: capture is
+	 *                            off (e.g. BK_CUDA_SYNC=1), run eagerly
+	 *   capture_end              the captured work as a replayable graph
+	 *   graph_launch / graph_free
+	 *   epoch                    changes whenever a workspace that a captured graph
+	 *                            points into is reallocated (the engine then captures
+	 *                            again) */
+	int (*fast)(void);
+	void *(*host_alloc)(size_t bytes);
+	void (*host_free)(void *p);
+	void (*upload_async)(void *dst_device, const void *src_host, size_t bytes);
+	void (*download_async)(void *dst_host, const void *src_device, size_t bytes);
+	void (*sync)(void);
+	int (*capture_begin)(void);
+	void *(*capture_end)(void);
+	void (*graph_launch)(void *graph);
+	void (*graph_free)(void *graph);
+	uint64_t (*epoch)(void);
 } bk_gen_ops;
 
 extern const bk_gen_ops bk_gen_ops_host;

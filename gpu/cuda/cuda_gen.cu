@@ -175,7 +175,7 @@ static void cuda_gen_linear(float *y, const float *x, const bk_weight *W, int T)
 }
 
 // ---------------------------------------------------------------------------------
-// linear v2 (BK_DECODE=v2): W streamed with 8 16-byte loads in flight per thread, 64
+// linear v2 (BK_DECODE=v2): W streamed with 8-16 16-byte loads in flight per thread, 64
 // outputs per block (a warp per 16 outputs: W is the mma's A operand, the tokens its
 // B operand), x staged once per block in shared memory as bf16 (pieces of 256 inputs),
 // split-K over the grid for enough blocks, and a tiled prefill kernel for T > 64.
@@ -195,6 +195,7 @@ static void cuda_gen_linear(float *y, const float *x, const bk_weight *W, int T)
 #include "gpu/cuda/cuda_linear2.cuh"
 
 static int g_decode_mode; // 0: not read yet; 1: v1; 2: v2
+static uint64_t g_gen_epoch = 1; // bumped when a workspace a graph may point into moves
 
 extern "C" int bk_cuda_decode_mode(void)
 {
@@ -232,6 +233,7 @@ static void lin2_scratch(void)
 	CUDA_CHECK(cudaMalloc((void **)&g_l2_part, g_l2_part_floats * sizeof(float)));
 	CUDA_CHECK(cudaMalloc((void **)&g_l2_cnt, L2_NCNT * sizeof(unsigned)));
 	CUDA_CHECK(cudaMemset(g_l2_cnt, 0, L2_NCNT * sizeof(unsigned)));
+	g_gen_epoch++;
 }
 
 static void cuda_gen_linear2(float *y, const float *x, const bk_weight *W, int T)
@@ -480,6 +482,7 @@ static float *att_workspace(size_t bytes)
 	size_t want = bytes + bytes / 2;
 	CUDA_CHECK(cudaMalloc((void **)&g_att_ws, want));
 	g_att_ws_bytes = want;
+	g_gen_epoch++;
 	return g_att_ws;
 }
 
@@ -523,14 +526,94 @@ static size_t cuda_gen_mem_free(void)
 	return fr;
 }
 
+// ---------------------------------------------------------------------------------
+// the fast decode step's hooks (gen.h): pinned memory, asynchronous copies on the ops'
+// stream, stream capture into graphs (relaxed mode: the engine runs each step shape once
+// eagerly first, so no workspace is allocated while capturing)
+
+static int cuda_gen_fast(void) { return bk_cuda_decode_mode() == 2; }
+
+static void *cuda_gen_host_alloc(size_t bytes)
+{
+	void *p = NULL;
+	CUDA_CHECK(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault));
+	return p;
+}
+
+static void cuda_gen_host_free(void *p)
+{
+	if (p)
+		CUDA_CHECK(cudaFreeHost(p));
+}
+
+static void cuda_gen_upload_async(void *dst, const void *src, size_t bytes)
+{
+	if (bytes)
+		CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
+					   bk_cuda_stream()));
+}
+
+static void cuda_gen_download_async(void *dst, const void *src, size_t bytes)
+{
+	if (bytes)
+		CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
+					   bk_cuda_stream()));
+}
+
+static void cuda_gen_sync(void) { CUDA_CHECK(cudaStreamSynchronize(bk_cuda_stream())); }
+
+static int cuda_gen_capture_begin(void)
+{
+	if (bk_cuda_sync_launches()) // every launch check synchronises: not capturable
+		return 0;
+	CUDA_CHECK(cudaStreamBeginCapture(bk_cuda_stream(), cudaStreamCaptureModeRelaxed));
+	return 1;
+}
+
+static void *cuda_gen_capture_end(void)
+{
+	cudaGraph_t graph;
+	cudaGraphExec_t exec;
+	CUDA_CHECK(cudaStreamEndCapture(bk_cuda_stream(), &graph));
+	CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+	CUDA_CHECK(cudaGraphDestroy(graph));
+	return (void *)exec;
+}
+
+static void cuda_gen_graph_launch(void *graph)
+{
+	CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, bk_cuda_stream()));
+	if (bk_cuda_sync_launches())
+		CUDA_CHECK(cudaStreamSynchronize(bk_cuda_stream()));
+}
+
+static void cuda_gen_graph_free(void *graph)
+{
+	if (graph)
+		CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+}
+
+static uint64_t cuda_gen_epoch(void) { return g_gen_epoch; }
+
 extern "C" const bk_gen_ops bk_gen_ops_cuda = {
-	"cuda",
-	2, // bf16 KV cache
-	cuda_gen_linear,
-	cuda_gen_lora,
-	cuda_gen_kv_store,
-	cuda_gen_attend,
-	bk_cuda_sample,
-	bk_cuda_sample_work_bytes,
-	cuda_gen_mem_free,
+	.name = "cuda",
+	.kv_bytes = 2, // bf16 KV cache
+	.linear = cuda_gen_linear,
+	.lora = cuda_gen_lora,
+	.kv_store = cuda_gen_kv_store,
+	.attend = cuda_gen_attend,
+	.sample = bk_cuda_sample,
+	.sample_work_bytes = bk_cuda_sample_work_bytes,
+	.mem_free = cuda_gen_mem_free,
+	.fast = cuda_gen_fast,
+	.host_alloc = cuda_gen_host_alloc,
+	.host_free = cuda_gen_host_free,
+	.upload_async = cuda_gen_upload_async,
+	.download_async = cuda_gen_download_async,
+	.sync = cuda_gen_sync,
+	.capture_begin = cuda_gen_capture_begin,
+	.capture_end = cuda_gen_capture_end,
+	.graph_launch = cuda_gen_graph_launch,
+	.graph_free = cuda_gen_graph_free,
+	.epoch = cuda_gen_epoch,
 };

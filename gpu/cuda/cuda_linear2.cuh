@@ -54,6 +54,15 @@ static __device__ __forceinline__ void lin2_range(float (*acc)[4], uint32_t (*xs
 		acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 	for (int cp = c0; cp < c1; cp += L2_KP / 32) {
 		int np = c1 - cp < L2_KP / 32 ? c1 - cp : L2_KP / 32, kb = cp * 32, hw = np * 16;
+		// the piece's first group of W loads goes out before x is staged, and each
+		// group's successor before its mmas: up to 16 16-byte loads in flight
+		uint4 ra[L2_UNROLL], rb[L2_UNROLL];
+BK_UNROLL
+		for (int u = 0; u < L2_UNROLL; u++) {
+			int k = (cp + u) * 32 + q * 8;
+			ra[u] = lin2_w8(W, oa, k, in, out, vec, u < np);
+			rb[u] = lin2_w8(W, oa + 8, k, in, out, vec, u < np);
+		}
 		__syncthreads(); // the previous piece is consumed
 		for (int i = threadIdx.x; i < NT * 8 * hw; i += NW * 32) {
 			int r = i / hw, kk = (i - r * hw) * 2, t = t0 + r, k = kb + kk;
@@ -74,12 +83,13 @@ static __device__ __forceinline__ void lin2_range(float (*acc)[4], uint32_t (*xs
 		}
 		__syncthreads();
 		for (int c = 0; c < np; c += L2_UNROLL) {
-			uint4 ra[L2_UNROLL], rb[L2_UNROLL];
+			uint4 na[L2_UNROLL], nb[L2_UNROLL];
 BK_UNROLL
-			for (int u = 0; u < L2_UNROLL; u++) { // 8 loads in flight
-				int k = (cp + c + u) * 32 + q * 8;
-				ra[u] = lin2_w8(W, oa, k, in, out, vec, c + u < np);
-				rb[u] = lin2_w8(W, oa + 8, k, in, out, vec, c + u < np);
+			for (int u = 0; u < L2_UNROLL; u++) { // the next group
+				int k = (cp + c + L2_UNROLL + u) * 32 + q * 8;
+				bool live = c + L2_UNROLL + u < np;
+				na[u] = lin2_w8(W, oa, k, in, out, vec, live);
+				nb[u] = lin2_w8(W, oa + 8, k, in, out, vec, live);
 			}
 BK_UNROLL
 			for (int u = 0; u < L2_UNROLL; u++) {
@@ -94,6 +104,9 @@ BK_UNROLL
 					mma_bf16(acc[j], ra[u].z, rb[u].z, ra[u].w, rb[u].w, b.z, b.w);
 				}
 			}
+BK_UNROLL
+			for (int u = 0; u < L2_UNROLL; u++)
+				ra[u] = na[u], rb[u] = nb[u];
 		}
 	}
 }

@@ -295,6 +295,8 @@ for c in $progs; do
 	if [ "$c" = check_gen ] && [ -f tests/gpu/check_gen.sh ]; then
 		if [ $DRY = 1 ]; then row gpu "check_gen.sh" "skipped (dry run)" "" "needs a GPU"
 		elif [ -x "$P/tests/gpu/check_gen" ]; then check gpu check_gen.sh 120 env BUILD="${P#"$ROOT"/}" bash tests/gpu/check_gen.sh
+			# the same checks on the v2 decode path (BK_DECODE=v2: cuda_linear2/sample2, graphs)
+			check gpu check_gen.sh-v2 120 env BK_DECODE=v2 BUILD="${P#"$ROOT"/}" bash tests/gpu/check_gen.sh
 		fi
 	fi
 done
@@ -403,6 +405,18 @@ if stage bench_gen 150 "$P/bench/bench_gen" $gopt --keep "$GENDIR"; then
 	row timing "bakery generate: summary" "ok" "$S_DT" "$(grep -m1 'copy bandwidth' "$LOGS/bench_gen.log")"
 else
 	row timing "bakery generate (bench_gen)" "$(why)" "$S_DT" "$(lastline bench_gen)"
+fi
+# decode v1 against v2 (BK_DECODE), alternately in one process, batch 1 and 64
+if [ $DRY = 1 ]; then
+	row timing "decode v1 vs v2 (check_decode --bench)" "skipped (dry run)" "" "needs a GPU"
+elif [ -x "$P/tests/gpu/check_decode" ] && stage decode_bench 150 "$P/tests/gpu/check_decode" --bench $([ $QUICK = 1 ] && echo --quick); then
+	while read -r line; do
+		row timing "bakery $(sed -n 's/^\(decode v[12] batch [0-9]*\):.*/\1/p' <<<"$line")" \
+			"$(sed -n 's/.*tokens_per_s=\([^ ]*\).*/\1/p' <<<"$line") tokens/s" "" "$line"
+	done < <(grep '^decode v[12] batch' "$LOGS/decode_bench.log")
+	row timing "decode v2/v1" ok "$S_DT" "$(grep 'v2/v1\|copy' "$LOGS/decode_bench.log" | tr '\n' ';')"
+else
+	row timing "decode v1 vs v2 (check_decode --bench)" "$([ -x "$P/tests/gpu/check_decode" ] && why || echo "not in the pack")" "$S_DT" "$(lastline decode_bench)"
 fi
 archive
 
