@@ -139,15 +139,15 @@ struct bk_gen {
 	int32_t *d_drow, *d_dctr, *d_dids, *h_drow, *h_dctr, *h_dids;     /* [N] */
 	uint64_t *d_dkey, *h_dkey;                                         /* [N] */
 	void *swork;                                                       /* device */
-	/* the fast decode step (gops->fast(), gen.h): one pinned input block [f_ints]
-	 * (ids, pos, seq, slot, nkey, draw rows, draw counters [fB] each, draw keys [fB]
-	 * uint64, table [fB, fW]) and its device mirror; padding rows of a bucket write
-	 * the scratch KV block (one past the pool's own blocks) */
-	int fast, fB, fW;
+	/* the fast step (gops->fast(), gen.h): one pinned input block [f_ints] (ids, pos,
+	 * seq, slot, nkey [fT] each, draw rows, draw counters [fN] each, draw keys [fN]
+	 * uint64, table [fS, fW]) and its device mirror; padding rows of a batch bucket
+	 * write the scratch KV block (one past the pool's own blocks) */
+	int fast, fT, fS, fN, fW;
 	int32_t *f_h, *f_d;
 	size_t f_ints;
-	int32_t *f_ids_h, *f_ids_d; /* [fB] drawn ids: pinned, device */
-	void *f_swork;              /* sampler work for fB draws */
+	int32_t *f_ids_h, *f_ids_d; /* [fN] drawn ids: pinned, device */
+	void *f_swork;              /* sampler work for fN draws */
 	int32_t scratch_blk;
 	uint64_t eng_epoch;         /* bumped when a buffer a graph points into moves */
 	fgraph *graphs;             /* [FG_DIM * FG_DIM] */
@@ -593,74 +593,101 @@ static int log2_of(int p)
 	return l;
 }
 
-/* the pinned input block and its device mirror for tables of width fW */
-static void fast_inputs(bk_gen *g, int W)
+/* Capacities of the pinned input block (tokens, rows, draws, table width): growing it
+ * moves what captured graphs point at (eng_epoch). */
+static void fast_inputs(bk_gen *g, int T, int S, int N, int W)
 {
-	if (g->f_h && W <= g->fW)
+	if (g->f_h && T <= g->fT && S <= g->fS && N <= g->fN && W <= g->fW)
 		return;
 	const bk_gen_ops *go = g->gops;
+	const bk_ops *ops = g->ops;
 	if (g->f_h) {
-		go->sync(); /* nothing in flight reads the old block */
+		go->sync(); /* nothing in flight reads the old buffers */
 		go->host_free(g->f_h);
-		g->ops->free(g->f_d);
+		go->host_free(g->f_ids_h);
+		ops->free(g->f_d);
+		ops->free(g->f_ids_d);
+		ops->free(g->f_swork);
 	}
-	g->fW = W > 2 * g->fW ? W : 2 * g->fW;
-	g->f_ints = (size_t)9 * g->fB + (size_t)g->fB * g->fW;
+#define GROW(cap, want) ((want) > (cap) ? ((want) > 2 * (cap) ? (want) : 2 * (cap)) : (cap))
+	g->fT = GROW(g->fT, T);
+	g->fS = GROW(g->fS, S);
+	g->fN = GROW(g->fN, N);
+	g->fW = GROW(g->fW, W);
+#undef GROW
+	g->fT += g->fT & 1, g->fN += g->fN & 1; /* even: the uint64 keys stay 8-byte aligned */
+	g->f_ints = (size_t)5 * g->fT + (size_t)4 * g->fN + (size_t)g->fS * g->fW;
 	g->f_h = go->host_alloc(g->f_ints * sizeof(int32_t));
-	g->f_d = g->ops->alloc(g->f_ints * sizeof(int32_t));
+	g->f_d = ops->alloc(g->f_ints * sizeof(int32_t));
+	g->f_ids_h = go->host_alloc((size_t)g->fN * sizeof(int32_t));
+	g->f_ids_d = ops->alloc((size_t)g->fN * sizeof(int32_t));
+	g->f_swork = ops->alloc(go->sample_work_bytes(g->fN, g->m->cfg.V));
 	g->eng_epoch++;
 }
 
-/* One decode-only step of S running samples on the fast path: inputs for the batch
- * bucket B = pow2(S) (padding rows: token 0 at position 0 of the scratch block) and
- * the draws in one upload, the step's graph replayed (captured on the second step of a
- * shape, the first runs eagerly so every workspace exists), the sampler, the ids (and
- * logits when wanted) downloaded, one sync.  Ids go to g->h_dids. */
+/* One step on the fast path: the step's inputs and draws in one upload from the pinned
+ * block, the forward, the sampler, the ids (and the logits when wanted) downloaded, one
+ * sync.  A decode-only step (every item one token) runs for the batch bucket B =
+ * pow2(S) (padding rows: token 0 at position 0 of the scratch block) and table width
+ * pow2(W) as a graph: captured on the second step of a shape (the first runs eagerly, so
+ * every workspace exists), replayed after, captured again when an epoch says a buffer
+ * moved.  Other steps (prompts to prefill) run eagerly.  Ids go to g->h_dids. */
 static void forward_fast(bk_gen *g, const item *it, int S, const drawreq *d, int N,
 			 int want_host)
 {
 	const bk_gen_ops *go = g->gops;
 	const bk_llama_config *c = &g->m->cfg;
-	int B = pow2_ge(S), W = 1;
-	BUG_ON(B > g->fB || N != S);
-	for (int s = 0; s < S; s++)
+	int T = 0, W = 1, decode = 1;
+	for (int s = 0; s < S; s++) {
+		T += it[s].n_tok;
 		W = it[s].tab->n > W ? it[s].tab->n : W;
-	int Wb = pow2_ge(W);
-	fast_inputs(g, Wb);
-	ws_ensure(g, g->fB, g->fB);
+		decode &= it[s].n_tok == 1;
+	}
+	int B = decode ? pow2_ge(S) : S, Wb = decode ? pow2_ge(W) : W;
+	if (decode)
+		T = B;
+	fast_inputs(g, T, B, N, Wb);
+	ws_ensure(g, T, B);
 	draws_ensure(g, N);
-	size_t fB = (size_t)g->fB;
+	size_t fT = (size_t)g->fT, fN = (size_t)g->fN;
 	int32_t *h = g->f_h, *dv = g->f_d;
-	int32_t *ids = h, *pos = h + fB, *seq = h + 2 * fB, *slot = h + 3 * fB, *nkey = h + 4 * fB;
-	int32_t *drow = h + 5 * fB, *dctr = h + 6 * fB, *table = h + 9 * fB;
-	uint64_t *dkey = (uint64_t *)(void *)(h + 7 * fB); /* fB even: 8-byte aligned */
+	int32_t *ids = h, *pos = h + fT, *seq = h + 2 * fT, *slot = h + 3 * fT, *nkey = h + 4 * fT;
+	int32_t *drow = h + 5 * fT, *dctr = drow + fN, *table = drow + 4 * fN;
+	uint64_t *dkey = (uint64_t *)(void *)(drow + 2 * fN); /* 5 fT + 2 fN: even */
+	int t = 0;
 	for (int s = 0; s < B; s++) {
 		const btable *tb = s < S ? it[s].tab : NULL;
-		int p = s < S ? it[s].pos0 : 0;
-		BUG_ON(tb && (it[s].n_tok != 1 || p / BS >= tb->n));
-		ids[s] = tb ? it[s].ids[0] : 0;
-		pos[s] = p;
-		seq[s] = s;
-		slot[s] = tb ? tb->b[p / BS] * BS + p % BS : g->scratch_blk * BS;
-		nkey[s] = p + 1;
+		int n = tb ? it[s].n_tok : 1;
+		for (int i = 0; i < n; i++, t++) {
+			int p = tb ? it[s].pos0 + i : 0;
+			BUG_ON(tb && p / BS >= tb->n);
+			ids[t] = tb ? it[s].ids[i] : 0;
+			pos[t] = p;
+			seq[t] = s;
+			slot[t] = tb ? tb->b[p / BS] * BS + p % BS : g->scratch_blk * BS;
+			nkey[t] = p + 1;
+		}
+		g->h_last[s] = t - 1;
 		for (int j = 0; j < Wb; j++)
 			table[(size_t)s * Wb + j] = tb ? (j < tb->n ? tb->b[j] : -1)
 						       : (j == 0 ? g->scratch_blk : -1);
 	}
+	BUG_ON(t != T);
 	for (int i = 0; i < N; i++) {
 		drow[i] = d[i].row;
 		dctr[i] = d[i].counter;
 		dkey[i] = d[i].key;
 	}
-	go->upload_async(dv, h, (9 * fB + (size_t)B * Wb) * sizeof(int32_t));
-	stepin in = { dv, dv + fB, dv + 2 * fB, dv + 3 * fB, dv + 4 * fB, dv + 9 * fB };
-	fgraph *fg = &g->graphs[log2_of(B) * FG_DIM + log2_of(Wb)];
-	if (fg->exec && (fg->e_ops != go->epoch() || fg->e_eng != g->eng_epoch)) {
+	go->upload_async(dv, h, (5 * fT + 4 * fN + (size_t)B * Wb) * sizeof(int32_t));
+	int32_t *dvd = dv + 5 * fT;
+	stepin in = { dv, dv + fT, dv + 2 * fT, dv + 3 * fT, dv + 4 * fT, dvd + 4 * fN };
+	fgraph *fg = decode ? &g->graphs[log2_of(B) * FG_DIM + log2_of(Wb)] : NULL;
+	if (fg && fg->exec && (fg->e_ops != go->epoch() || fg->e_eng != g->eng_epoch)) {
 		go->graph_free(fg->exec);
 		fg->exec = NULL;
-		fg->seen = 0; /* a workspace moved: run the shape eagerly once more */
+		fg->seen = 0; /* a buffer moved: run the shape eagerly once more */
 	}
-	if (!fg->exec && fg->seen && go->capture_begin()) {
+	if (fg && !fg->exec && fg->seen && go->capture_begin()) {
 		uint64_t eo = go->epoch(), ee = g->eng_epoch;
 		forward_ops(g, &in, B, B, Wb, NULL);
 		fg->exec = go->capture_end();
@@ -669,16 +696,17 @@ static void forward_fast(bk_gen *g, const item *it, int S, const drawreq *d, int
 		if (fg->e_ops != eo || fg->e_eng != ee) /* allocated while capturing */
 			BUG("generation: a workspace moved while the decode step was captured");
 	}
-	if (fg->exec) {
+	if (fg && fg->exec) {
 		go->graph_launch(fg->exec);
 	} else {
-		forward_ops(g, &in, B, B, Wb, NULL);
-		fg->seen = 1;
+		forward_ops(g, &in, T, B, Wb, decode ? NULL : g->h_last);
+		if (fg)
+			fg->seen = 1;
 	}
 	const bk_sample_params *sp = &g->cfg.sample;
 	int V = c->V;
-	go->sample(g->f_ids_d, g->logits, dv + 5 * fB, (const uint64_t *)(const void *)(dv + 7 * fB),
-		   dv + 6 * fB, N, V, sp->temperature, sp->top_p, g->f_swork);
+	go->sample(g->f_ids_d, g->logits, dvd, (const uint64_t *)(const void *)(dvd + 2 * fN),
+		   dvd + fN, N, V, sp->temperature, sp->top_p, g->f_swork);
 	go->download_async(g->f_ids_h, g->f_ids_d, (size_t)N * sizeof(int32_t));
 	if (want_host) /* pageable: this copy waits for itself */
 		go->download_async(g->h_logits, g->logits, (size_t)S * V * sizeof(float));
@@ -725,11 +753,6 @@ bk_gen *bk_gen_create(const bk_model *m, const bk_gen_ops *gops, const bk_lora *
 	/* the fast decode step: the gen ops have it and it is on (CUDA: BK_DECODE=v2) */
 	if (gops->fast && gops->fast()) {
 		g->fast = 1;
-		g->fB = pow2_ge(cfg->max_batch);
-		g->fB = g->fB < 2 ? 2 : g->fB; /* even: the uint64 keys stay aligned */
-		g->f_ids_h = gops->host_alloc((size_t)g->fB * sizeof(int32_t));
-		g->f_ids_d = m->ops->alloc((size_t)g->fB * sizeof(int32_t));
-		g->f_swork = m->ops->alloc(gops->sample_work_bytes(g->fB, m->cfg.V));
 		g->graphs = xcalloc((size_t)FG_DIM * FG_DIM, sizeof(*g->graphs));
 	}
 
@@ -1077,7 +1100,7 @@ int bk_gen_step(bk_gen *g)
 				d[N++] = (drawreq){ .row = n_decode + (int)j, .key = pre[j]->keys[i],
 						    .tag = pre[j]->tags[i], .counter = 0 };
 		int want_host = !g->gops->sample || g->cfg.on_logits;
-		if (g->fast && npre == 0) {
+		if (g->fast) {
 			forward_fast(g, it, S, d, N, want_host);
 		} else {
 			forward(g, it, S, want_host);

@@ -75,10 +75,11 @@ typedef struct bk_gen_ops {
 	/* Optional: bytes of device memory free now (sizes the KV pool when the caller
 	 * gives none); NULL: the pool grows on demand (host). */
 	size_t (*mem_free)(void);
-	/* Optional, all or none (the host twin has none): the fast decode step.  When
-	 * fast() is nonzero (CUDA: BK_DECODE=v2), a step that only decodes runs as one
-	 * upload of its inputs from pinned memory, a CUDA graph per (batch-size bucket,
-	 * table-width bucket) replayed, the sampler, one download, one sync.
+	/* Optional, all or none (the host twin has none; needs sample): the fast step.
+	 * When fast() is nonzero (CUDA: BK_DECODE=v2), every step is one upload of its
+	 * inputs and draws from pinned memory, the forward, the sampler, one download,
+	 * one sync; a step that only decodes runs as a CUDA graph per (batch-size bucket,
+	 * table-width bucket), replayed.
 	 *   host_alloc / host_free   pinned host memory
 	 *   upload_async / download_async   ordered on the ops' stream; the host side must
 	 *                            be host_alloc memory and stays in use until sync()

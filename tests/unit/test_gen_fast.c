@@ -7,8 +7,10 @@
  * stories260K, greedy and sampled, at --max-batch 1, 3 and 5 (buckets 1, 2, 4, 8), with a
  * shared prefix and prompts of different lengths: the tokens and the logits of every
  * draw are bit for bit those of the plain host engine, the fast path ran for the decode
- * steps and its capture was attempted.  What this cannot check: CUDA graph replay and
- * the asynchronous copies themselves (tests/gpu/check_decode.c does, on a GPU). */
+ * steps and its capture was attempted, and the steps made no blocking copy (only the
+ * shared prefix's one forward uploads through the op table).  What this cannot check:
+ * CUDA graph replay and the asynchronous copies themselves (tests/gpu/check_decode.c
+ * does, on a GPU). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,7 +22,20 @@
 
 #define MODEL "models/stories260K"
 
-static int n_fast_calls, n_capture, n_sample_calls;
+static int n_fast_calls, n_capture, n_sample_calls, n_upload, n_download;
+
+/* the host op table with its blocking copies counted */
+static bk_ops counted;
+static void c_upload(void *d, const void *s, size_t n)
+{
+	n_upload++;
+	bk_ops_host.upload(d, s, n);
+}
+static void c_download(void *d, const void *s, size_t n)
+{
+	n_download++;
+	bk_ops_host.download(d, s, n);
+}
 
 static int h_fast(void)
 {
@@ -134,7 +149,11 @@ int main(int argc, char **argv)
 {
 	(void)argc;
 	bk_diag_init(argv[0]);
-	bk_loaded_model lm = bk_model_load(&bk_ops_host, MODEL);
+	counted = bk_ops_host;
+	counted.name = "host-counted";
+	counted.upload = c_upload;
+	counted.download = c_download;
+	bk_loaded_model lm = bk_model_load(&counted, MODEL);
 	g_V = lm.model->cfg.V;
 	g_sw = bk_sample_work_new(g_V);
 	bk_gen_ops fast = bk_gen_ops_host;
@@ -160,12 +179,18 @@ int main(int argc, char **argv)
 			int32_t *oh[NP], *of[NP];
 			int nh[NP], nf[NP];
 			run(lm.model, &bk_gen_ops_host, batches[bi], temps[ti], &ch, oh, nh);
-			int calls = n_sample_calls, caps = n_capture;
+			int calls = n_sample_calls, caps = n_capture, up = n_upload, down = n_download;
 			run(lm.model, &fast, batches[bi], temps[ti], &cf, of, nf);
+			up = n_upload - up, down = n_download - down;
 			int ok = same(oh, nh, &ch, of, nf, &cf);
 			printf("fast decode step, temperature %g, max batch %d: tokens and logits %s; "
-			       "%d device draws, %d captures tried\n", temps[ti], batches[bi],
-			       ok ? "bit for bit" : "DIFFER", n_sample_calls - calls, n_capture - caps);
+			       "%d device draws, %d captures tried, %d blocking uploads, %d downloads\n",
+			       temps[ti], batches[bi], ok ? "bit for bit" : "DIFFER",
+			       n_sample_calls - calls, n_capture - caps, up, down);
+			/* the steps copy only through the hooks: the blocking copies are the shared
+			 * prefix's one forward (6 input arrays) */
+			CHECK(up <= 6 && down == 0, "%d blocking uploads and %d downloads in the steps",
+			      up, down);
 			CHECK(ok, "temperature %g max batch %d: the fast step differs from the host engine",
 			      temps[ti], batches[bi]);
 			/* steps of the same shape after the first try a capture */
