@@ -447,18 +447,48 @@ static uint64_t lora_key(const bk_acts *a, int l, int mod)
 	return bk_crng_key(a->dropout_key, (uint64_t)l, (uint64_t)mod, 0x6c6f7261 /* "lora" */);
 }
 
-/* y [T,out] = x [T,in] W^T (+ LoRA of module mod when targeted) */
-static void linear_fwd(const bk_model *m, const bk_lora *lora, bk_acts *a, int l, int mod,
-		       float *y, const float *x, int T)
+/* the projection group of modules mod0 .. mod0+n-1 (one input, consecutive in enum
+ * order: q/k/v, gate/up, or one module): members with their LoRA (when targeted), y[j]
+ * or dy[j] their outputs or output gradients */
+static int proj_group(const bk_model *m, const bk_lora *lora, const bk_lora *grads,
+		      const bk_acts *a, int l, int mod0, int n, float *const *y,
+		      const float *const *dy, bk_proj *p)
 {
-	m->ops->linear_forward(y, x, m->layers[l].w[mod], T);
-	if (!lora || !lora->A[l][mod])
+	int any = 0;
+	for (int j = 0; j < n; j++) {
+		int mod = mod0 + j;
+		const float *A = lora ? lora->A[l][mod] : NULL;
+		p[j] = (bk_proj){ .W = m->layers[l].w[mod], .A = A, .B = A ? lora->B[l][mod] : NULL,
+				  .key = lora_key(a, l, mod), .y = y ? y[j] : NULL,
+				  .dy = dy ? dy[j] : NULL, .dA = A && grads ? grads->A[l][mod] : NULL,
+				  .dB = A && grads ? grads->B[l][mod] : NULL };
+		any |= A != NULL;
+	}
+	return any;
+}
+
+/* y[j] [T,out_j] = x [T,in] W_j^T (+ LoRA of module mod0+j when targeted), j < n: one
+ * proj_forward (or, on a table without it, linear_forward + lora_forward per member,
+ * the same function); the group's xa lives in the slots of its modules */
+static void linear_fwd(const bk_model *m, const bk_lora *lora, bk_acts *a, int l, int mod0,
+		       int n, float *const *y, const float *x, int T)
+{
+	bk_proj p[BK_PROJ_MAX];
+	int in, out, R = lora ? lora->r : 0;
+	int any = proj_group(m, lora, NULL, a, l, mod0, n, y, NULL, p);
+	float *xa = any ? xa_of(a, l, mod0) : NULL, sc = lora ? lora->scale : 0;
+	float drop = lora ? lora_p(lora, a) : 0;
+	bk_model_module_dims(&m->cfg, mod0, &in, &out);
+	if (m->ops->proj_forward) {
+		m->ops->proj_forward(p, n, x, xa, T, in, R, sc, drop, a->scratch);
 		return;
-	int in, out;
-	bk_model_module_dims(&m->cfg, mod, &in, &out);
-	m->ops->lora_forward(y, xa_of(a, l, mod), x, lora->A[l][mod], lora->B[l][mod], T, in,
-			     out, lora->r, lora->scale, lora_p(lora, a), lora_key(a, l, mod),
-			     a->scratch);
+	}
+	for (int j = 0; j < n; j++) {
+		m->ops->linear_forward(p[j].y, x, p[j].W, T);
+		if (p[j].A)
+			m->ops->lora_forward(p[j].y, xa + (size_t)j * T * R, x, p[j].A, p[j].B, T,
+					     in, p[j].W->rows, R, sc, drop, p[j].key, a->scratch);
+	}
 }
 
 static void check_batch(const bk_model *m, const bk_batch *b, const bk_acts *a, int P)
@@ -527,9 +557,7 @@ static void layer_forward(const bk_model *m, const bk_lora *lora, bk_acts *a, in
 	/* attention block */
 	ops->rmsnorm_forward(s.ln1, s.rstd1, x, w->attn_norm, T, c->H, c->rms_eps);
 	float *q = c->qk_norm ? s.qraw : s.q, *k = c->qk_norm ? s.kraw : s.k;
-	linear_fwd(m, lora, a, l, BK_LORA_Q, q, s.ln1, T);
-	linear_fwd(m, lora, a, l, BK_LORA_K, k, s.ln1, T);
-	linear_fwd(m, lora, a, l, BK_LORA_V, s.v, s.ln1, T);
+	linear_fwd(m, lora, a, l, BK_LORA_Q, 3, (float *const[]){ q, k, s.v }, s.ln1, T);
 	if (c->qkv_bias) {
 		ops->bias_forward(q, w->bq, T);
 		ops->bias_forward(k, w->bk, T);
@@ -544,28 +572,27 @@ static void layer_forward(const bk_model *m, const bk_lora *lora, bk_acts *a, in
 	ops->attention_forward(s.att, s.lse, s.q, s.k, s.v, a->cu, a->S, T, c->NH, c->NKV, c->D,
 			       pk, pv, P, &w->attn);
 	if (c->sandwich) {
-		linear_fwd(m, lora, a, l, BK_LORA_O, s.oout, s.att, T);
+		linear_fwd(m, lora, a, l, BK_LORA_O, 1, &s.oout, s.att, T);
 		ops->rmsnorm_forward(a->tmp, s.rstd3, s.oout, w->post_attn_norm, T, c->H,
 				     c->rms_eps);
 	} else {
-		linear_fwd(m, lora, a, l, BK_LORA_O, a->tmp, s.att, T);
+		linear_fwd(m, lora, a, l, BK_LORA_O, 1, &a->tmp, s.att, T);
 	}
 	ops->residual_forward(s.resid2, x, a->tmp, (size_t)T * H);
 
 	/* MLP block */
 	ops->rmsnorm_forward(s.ln2, s.rstd2, s.resid2, w->mlp_norm, T, c->H, c->rms_eps);
-	linear_fwd(m, lora, a, l, BK_LORA_GATE, s.gate, s.ln2, T);
-	linear_fwd(m, lora, a, l, BK_LORA_UP, s.up, s.ln2, T);
+	linear_fwd(m, lora, a, l, BK_LORA_GATE, 2, (float *const[]){ s.gate, s.up }, s.ln2, T);
 	if (c->geglu)
 		ops->geglu_forward(s.hm, s.gate, s.up, (size_t)T * I);
 	else
 		ops->swiglu_forward(s.hm, s.gate, s.up, (size_t)T * I);
 	if (c->sandwich) {
-		linear_fwd(m, lora, a, l, BK_LORA_DOWN, s.dout, s.hm, T);
+		linear_fwd(m, lora, a, l, BK_LORA_DOWN, 1, &s.dout, s.hm, T);
 		ops->rmsnorm_forward(a->tmp, s.rstd4, s.dout, w->post_mlp_norm, T, c->H,
 				     c->rms_eps);
 	} else {
-		linear_fwd(m, lora, a, l, BK_LORA_DOWN, a->tmp, s.hm, T);
+		linear_fwd(m, lora, a, l, BK_LORA_DOWN, 1, &a->tmp, s.hm, T);
 	}
 	ops->residual_forward(out, s.resid2, a->tmp, (size_t)T * H);
 }
@@ -614,18 +641,29 @@ void bk_model_forward(const bk_model *m, const bk_lora *lora, const bk_batch *b,
 
 /* ---- backward ---- */
 
-/* dx [T,in] += dy [T,out] W (+ LoRA backward, adding into grads' A/B of module mod) */
+/* dx [T,in] += dy[j] [T,out_j] W_j (+ LoRA backward, adding into grads' A/B of module
+ * mod0+j), j < n: the backward of linear_fwd's group, its members in the same order */
 static void linear_bwd(const bk_model *m, const bk_lora *lora, bk_lora *grads, bk_acts *a,
-		       int l, int mod, float *dx, const float *dy, const float *x, int T)
+		       int l, int mod0, int n, float *dx, const float *const *dy, const float *x,
+		       int T)
 {
-	m->ops->linear_backward(dx, dy, m->layers[l].w[mod], T);
-	if (!lora || !lora->A[l][mod])
+	bk_proj p[BK_PROJ_MAX];
+	int in, out, R = lora ? lora->r : 0;
+	int any = proj_group(m, lora, grads, a, l, mod0, n, NULL, dy, p);
+	const float *xa = any ? xa_of(a, l, mod0) : NULL;
+	float sc = lora ? lora->scale : 0, drop = lora ? lora_p(lora, a) : 0;
+	bk_model_module_dims(&m->cfg, mod0, &in, &out);
+	if (m->ops->proj_backward) {
+		m->ops->proj_backward(dx, p, n, x, xa, T, in, R, sc, drop, a->scratch);
 		return;
-	int in, out;
-	bk_model_module_dims(&m->cfg, mod, &in, &out);
-	m->ops->lora_backward(dx, grads->A[l][mod], grads->B[l][mod], dy, x, xa_of(a, l, mod),
-			      lora->A[l][mod], lora->B[l][mod], T, in, out, lora->r, lora->scale,
-			      lora_p(lora, a), lora_key(a, l, mod), a->scratch);
+	}
+	for (int j = 0; j < n; j++) {
+		m->ops->linear_backward(dx, p[j].dy, p[j].W, T);
+		if (p[j].A)
+			m->ops->lora_backward(dx, p[j].dA, p[j].dB, p[j].dy, x,
+					      xa + (size_t)j * T * R, p[j].A, p[j].B, T, in,
+					      p[j].W->rows, R, sc, drop, p[j].key, a->scratch);
+	}
 }
 
 /* Layer l's backward: a->dres = dLoss/d resid[l+1] on entry, dLoss/d resid[l] on exit;
@@ -650,7 +688,7 @@ static void layer_backward(const bk_model *m, const bk_lora *lora, bk_lora *grad
 		dy = a->dtmp;
 	}
 	ops->zero(a->dh, fT * I);
-	linear_bwd(m, lora, grads, a, l, BK_LORA_DOWN, a->dh, dy, s.hm, T);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_DOWN, 1, a->dh, &dy, s.hm, T);
 	ops->zero(a->dgate, fT * I);
 	ops->zero(a->dup, fT * I);
 	if (c->geglu)
@@ -658,8 +696,8 @@ static void layer_backward(const bk_model *m, const bk_lora *lora, bk_lora *grad
 	else
 		ops->swiglu_backward(a->dgate, a->dup, a->dh, s.gate, s.up, (size_t)T * I);
 	ops->zero(a->dln, fT * H);
-	linear_bwd(m, lora, grads, a, l, BK_LORA_GATE, a->dln, a->dgate, s.ln2, T);
-	linear_bwd(m, lora, grads, a, l, BK_LORA_UP, a->dln, a->dup, s.ln2, T);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_GATE, 2, a->dln,
+		   (const float *const[]){ a->dgate, a->dup }, s.ln2, T);
 	ops->rmsnorm_backward(a->dres, a->dln, s.resid2, w->mlp_norm, s.rstd2, T, c->H);
 
 	/* attention block: dres = d resid2 = d (o_proj output, after its norm) */
@@ -670,7 +708,7 @@ static void layer_backward(const bk_model *m, const bk_lora *lora, bk_lora *grad
 		dy = a->dtmp;
 	}
 	ops->zero(a->datt, fT * QD);
-	linear_bwd(m, lora, grads, a, l, BK_LORA_O, a->datt, dy, s.att, T);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_O, 1, a->datt, &dy, s.att, T);
 	ops->zero(a->dq, fT * QD);
 	ops->zero(a->dk, fT * KVD);
 	ops->zero(a->dv, fT * KVD);
@@ -687,9 +725,8 @@ static void layer_backward(const bk_model *m, const bk_lora *lora, bk_lora *grad
 		dq = a->dqr, dk = a->dkr;
 	}
 	ops->zero(a->dln, fT * H);
-	linear_bwd(m, lora, grads, a, l, BK_LORA_Q, a->dln, dq, s.ln1, T);
-	linear_bwd(m, lora, grads, a, l, BK_LORA_K, a->dln, dk, s.ln1, T);
-	linear_bwd(m, lora, grads, a, l, BK_LORA_V, a->dln, a->dv, s.ln1, T);
+	linear_bwd(m, lora, grads, a, l, BK_LORA_Q, 3, a->dln,
+		   (const float *const[]){ dq, dk, a->dv }, s.ln1, T);
 	ops->rmsnorm_backward(a->dres, a->dln, x, w->attn_norm, s.rstd1, T, c->H);
 }
 

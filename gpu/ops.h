@@ -53,6 +53,19 @@ static inline bk_attn bk_attn_default(int D)
 	return a;
 }
 
+/* One member of a projection group (bk_ops.proj_forward / proj_backward): a frozen
+ * linear W [out,in] with an optional LoRA adapter on it. */
+typedef struct bk_proj {
+	const bk_weight *W; /* [out,in] */
+	const float *A;     /* [R,in] LoRA down, or NULL: no adapter on this member */
+	const float *B;     /* [out,R] LoRA up (with A) */
+	uint64_t key;       /* the member's dropout key (lora_forward's key) */
+	float *y;           /* forward: [T,out], overwritten */
+	const float *dy;    /* backward: [T,out] */
+	float *dA, *dB;     /* backward: [R,in] +=, [out,R] += (with A) */
+} bk_proj;
+#define BK_PROJ_MAX 3 /* members of a group: q/k/v */
+
 typedef struct bk_ops {
 	const char *name; /* "host", "cuda" */
 
@@ -181,6 +194,8 @@ typedef struct bk_ops {
 	 * Same semantics, arguments and error messages as bk_loss_kl_exact,
 	 * bk_loss_kl_topk, bk_teacher_topk (hidden-row form) and bk_teacher_logprobs,
 	 * except: the LM head is the weight handle lm_head [V,H] (V = rows, H = cols);
+	 * softcap: the final logit softcap (0: none; Gemma-2 final_logit_softcapping),
+	 * applied to each logit before the temperature, in the gradient too;
 	 * every float and id array is device memory, except sample_of and row_kl,
 	 * which are HOST arrays (the row weights and per-row KL are host numbers).
 	 * d_hidden [N,H] is overwritten.  chunk: vocabulary columns per pass (an
@@ -195,8 +210,6 @@ typedef struct bk_ops {
 			   float *row_kl /* [N] host, or NULL */);
 	double (*kl_topk)(const float *hidden /* [N,H] student */,
 			  const bk_weight *lm_head /* [V,H] */,
-	 * softcap: the final logit softcap (0: none; Gemma-2 final_logit_softcapping),
-	 * applied to each logit before the temperature, in the gradient too;
 			  const int32_t *topk_ids /* [N,K] */, const float *topk_logp /* [N,K] */,
 			  const float *rest /* [N] */, const int32_t *sample_of /* [N] host */,
 			  int n, int n_samples, int k, int chunk, float temperature, float softcap,
@@ -231,6 +244,28 @@ typedef struct bk_ops {
 	double (*grad_sumsq)(const float *g /* [n] */, size_t n);
 	/* x[i] *= (float)s */
 	void (*scale)(float *x /* [n] */, double s, size_t n);
+
+	/* ---- a projection group: n (1..BK_PROJ_MAX) frozen linears on one input x [T,in],
+	 * each with an optional LoRA (q/k/v on the attention norm's output, gate/up on the
+	 * MLP norm's, o and down alone).  The function is that of linear_forward then
+	 * lora_forward (when p[j].A) of each member j = 0..n-1 in turn:
+	 *   p[j].y = x W_j^T + scale * (drop_j(x) A_j^T) B_j^T,   drop_j keyed by p[j].key;
+	 * the backward, that of linear_backward then lora_backward of each member in turn:
+	 *   dx += dy_j W_j + (LoRA terms),  dA_j +=, dB_j +=.
+	 * xa [n*T*R] floats: the saved LoRA activations, written by the forward and read by
+	 * the backward of the same implementation in a layout of its own (NULL when no
+	 * member has A); R = 0 is allowed then.  scratch: [T, in + R] floats, clobbered.
+	 * An implementation may reorder and fuse (one bf16 copy of x for all members, one
+	 * GEMM for the members' A): results agree within its rounding.  NULL (a table
+	 * whose linears must not be bypassed, e.g. bk_ops_host_rows): the caller composes
+	 * linear_forward/lora_forward itself, as gpu/model.c does. ---- */
+	void (*proj_forward)(const bk_proj *p, int n, const float *x /* [T,in] */,
+			     float *xa /* [n*T*R] saved */, int T, int in, int R, float scale,
+			     float drop, float *scratch /* [T,in+R] */);
+	void (*proj_backward)(float *dx /* [T,in] += */, const bk_proj *p, int n,
+			      const float *x /* [T,in] */, const float *xa /* [n*T*R] */, int T,
+			      int in, int R, float scale, float drop,
+			      float *scratch /* [T,in+R] */);
 } bk_ops;
 
 extern const bk_ops bk_ops_host;

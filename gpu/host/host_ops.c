@@ -502,6 +502,43 @@ static void host_scale(float *x, double s, size_t n)
 		x[i] *= f;
 }
 
+/* ---- projection groups: each member's linear and LoRA op in turn, so the numbers
+ * are those of the separate calls bit for bit (the judge of the fused CUDA path).  xa
+ * layout: member j's [T,R] at xa + j*T*R. ---- */
+
+static void proj_check(const bk_proj *p, int n, int in, int R, float drop)
+{
+	BUG_ON(n < 1 || n > BK_PROJ_MAX || drop < 0 || drop >= 1);
+	for (int j = 0; j < n; j++)
+		BUG_ON(p[j].W->cols != in || (p[j].A && (R <= 0 || !p[j].B)));
+}
+
+static void host_proj_forward(const bk_proj *p, int n, const float *x, float *xa, int T,
+			      int in, int R, float scale, float drop, float *scratch)
+{
+	proj_check(p, n, in, R, drop);
+	for (int j = 0; j < n; j++) {
+		host_linear_forward(p[j].y, x, p[j].W, T);
+		if (p[j].A)
+			host_lora_forward(p[j].y, xa + (size_t)j * T * R, x, p[j].A, p[j].B, T, in,
+					  p[j].W->rows, R, scale, drop, p[j].key, scratch);
+	}
+}
+
+static void host_proj_backward(float *dx, const bk_proj *p, int n, const float *x,
+			       const float *xa, int T, int in, int R, float scale, float drop,
+			       float *scratch)
+{
+	proj_check(p, n, in, R, drop);
+	for (int j = 0; j < n; j++) {
+		host_linear_backward(dx, p[j].dy, p[j].W, T);
+		if (p[j].A)
+			host_lora_backward(dx, p[j].dA, p[j].dB, p[j].dy, x, xa + (size_t)j * T * R,
+					   p[j].A, p[j].B, T, in, p[j].W->rows, R, scale, drop,
+					   p[j].key, scratch);
+	}
+}
+
 const bk_ops bk_ops_host = {
 	.name = "host",
 	.alloc = host_alloc,
@@ -540,4 +577,6 @@ const bk_ops bk_ops_host = {
 	.adamw8_step = host_adamw8_step,
 	.grad_sumsq = host_grad_sumsq,
 	.scale = host_scale,
+	.proj_forward = host_proj_forward,
+	.proj_backward = host_proj_backward,
 };

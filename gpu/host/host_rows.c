@@ -87,6 +87,8 @@ static void build(void)
 {
 	table = bk_ops_host;
 	table.linear_forward = rows_linear_forward;
+	table.proj_forward = NULL; /* the model then composes the row-wise linear_forward */
+	table.proj_backward = NULL;
 	table.teacher_topk = rows_teacher_topk;
 	table.teacher_logprobs = rows_teacher_logprobs;
 }
