@@ -26,13 +26,28 @@
 //    (deterministic, no atomics).  dq is a kernel of its own (recomputes S and dP: 7
 //    products in the backward instead of FA2's 5 with atomics, but deterministic).
 //  - causal load balancing: forward and dq blocks run the last (longest) query tiles
-//    first; dk/dv blocks run the first (longest) key tiles first; a warp skips the key
-//    tiles wholly after its rows (forward, dq) and the query tiles wholly before its keys
-//    (dk/dv), so the causal half of a diagonal tile costs nothing but the barrier.
-//  - D = 64 and 128 (templates); other head dimensions, buffers not 16-byte aligned:
-//    the fp32 kernel.  D = 256 (Gemma) is not done: in this layout a dk/dv warp would
-//    hold 2 x 16 x 256 fp32 accumulators (256 registers a thread) and the forward's
-//    64-key tiles would need 99 KiB of shared memory; it needs D split across warps.
+//    first; dk/dv blocks run the first (longest) key tiles first.  The head is the
+//    fastest grid index (grid (NH, tiles); dk/dv (NH x column halves, tiles)), so the
+//    blocks, dispatched in index order, go longest first over all heads and the last
+//    wave is every head's shortest tile (with the tile fastest, the shortest tiles of
+//    head 0 would run before the longest of head 1).  The order is by position in the
+//    packed batch: exact for one sequence; with many packed sequences a tile at a
+//    sequence's start is short wherever it stands (a schedule by work would need the
+//    lengths on the host, which has them only in device memory here: not done).  A warp
+//    skips the key tiles wholly after its rows (forward, dq) and the query tiles wholly
+//    before its keys (dk/dv), so the causal half of a diagonal tile costs nothing but
+//    the barrier.
+//  - D = 64, 128 and 256 (templates); other head dimensions, buffers not 16-byte aligned:
+//    the fp32 kernel.  D = 256 (Gemma 2/3) keeps every tile under 96 KiB of shared
+//    memory (sm_86's opt-in limit is 99 KiB) with smaller key / query tiles: forward
+//    64 x 32 keys (67.5 KiB, the Q fragments read from shared memory each tile instead
+//    of 64 registers a thread), dq 64 x 16 keys (82.5 KiB), dk/dv 64 keys x 16 queries
+//    (82.7 KiB) with the D output columns split in two halves (two blocks a head; each
+//    recomputes S and dP over all of D: 6 products instead of 4, but 128 accumulator
+//    registers a thread instead of 256).  ptxas (sm_90, -O2): no spills at any D,
+//    212-227 registers a thread in the D = 256 kernels (at most 2 blocks an SM by
+//    registers).  Shared memory allows 2 (dq, dk/dv) or 3 (forward) blocks an SM on
+//    sm_90, 1 or 2 on sm_80, 1 on sm_86: few warps to hide latency with, to be measured.
 //  - not validated on a GPU yet: BK_ATTN=fp32 stays the default; tests/gpu/
 //    check_attention_tc.c checks both kernels against the host twin and times them.
 #ifndef BK_TC_EMU
@@ -194,23 +209,29 @@ __device__ __forceinline__ bool tc_vis_own(int t, int st, int j, int W)
 // ---------------------------------------------------------------------------------
 // forward
 
+// forward: Q [64][D+8], K, V [BN][D+8]; D = 256: 32-key tiles (67.5 KiB) and the Q
+// fragments read from shared memory each tile (in registers they would be 64 a thread,
+// beside the 128 of the o accumulators)
 template <int D> struct TcFwd {
-	static constexpr int BM = 64, BN = 64, LD = D + 8;
+	static constexpr int BM = 64, BN = D <= 128 ? 64 : 32, LD = D + 8;
+	static constexpr bool QREG = D <= 128; // Q fragments held in registers
 	static constexpr size_t smem = ((size_t)BM * LD + (size_t)2 * BN * LD) * 2;
+	static_assert(smem <= TC_SMEM_MAX, "forward tile over the shared-memory budget");
 };
 
 // one key tile (keys j0..j0+nc-1 of kg/vg [*,NKV,D]) into the warp's running m, l, o
 template <int D>
 __device__ __forceinline__ void tc_fwd_tile(const float *kg, const float *vg, int j0, int nc,
 					    bool prefix, int NKV, int kh, tc_bf16 *Ks, tc_bf16 *Vs,
-					    const uint32_t (*qa)[4], float (*o)[4], float *m,
+					    const tc_bf16 *Qs, const uint32_t (*qa)[4],
+					    float (*o)[4], float *m,
 					    float *l, const int *trow, const int *srow,
 					    const bool *vrow, int P, float scale, float cap, int W,
 					    bool warp_live, int warp_last)
 {
 	typedef TcFwd<D> C;
 	constexpr int NK = D / 16, NN = C::BN / 8, ND = D / 8;
-	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, warp = threadIdx.x >> 5;
 	__syncthreads(); // the previous tile's readers are done
 	tc_stage<D>(Ks, C::LD, C::BN, kg, j0, nc, NKV, kh);
 	tc_stage<D>(Vs, C::LD, C::BN, vg, j0, nc, NKV, kh);
@@ -222,13 +243,20 @@ TC_UNROLL
 	for (int n = 0; n < NN; n++)
 		s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 TC_UNROLL
-	for (int kk = 0; kk < NK; kk++)
+	for (int kk = 0; kk < NK; kk++) {
+		uint32_t a[4];
+		if constexpr (C::QREG) {
+			a[0] = qa[kk][0], a[1] = qa[kk][1], a[2] = qa[kk][2], a[3] = qa[kk][3];
+		} else {
+			tc_frag_a(a, Qs, C::LD, warp * 16, kk * 16, g, tq);
+		}
 TC_UNROLL
 		for (int n = 0; n < NN; n++) {
 			uint32_t b0, b1;
 			tc_frag_b(b0, b1, Ks, C::LD, n * 8, kk * 16, g, tq);
-			tc_mma(s[n], qa[kk], b0, b1);
+			tc_mma(s[n], a, b0, b1);
 		}
+	}
 	// scale, cap, mask; row maxima (rows 0: g, 1: g+8 of the warp)
 	float mx[2] = {-INFINITY, -INFINITY};
 TC_UNROLL
@@ -286,7 +314,7 @@ TC_UNROLL
 	}
 }
 
-// grid (ceil(T/64), NH); block x runs query tile ntiles-1-x (the longest first)
+// grid (NH, ceil(T/64)): head x, query tile ntiles-1-y (the longest first)
 template <int D>
 __global__ void __launch_bounds__(TC_THREADS)
 tc_fwd_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
@@ -297,8 +325,8 @@ tc_fwd_kernel(float *out, float *lse, const float *q, const float *k, const floa
 	constexpr int NK = D / 16, ND = D / 8;
 	TC_SHARED(tc_sm);
 	tc_bf16 *Qs = (tc_bf16 *)tc_sm, *Ks = Qs + C::BM * C::LD, *Vs = Ks + C::BN * C::LD;
-	const int h = blockIdx.y, kh = h / (NH / NKV);
-	const int t0 = (gridDim.x - 1 - blockIdx.x) * C::BM, nr = min(C::BM, T - t0);
+	const int h = blockIdx.x, kh = h / (NH / NKV);
+	const int t0 = (gridDim.y - 1 - blockIdx.y) * C::BM, nr = min(C::BM, T - t0);
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 	const int w0 = t0 + warp * 16; // the warp's first row
 	const bool warp_live = w0 < T;
@@ -311,10 +339,12 @@ tc_fwd_kernel(float *out, float *lse, const float *q, const float *k, const floa
 	}
 	tc_stage<D>(Qs, C::LD, C::BM, q, t0, nr, NH, h);
 	__syncthreads();
-	uint32_t qa[NK][4];
+	uint32_t qa[C::QREG ? NK : 1][4];
+	if constexpr (C::QREG) {
 TC_UNROLL
-	for (int kk = 0; kk < NK; kk++)
-		tc_frag_a(qa[kk], Qs, C::LD, warp * 16, kk * 16, g, tq);
+		for (int kk = 0; kk < NK; kk++)
+			tc_frag_a(qa[kk], Qs, C::LD, warp * 16, kk * 16, g, tq);
+	}
 	float o[ND][4];
 TC_UNROLL
 	for (int dn = 0; dn < ND; dn++)
@@ -323,12 +353,12 @@ TC_UNROLL
 	// every prefix tile (its keys masked by the window only), then the own-key tiles from
 	// row 0's sequence start (or row 0's window start) to the last row
 	for (int j0 = 0; j0 < P; j0 += C::BN)
-		tc_fwd_tile<D>(pk, pv, j0, min(C::BN, P - j0), true, NKV, kh, Ks, Vs, qa, o, m, l,
+		tc_fwd_tile<D>(pk, pv, j0, min(C::BN, P - j0), true, NKV, kh, Ks, Vs, Qs, qa, o, m, l,
 			       trow, srow, vrow, P, scale, cap, W, warp_live, warp_last);
 	const int start0 = cu[tc_seq_of(cu, S, t0)];
 	const int kend = t0 + nr, kfirst = W > 0 ? max(start0, t0 - W + 1) : start0;
 	for (int j0 = kfirst; j0 < kend; j0 += C::BN)
-		tc_fwd_tile<D>(k, v, j0, min(C::BN, kend - j0), false, NKV, kh, Ks, Vs, qa, o, m, l,
+		tc_fwd_tile<D>(k, v, j0, min(C::BN, kend - j0), false, NKV, kh, Ks, Vs, Qs, qa, o, m, l,
 			       trow, srow, vrow, P, scale, cap, W, warp_live, warp_last);
 TC_UNROLL
 	for (int ri = 0; ri < 2; ri++) {
@@ -372,13 +402,54 @@ __global__ void tc_bwd_dot_kernel(float *Di, const float *dout, const float *out
 		Di[(size_t)h * T + t] = acc;
 }
 
-// dq: Q, dO [64][D+8]; K, V [BN][D+8]
+// s = A1 B1^T and dp = A2 B2^T over the D columns: the warp's 16 rows r0.. of A1, A2
+// against rows 0 .. 8 NN - 1 of B1, B2 (all row-major [*][LD] bf16).  The backward's S
+// and dP: dq (A = Q, dO; B = K, V) and dk/dv transposed (A = K, V; B = Q, dO).
+template <int D, int NN>
+__device__ __forceinline__ void tc_s_dp(float (*s)[4], float (*dp)[4], const tc_bf16 *A1,
+					const tc_bf16 *A2, const tc_bf16 *B1, const tc_bf16 *B2,
+					int LD, int r0, int g, int tq)
+{
+TC_UNROLL
+	for (int n = 0; n < NN; n++)
+TC_UNROLL
+		for (int e = 0; e < 4; e++)
+			s[n][e] = dp[n][e] = 0.0f;
+TC_UNROLL
+	for (int kk = 0; kk < D / 16; kk++) {
+		uint32_t a1[4], a2[4];
+		tc_frag_a(a1, A1, LD, r0, kk * 16, g, tq);
+		tc_frag_a(a2, A2, LD, r0, kk * 16, g, tq);
+TC_UNROLL
+		for (int n = 0; n < NN; n++) {
+			uint32_t b0, b1;
+			tc_frag_b(b0, b1, B1, LD, n * 8, kk * 16, g, tq);
+			tc_mma(s[n], a1, b0, b1);
+			tc_frag_b(b0, b1, B2, LD, n * 8, kk * 16, g, tq);
+			tc_mma(dp[n], a2, b0, b1);
+		}
+	}
+}
+
+// ds of a visible (query, key) from its raw q.k, dout.v, the query's lse and D_i:
+// p (dp - D_i), times cap' = 1 - (score / cap)^2 under a softcap; *p = the probability
+__device__ __forceinline__ float tc_ds(float qk, float dpv, float lse, float Di, float scale,
+				       float cap, float *p)
+{
+	float sc = tc_score(qk, scale, cap);
+	*p = expf(sc - lse);
+	float ds = *p * (dpv - Di);
+	return cap > 0.0f ? ds * (1.0f - (sc / cap) * (sc / cap)) : ds;
+}
+
+// dq: Q, dO [64][D+8]; K, V [BN][D+8] (D = 256: 16-key tiles, 82.5 KiB)
 template <int D> struct TcDq {
-	static constexpr int BM = 64, BN = D <= 64 ? 64 : 32, LD = D + 8;
+	static constexpr int BM = 64, BN = D <= 64 ? 64 : D <= 128 ? 32 : 16, LD = D + 8;
 	static constexpr size_t smem = ((size_t)2 * BM * LD + (size_t)2 * BN * LD) * 2;
+	static_assert(smem <= TC_SMEM_MAX, "dq tile over the shared-memory budget");
 };
 
-// grid (ceil(T/64), NH): dq rows of query tile ntiles-1-x, head h, += scale sum_j ds_ij k_j
+// grid (NH, ceil(T/64)): dq rows of query tile ntiles-1-y, head x, += scale sum_j ds_ij k_j
 template <int D>
 __global__ void __launch_bounds__(TC_THREADS)
 tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k, const float *v,
@@ -386,12 +457,12 @@ tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k, c
 		 int NKV, float scale, float cap, int W)
 {
 	typedef TcDq<D> C;
-	constexpr int NK = D / 16, NN = C::BN / 8, ND = D / 8;
+	constexpr int NN = C::BN / 8, ND = D / 8;
 	TC_SHARED(tc_sm);
 	tc_bf16 *Qs = (tc_bf16 *)tc_sm, *dOs = Qs + C::BM * C::LD, *Ks = dOs + C::BM * C::LD;
 	tc_bf16 *Vs = Ks + C::BN * C::LD;
-	const int h = blockIdx.y, kh = h / (NH / NKV);
-	const int t0 = (gridDim.x - 1 - blockIdx.x) * C::BM, nr = min(C::BM, T - t0);
+	const int h = blockIdx.x, kh = h / (NH / NKV);
+	const int t0 = (gridDim.y - 1 - blockIdx.y) * C::BM, nr = min(C::BM, T - t0);
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 	const int w0 = t0 + warp * 16;
 	const bool warp_live = w0 < T;
@@ -423,25 +494,7 @@ TC_UNROLL
 		if (!warp_live || j0 > warp_last)
 			continue;
 		float s[NN][4], dp[NN][4];
-TC_UNROLL
-		for (int n = 0; n < NN; n++)
-TC_UNROLL
-			for (int e = 0; e < 4; e++)
-				s[n][e] = dp[n][e] = 0.0f;
-TC_UNROLL
-		for (int kk = 0; kk < NK; kk++) {
-			uint32_t aq[4], ad[4];
-			tc_frag_a(aq, Qs, C::LD, warp * 16, kk * 16, g, tq);
-			tc_frag_a(ad, dOs, C::LD, warp * 16, kk * 16, g, tq);
-TC_UNROLL
-			for (int n = 0; n < NN; n++) {
-				uint32_t b0, b1;
-				tc_frag_b(b0, b1, Ks, C::LD, n * 8, kk * 16, g, tq);
-				tc_mma(s[n], aq, b0, b1);
-				tc_frag_b(b0, b1, Vs, C::LD, n * 8, kk * 16, g, tq);
-				tc_mma(dp[n], ad, b0, b1);
-			}
-		}
+		tc_s_dp<D, NN>(s, dp, Qs, dOs, Ks, Vs, C::LD, warp * 16, g, tq);
 		// ds = p (dp - D_i) (cap' factor); s <- ds
 TC_UNROLL
 		for (int n = 0; n < NN; n++)
@@ -450,11 +503,9 @@ TC_UNROLL
 				int ri = e >> 1, c = n * 8 + 2 * tq + (e & 1), j = j0 + c;
 				float ds = 0.0f;
 				if (vrow[ri] && c < nc && tc_vis_own(trow[ri], srow[ri], j, W)) {
-					float sc = tc_score(s[n][e], scale, cap);
-					float p = expf(sc - lrow[ri]);
-					ds = p * (dp[n][e] - drow[ri]);
-					if (cap > 0.0f)
-						ds *= 1.0f - (sc / cap) * (sc / cap);
+					float p;
+					ds = tc_ds(s[n][e], dp[n][e], lrow[ri], drow[ri], scale, cap,
+						   &p);
 				}
 				s[n][e] = ds;
 			}
@@ -487,16 +538,23 @@ TC_UNROLL
 	}
 }
 
-// dk/dv: K, V [64][D+8]; Q, dO [BQ][D+8]; lse, Di, starts [BQ]
+// dk/dv: K, V [64][D+8]; Q, dO [BQ][D+8]; lse, Di, starts [BQ].  A block accumulates DO
+// of the D output columns of dk and dv (2 x DO / 2 fp32 registers a thread): D = 256
+// runs two blocks per key tile and head (z = x % 2 of the grid), each recomputing S and
+// dP over all of D and keeping columns z DO .. z DO + DO - 1 (6 products instead of 4,
+// 128 accumulator registers instead of 256); 16-query tiles (82.7 KiB)
 template <int D> struct TcDkv {
-	static constexpr int BN = 64, BQ = D <= 64 ? 64 : 32, LD = D + 8;
+	static constexpr int BN = 64, BQ = D <= 64 ? 64 : D <= 128 ? 32 : 16, LD = D + 8;
+	static constexpr int DO = D <= 128 ? D : 128, NZ = D / DO;
 	static constexpr size_t smem_bf16 = ((size_t)2 * BN * LD + (size_t)2 * BQ * LD) * 2;
 	static constexpr size_t smem = smem_bf16 + (size_t)3 * BQ * 4;
+	static_assert(smem <= TC_SMEM_MAX, "dk/dv tile over the shared-memory budget");
 };
 
-// grid (ceil(T/64), NH): keys j0..j0+63 of kv head h / group, gradient from query head h.
-// group == 1: dk/dv += directly (this block owns the rows); else the partials go to
-// wk, wv [NH,T,D] (overwritten) for tc_bwd_reduce_kernel.
+// grid (NH NZ, ceil(T/64)): keys j0 = 64 y .. j0+63 of kv head h / group, gradient from
+// query head h = x / NZ, output columns z DO .. z DO + DO - 1 (z = x % NZ).  group == 1:
+// dk/dv += directly (this block owns the rows); else the partials go to wk, wv [NH,T,D]
+// (overwritten) for tc_bwd_reduce_kernel.
 template <int D>
 __global__ void __launch_bounds__(TC_THREADS)
 tc_bwd_dkv_kernel(float *dk, float *dv, float *wk, float *wv, const float *dout,
@@ -505,14 +563,15 @@ tc_bwd_dkv_kernel(float *dk, float *dv, float *wk, float *wv, const float *dout,
 		  float cap, int W)
 {
 	typedef TcDkv<D> C;
-	constexpr int NK = D / 16, NQ = C::BQ / 8, ND = D / 8;
+	constexpr int NQ = C::BQ / 8, ND = C::DO / 8;
 	TC_SHARED(tc_sm);
 	tc_bf16 *Ks = (tc_bf16 *)tc_sm, *Vs = Ks + C::BN * C::LD, *Qs = Vs + C::BN * C::LD;
 	tc_bf16 *dOs = Qs + C::BQ * C::LD;
 	float *ls = (float *)(tc_sm + C::smem_bf16), *ds_ = ls + C::BQ;
 	int *ss = (int *)(ds_ + C::BQ);
-	const int group = NH / NKV, h = blockIdx.y, kh = h / group;
-	const int j0 = blockIdx.x * C::BN, nc = min(C::BN, T - j0);
+	const int group = NH / NKV, h = blockIdx.x / C::NZ, kh = h / group;
+	const int j0 = blockIdx.y * C::BN, nc = min(C::BN, T - j0);
+	const int d0 = (blockIdx.x % C::NZ) * C::DO;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 	const int wj0 = j0 + warp * 16; // the warp's first key
 	const bool warp_live = wj0 < T;
@@ -545,25 +604,7 @@ TC_UNROLL
 			continue; // every query of the tile is before every key of this warp
 		// S^T = K Q^T and dP^T = V dO^T: rows = this warp's 16 keys, columns = queries
 		float st[NQ][4], dpt[NQ][4];
-TC_UNROLL
-		for (int n = 0; n < NQ; n++)
-TC_UNROLL
-			for (int e = 0; e < 4; e++)
-				st[n][e] = dpt[n][e] = 0.0f;
-TC_UNROLL
-		for (int kk = 0; kk < NK; kk++) {
-			uint32_t akf[4], avf[4];
-			tc_frag_a(akf, Ks, C::LD, warp * 16, kk * 16, g, tq);
-			tc_frag_a(avf, Vs, C::LD, warp * 16, kk * 16, g, tq);
-TC_UNROLL
-			for (int n = 0; n < NQ; n++) {
-				uint32_t b0, b1;
-				tc_frag_b(b0, b1, Qs, C::LD, n * 8, kk * 16, g, tq);
-				tc_mma(st[n], akf, b0, b1);
-				tc_frag_b(b0, b1, dOs, C::LD, n * 8, kk * 16, g, tq);
-				tc_mma(dpt[n], avf, b0, b1);
-			}
-		}
+		tc_s_dp<D, NQ>(st, dpt, Ks, Vs, Qs, dOs, C::LD, warp * 16, g, tq);
 		// st <- p, dpt <- ds (0 where the query cannot see the key)
 TC_UNROLL
 		for (int n = 0; n < NQ; n++)
@@ -571,13 +612,8 @@ TC_UNROLL
 			for (int e = 0; e < 4; e++) {
 				int ri = e >> 1, c = n * 8 + 2 * tq + (e & 1), i = i0 + c;
 				float p = 0.0f, ds = 0.0f;
-				if (vrow[ri] && c < nq && tc_vis_own(i, ss[c], jrow[ri], W)) {
-					float sc = tc_score(st[n][e], scale, cap);
-					p = expf(sc - ls[c]);
-					ds = p * (dpt[n][e] - ds_[c]);
-					if (cap > 0.0f)
-						ds *= 1.0f - (sc / cap) * (sc / cap);
-				}
+				if (vrow[ri] && c < nq && tc_vis_own(i, ss[c], jrow[ri], W))
+					ds = tc_ds(st[n][e], dpt[n][e], ls[c], ds_[c], scale, cap, &p);
 				st[n][e] = p;
 				dpt[n][e] = ds;
 			}
@@ -590,9 +626,9 @@ TC_UNROLL
 TC_UNROLL
 			for (int dn = 0; dn < ND; dn++) {
 				uint32_t b0, b1;
-				tc_frag_bt(b0, b1, dOs, C::LD, kk * 16, dn * 8, lane);
+				tc_frag_bt(b0, b1, dOs, C::LD, kk * 16, d0 + dn * 8, lane);
 				tc_mma(av[dn], ap, b0, b1);
-				tc_frag_bt(b0, b1, Qs, C::LD, kk * 16, dn * 8, lane);
+				tc_frag_bt(b0, b1, Qs, C::LD, kk * 16, d0 + dn * 8, lane);
 				tc_mma(ak[dn], as, b0, b1);
 			}
 		}
@@ -604,7 +640,7 @@ TC_UNROLL
 		const int j = jrow[ri];
 TC_UNROLL
 		for (int dn = 0; dn < ND; dn++) {
-			const int d = dn * 8 + 2 * tq;
+			const int d = d0 + dn * 8 + 2 * tq;
 			float2 gk = make_float2(ak[dn][2 * ri] * scale, ak[dn][2 * ri + 1] * scale);
 			float2 gv = make_float2(av[dn][2 * ri], av[dn][2 * ri + 1]);
 			if (group == 1) {
@@ -659,7 +695,7 @@ static void tc_check(const char *what, int S, int T, int NH, int NKV, int D, con
 
 static int tc_aligned(const void *p) { return p == NULL || ((uintptr_t)p & 15) == 0; }
 
-extern "C" int bk_cuda_attention_tc_supports(int D) { return D == 64 || D == 128; }
+extern "C" int bk_cuda_attention_tc_supports(int D) { return D == 64 || D == 128 || D == 256; }
 
 // opt in to the kernel's dynamic shared memory (once per kernel instance)
 template <typename K> static void tc_optin(K kernel, size_t bytes, int *done)
@@ -681,7 +717,7 @@ static void tc_forward(float *out, float *lse, const float *q, const float *k, c
 	static int optin;
 	typedef TcFwd<D> C;
 	tc_optin(tc_fwd_kernel<D>, C::smem, &optin);
-	dim3 grid((unsigned)((T + C::BM - 1) / C::BM), (unsigned)NH);
+	dim3 grid((unsigned)NH, (unsigned)((T + C::BM - 1) / C::BM));
 	TC_LAUNCH(tc_fwd_kernel<D>, grid, TC_THREADS, C::smem, out, lse, q, k, v, cu, S, T, NH,
 		  NKV, pk, pv, P, ap->scale, ap->softcap, ap->window);
 }
@@ -696,7 +732,7 @@ static void tc_backward(float *dq, float *dk, float *dv, const float *dout, cons
 	int W = ap->window;
 	typedef TcDq<D> Q;
 	tc_optin(tc_bwd_dq_kernel<D>, Q::smem, &optin_dq);
-	dim3 gq((unsigned)((T + Q::BM - 1) / Q::BM), (unsigned)NH);
+	dim3 gq((unsigned)NH, (unsigned)((T + Q::BM - 1) / Q::BM));
 	TC_LAUNCH(tc_bwd_dq_kernel<D>, gq, TC_THREADS, Q::smem, dq, dout, q, k, v, lse, Di, cu, S,
 		  T, NH, NKV, scale, cap, W);
 
@@ -708,7 +744,7 @@ static void tc_backward(float *dq, float *dk, float *dv, const float *dout, cons
 		wv = (float *)bk_cuda_workspace(2, bytes);
 	}
 	tc_optin(tc_bwd_dkv_kernel<D>, K::smem, &optin_dkv);
-	dim3 gk((unsigned)((T + K::BN - 1) / K::BN), (unsigned)NH);
+	dim3 gk((unsigned)(NH * K::NZ), (unsigned)((T + K::BN - 1) / K::BN));
 	TC_LAUNCH(tc_bwd_dkv_kernel<D>, gk, TC_THREADS, K::smem, dk, dv, wk, wv, dout, q, k, v,
 		  lse, Di, cu, S, T, NH, NKV, scale, cap, W);
 	if (NH != NKV) {
@@ -738,8 +774,11 @@ extern "C" void bk_cuda_attention_tc_forward(float *out, float *lse, const float
 	if (D == 64)
 		tc_forward<64>(out, lse, q, k, v, cu_seqlens, S, T, NH, NKV, prefix_k, prefix_v, P,
 			       ap);
-	else
+	else if (D == 128)
 		tc_forward<128>(out, lse, q, k, v, cu_seqlens, S, T, NH, NKV, prefix_k, prefix_v, P,
+				ap);
+	else
+		tc_forward<256>(out, lse, q, k, v, cu_seqlens, S, T, NH, NKV, prefix_k, prefix_v, P,
 				ap);
 }
 
@@ -765,8 +804,10 @@ extern "C" void bk_cuda_attention_tc_backward(float *dq, float *dk, float *dv,
 		  D);
 	if (D == 64)
 		tc_backward<64>(dq, dk, dv, dout, q, k, v, Di, lse, cu_seqlens, S, T, NH, NKV, ap);
-	else
+	else if (D == 128)
 		tc_backward<128>(dq, dk, dv, dout, q, k, v, Di, lse, cu_seqlens, S, T, NH, NKV, ap);
+	else
+		tc_backward<256>(dq, dk, dv, dout, q, k, v, Di, lse, cu_seqlens, S, T, NH, NKV, ap);
 }
 
 // ---------------------------------------------------------------------------------

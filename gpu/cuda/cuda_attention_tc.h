@@ -5,8 +5,8 @@
  *
  * BK_ATTN (environment, read once): "fp32" or unset = the fp32 kernel (the default until
  * a GPU run has validated the tensor-core one); "tc" = the tensor-core kernel; anything
- * else dies with a one-line message.  The tensor-core kernel handles D = 64 and 128 with
- * 16-byte aligned buffers; any other call goes to the fp32 kernel (same contract). */
+ * else dies with a one-line message.  The tensor-core kernel handles D = 64, 128 and 256
+ * with 16-byte aligned buffers; any other call goes to the fp32 kernel (same contract). */
 #ifndef BK_CUDA_ATTENTION_TC_H
 #define BK_CUDA_ATTENTION_TC_H
 

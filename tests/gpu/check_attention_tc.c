@@ -1,8 +1,9 @@
 /* check_attention_tc.c - on a GPU: both CUDA attention kernels, the fp32 one
- * (gpu/cuda/cuda_attention.cu, BK_ATTN=fp32) and the tensor-core one (gpu/cuda/cuda_attention_tc.cu,
- * BK_ATTN=tc), against the host twin on the same random inputs, forward (out, lse) and
- * backward (dq, dk, dv, accumulated onto random values); then both kernels timed with CUDA
- * events, one row per shape and direction, so one GPU run validates and ranks them.
+ * (gpu/cuda/cuda_attention.cu, BK_ATTN=fp32) and the tensor-core one
+ * (gpu/cuda/cuda_attention_tc.cu, BK_ATTN=tc), against the host twin on the same random
+ * inputs, forward (out, lse) and backward (dq, dk, dv, accumulated onto random values);
+ * then both kernels timed with CUDA events, one row per shape and direction, so one GPU
+ * run validates and ranks them.
  * One line per kernel, case and output; exit 1 on any failure (outputs start as NaN,
  * fenced by sentinels that catch out-of-bounds writes; NaN never passes).
  * Not the row and loss ops (check_attention.c).
@@ -24,9 +25,14 @@
  * 2^-22 max|expected| for the fp32 += onto the start values.  The sums are computed here
  * from the host's lse, in double.
  * Shapes: packed odd lengths (1, 7, 100, 257: T not a multiple of the 64-row tile, tiles
- * spanning sequences), GQA 8/8, 32/4 and 8/2, D 64 and 128, a 37-token prefix (forward),
- * softcap and sliding window on and off, realistic 1 x 1024 (32/4, D 128) and 2 x 2048
- * (32/4, D 64); one D = 96 case checks the tc entry's fp32 fallback.
+ * spanning sequences), GQA 8/8, 32/4 and 8/2 (ratios 1, 8, 4), D 64, 128 and 256, a
+ * 37-token prefix (forward), softcap and sliding window on and off; D = 256 also as
+ * Gemma 2 (scale 1/16, softcap 50, windows of 20 and 100, 8/4 and 8/8 heads);
+ * realistic 1 x 1024 (32/4, D 128; 8/4, D 256, softcap 50, window 512) and 2 x 2048
+ * (32/4, D 64); one D = 96 case checks the tc entry's fp32 fallback.  The bounds above
+ * hold for every D (e_s, e_d grow with it); nothing in them is tuned to a shape.
+ * Timing rows: 16 x 256 and 4 x 2048 (32/4, D 64), 1 x 1024 (D 128), a 512 window;
+ * Gemma-2-2B's 16 x 256 and 1 x 8192 with its 4096 window (8/4, D 256, softcap 50).
  * Usage: check_attention_tc [--no-bench | --quick]  (--quick: no realistic sizes and no
  * timing, for compute-sanitizer) */
 #include <math.h>
@@ -41,13 +47,12 @@
 #include "gpu/cuda/cuda.h"
 #include "gpu/cuda/cuda_attention_tc.h"
 #include "gpu/ops.h"
+#include "tests/gpu/gpu_check.h"
 
 #ifndef BK_HAVE_CUDA
 #error "check_attention_tc needs a CUDA build (BK_HAVE_CUDA)"
 #endif
 
-#define PAD 16
-#define SENTINEL 12345.625f
 #define U_BF16 0x1p-8
 
 static const bk_ops *H = &bk_ops_host, *G = &bk_ops_cuda;
@@ -71,82 +76,11 @@ static const kern KERNS[2] = {
 	{"tc", 1, bk_cuda_attention_tc_forward, bk_cuda_attention_tc_backward},
 };
 
-/* uniform in [-scale, scale), rounded to bf16 */
-static float *hrand_bf16(size_t n, float scale)
-{
-	float *x = xmalloc((n ? n : 1) * sizeof(float));
-	for (size_t i = 0; i < n; i++)
-		x[i] = bk_bf16_to_f32(bk_f32_to_bf16(scale * (float)(2 * bk_rng_uniform(&rng) - 1)));
-	return x;
-}
-
-/* device copy of h [n] fenced by sentinels; h NULL: NaN */
-static float *put(const float *h, size_t n)
-{
-	float *tmp = xmalloc((n + 2 * PAD) * sizeof(float));
-	for (size_t i = 0; i < PAD; i++)
-		tmp[i] = tmp[n + PAD + i] = SENTINEL;
-	for (size_t i = 0; i < n; i++)
-		tmp[PAD + i] = h ? h[i] : NAN;
-	float *d = G->alloc((n + 2 * PAD) * sizeof(float));
-	G->upload(d, tmp, (n + 2 * PAD) * sizeof(float));
-	free(tmp);
-	return d + PAD;
-}
-
-/* h [n] = device d [n]; returns the number of damaged sentinels */
-static int get(float *h, const float *d, size_t n)
-{
-	float *tmp = xmalloc((n + 2 * PAD) * sizeof(float));
-	G->download(tmp, d - PAD, (n + 2 * PAD) * sizeof(float));
-	int bad = 0;
-	for (size_t i = 0; i < PAD; i++)
-		bad += tmp[i] != SENTINEL || tmp[n + PAD + i] != SENTINEL;
-	memcpy(h, tmp + PAD, n * sizeof(float));
-	free(tmp);
-	return bad;
-}
-
-static void drop(float *d)
-{
-	if (d)
-		G->free(d - PAD);
-}
-
-static double maxabs(const float *x, size_t n)
-{
-	double m = 0;
-	for (size_t i = 0; i < n; i++)
-		m = fabs(x[i]) > m ? fabs(x[i]) : m;
-	return m;
-}
-
-/* the largest Euclidean norm of the n rows of D values of x */
-static double maxnorm(const float *x, size_t n, int D)
-{
-	double m = 0;
-	for (size_t r = 0; r < n; r++) {
-		double s = 0;
-		for (int d = 0; d < D; d++)
-			s += (double)x[r * D + d] * x[r * D + d];
-		m = s > m ? s : m;
-	}
-	return sqrt(m);
-}
-
 /* compares got against want [n] with an absolute bound; one line */
 static void check(const char *kn, const char *size, const char *what, const float *got,
 		  const float *want, size_t n, double bound, int damage)
 {
-	double err = 0;
-	for (size_t i = 0; i < n; i++) {
-		double d = fabs((double)got[i] - want[i]);
-		if (isnan(got[i]) || isnan(d)) {
-			err = INFINITY;
-			break;
-		}
-		err = d > err ? d : err;
-	}
+	double err = gc_maxerr(got, want, n);
 	int ok = !damage && err <= bound;
 	n_lines++;
 	n_fail += !ok;
@@ -229,78 +163,82 @@ static void check_case(const int *lens, int S, int NH, int NKV, int D, int P, co
 	char size[128];
 	snprintf(size, sizeof size, "T=%d S=%d NH=%d/%d D=%d P=%d s%.3g c%g W%d", T, S, NH, NKV, D,
 		 P, (double)ap->scale, (double)ap->softcap, ap->window);
-	float *q = hrand_bf16(nq, 1.5f), *k = hrand_bf16(nk, 1.5f), *v = hrand_bf16(nk, 1.0f);
-	float *pk = hrand_bf16(np, 1.5f), *pv = hrand_bf16(np, 1.0f);
+	float *q = gc_rand_bf16(&rng, nq, 1.5f), *k = gc_rand_bf16(&rng, nk, 1.5f);
+	float *v = gc_rand_bf16(&rng, nk, 1.0f);
+	float *pk = gc_rand_bf16(&rng, np, 1.5f), *pv = gc_rand_bf16(&rng, np, 1.0f);
 	float *out_h = xmalloc((nq + 1) * 4), *lse_h = xmalloc((nl + 1) * 4);
 	float *got = xmalloc((nq + 1) * 4);
 	H->attention_forward(out_h, lse_h, q, k, v, cu, S, T, NH, NKV, D, P ? pk : NULL,
 			     P ? pv : NULL, P, ap);
 
 	/* the forward bounds */
-	double mv = maxabs(v, nk), mq = maxabs(q, nq), mk = maxabs(k, nk);
-	double nrk = maxnorm(k, (size_t)T * NKV, D);
+	double mv = gc_maxabs(v, nk), mq = gc_maxabs(q, nq), mk = gc_maxabs(k, nk);
+	double nrk = gc_maxnorm(k, (size_t)T * NKV, D);
 	if (P) {
-		double a = maxabs(pv, np), b = maxabs(pk, np), c = maxnorm(pk, (size_t)P * NKV, D);
+		double a = gc_maxabs(pv, np), b = gc_maxabs(pk, np);
+		double c = gc_maxnorm(pk, (size_t)P * NKV, D);
 		mv = a > mv ? a : mv, mk = b > mk ? b : mk, nrk = c > nrk ? c : nrk;
 	}
-	double e_s = D * 0x1p-23 * ap->scale * maxnorm(q, (size_t)T * NH, D) * nrk;
+	double e_s = D * 0x1p-23 * ap->scale * gc_maxnorm(q, (size_t)T * NH, D) * nrk;
 	double f = Lmax * 0x1p-23 + 0x1p-14 + 2.1 * e_s;
-	double b_lse = 2.1 * e_s + Lmax * 0x1p-23 + 0x1p-20 * maxabs(lse_h, nl);
+	double b_lse = 2.1 * e_s + Lmax * 0x1p-23 + 0x1p-20 * gc_maxabs(lse_h, nl);
 
-	float *dq_ = put(q, nq), *dk_ = put(k, nk), *dv_ = put(v, nk);
-	float *dpk = put(pk, np), *dpv = put(pv, np);
+	float *dq_ = gc_put(G, q, nq), *dk_ = gc_put(G, k, nk), *dv_ = gc_put(G, v, nk);
+	float *dpk = gc_put(G, pk, np), *dpv = gc_put(G, pv, np);
 	int32_t *dcu = G->alloc(((size_t)S + 1) * sizeof(int32_t));
 	G->upload(dcu, cu, ((size_t)S + 1) * sizeof(int32_t));
 	for (int kn = 0; kn < 2; kn++) {
 		const kern *K = &KERNS[kn];
 		double up = K->tc ? 1.01 * U_BF16 : 0;
-		float *dout = put(NULL, nq), *dlse = put(NULL, nl);
+		float *dout = gc_put(G, NULL, nq), *dlse = gc_put(G, NULL, nl);
 		K->fwd(dout, dlse, dq_, dk_, dv_, dcu, S, T, NH, NKV, D, P ? dpk : NULL,
 		       P ? dpv : NULL, P, ap);
-		int dmg = get(got, dout, nq);
+		int dmg = gc_get(G, got, dout, nq);
 		check(K->name, size, "out", got, out_h, nq, (up + f) * mv, dmg);
-		dmg = get(got, dlse, nl);
+		dmg = gc_get(G, got, dlse, nl);
 		check(K->name, size, "lse", got, lse_h, nl, b_lse, dmg);
-		drop(dout), drop(dlse);
+		gc_drop(G, dout), gc_drop(G, dlse);
 	}
 
 	if (!P) { /* backward (no prefix: ops.h) from the host's out and lse on both sides */
-		float *go = hrand_bf16(nq, 1.0f);
-		float *dq0 = hrand_bf16(nq, 0.5f), *dk0 = hrand_bf16(nk, 0.5f);
-		float *dv0 = hrand_bf16(nk, 0.5f);
+		float *go = gc_rand_bf16(&rng, nq, 1.0f);
+		float *dq0 = gc_rand_bf16(&rng, nq, 0.5f), *dk0 = gc_rand_bf16(&rng, nk, 0.5f);
+		float *dv0 = gc_rand_bf16(&rng, nk, 0.5f);
 		float *dq_h = xmalloc(nq * 4), *dk_h = xmalloc(nk * 4), *dv_h = xmalloc(nk * 4);
 		memcpy(dq_h, dq0, nq * 4), memcpy(dk_h, dk0, nk * 4), memcpy(dv_h, dv0, nk * 4);
 		H->attention_backward(dq_h, dk_h, dv_h, go, q, k, v, out_h, lse_h, cu, S, T, NH, NKV,
 				      D, ap);
 		double colp, rowa, cola;
 		bwd_sums(q, k, v, go, out_h, lse_h, cu, S, T, NH, NKV, D, ap, &colp, &rowa, &cola);
-		double mg = maxabs(go, nq);
-		double e_d = D * 0x1p-22 * maxnorm(go, (size_t)T * NH, D) *
-			     maxnorm(v, (size_t)T * NKV, D);
-		float *dgo = put(go, nq), *dout_h = put(out_h, nq), *dlse_h = put(lse_h, nl);
+		double mg = gc_maxabs(go, nq);
+		double e_d = D * 0x1p-22 * gc_maxnorm(go, (size_t)T * NH, D) *
+			     gc_maxnorm(v, (size_t)T * NKV, D);
+		float *dgo = gc_put(G, go, nq), *dout_h = gc_put(G, out_h, nq);
+		float *dlse_h = gc_put(G, lse_h, nl);
 		for (int kn = 0; kn < 2; kn++) {
 			const kern *K = &KERNS[kn];
 			double r = (K->tc ? 1.01 * U_BF16 : 0) + f;
-			float *ddq = put(dq0, nq), *ddk = put(dk0, nk), *ddv = put(dv0, nk);
+			float *ddq = gc_put(G, dq0, nq), *ddk = gc_put(G, dk0, nk);
+			float *ddv = gc_put(G, dv0, nk);
 			K->bwd(ddq, ddk, ddv, dgo, dq_, dk_, dv_, dout_h, dlse_h, dcu, S, T, NH, NKV, D,
 			       ap);
-			int dmg = get(got, ddq, nq);
+			int dmg = gc_get(G, got, ddq, nq);
 			check(K->name, size, "dq", got, dq_h, nq,
-			      ap->scale * mk * (r * rowa + e_d) + 0x1p-22 * maxabs(dq_h, nq), dmg);
-			dmg = get(got, ddk, nk);
+			      ap->scale * mk * (r * rowa + e_d) + 0x1p-22 * gc_maxabs(dq_h, nq), dmg);
+			dmg = gc_get(G, got, ddk, nk);
 			check(K->name, size, "dk", got, dk_h, nk,
-			      ap->scale * mq * (r * cola + e_d * colp) + 0x1p-22 * maxabs(dk_h, nk),
+			      ap->scale * mq * (r * cola + e_d * colp) + 0x1p-22 * gc_maxabs(dk_h, nk),
 			      dmg);
-			dmg = get(got, ddv, nk);
+			dmg = gc_get(G, got, ddv, nk);
 			check(K->name, size, "dv", got, dv_h, nk,
-			      r * mg * colp + 0x1p-22 * maxabs(dv_h, nk), dmg);
-			drop(ddq), drop(ddk), drop(ddv);
+			      r * mg * colp + 0x1p-22 * gc_maxabs(dv_h, nk), dmg);
+			gc_drop(G, ddq), gc_drop(G, ddk), gc_drop(G, ddv);
 		}
 		free(go), free(dq0), free(dk0), free(dv0), free(dq_h), free(dk_h), free(dv_h);
-		drop(dgo), drop(dout_h), drop(dlse_h);
+		gc_drop(G, dgo), gc_drop(G, dout_h), gc_drop(G, dlse_h);
 	}
 	free(q), free(k), free(v), free(pk), free(pv), free(out_h), free(lse_h), free(got);
-	drop(dq_), drop(dk_), drop(dv_), drop(dpk), drop(dpv);
+	gc_drop(G, dq_), gc_drop(G, dk_), gc_drop(G, dv_), gc_drop(G, dpk), gc_drop(G, dpv);
 	G->free(dcu);
 }
 
@@ -330,7 +268,7 @@ static void run_bwd(void *p)
 
 /* rows "attention fwd|bwd <shape>: fp32 X ms, tc Y ms, ratio fp32/tc" (causal FLOPs:
  * forward 4 D sum_s L(L+1)/2 per head, backward 2.5x the forward) */
-static void bench(int S, int L, int NH, int NKV, int D, int W)
+static void bench(int S, int L, int NH, int NKV, int D, int W, float cap)
 {
 	enum { REP = 5 };
 	int T = S * L;
@@ -338,16 +276,18 @@ static void bench(int S, int L, int NH, int NKV, int D, int W)
 	for (int s = 0; s <= S; s++)
 		cu[s] = s * L;
 	size_t nq = (size_t)T * NH * D, nk = (size_t)T * NKV * D;
-	float *hq = hrand_bf16(nq, 1), *hk = hrand_bf16(nk, 1);
+	float *hq = gc_rand_bf16(&rng, nq, 1), *hk = gc_rand_bf16(&rng, nk, 1);
 	bench_args a = {0};
-	a.q = put(hq, nq), a.k = put(hk, nk), a.v = put(hk, nk), a.o = put(NULL, nq);
-	a.go = put(hq, nq), a.dq = put(hq, nq), a.dk = put(hk, nk), a.dv = put(hk, nk);
-	a.lse = put(NULL, (size_t)NH * T);
+	a.q = gc_put(G, hq, nq), a.k = gc_put(G, hk, nk), a.v = gc_put(G, hk, nk);
+	a.o = gc_put(G, NULL, nq), a.go = gc_put(G, hq, nq), a.dq = gc_put(G, hq, nq);
+	a.dk = gc_put(G, hk, nk), a.dv = gc_put(G, hk, nk);
+	a.lse = gc_put(G, NULL, (size_t)NH * T);
 	a.cu = G->alloc(((size_t)S + 1) * sizeof(int32_t));
 	G->upload(a.cu, cu, ((size_t)S + 1) * sizeof(int32_t));
 	a.S = S, a.T = T, a.NH = NH, a.NKV = NKV, a.D = D;
 	a.ap = bk_attn_default(D);
 	a.ap.window = W;
+	a.ap.softcap = cap;
 	double keys = W > 0 && W < L ? (double)W * (W + 1) / 2 + (double)(L - W) * W
 				     : (double)L * (L + 1) / 2;
 	double flops = 4.0 * D * keys * S * NH, ms[2][2];
@@ -357,7 +297,8 @@ static void bench(int S, int L, int NH, int NKV, int D, int W)
 		ms[1][kn] = bk_cuda_time_ms(run_bwd, &a, REP);
 	}
 	char shape[96];
-	snprintf(shape, sizeof shape, "%dx%d NH=%d/%d D=%d W=%d", S, L, NH, NKV, D, W);
+	snprintf(shape, sizeof shape, "%dx%d NH=%d/%d D=%d W=%d c%g", S, L, NH, NKV, D, W,
+		 (double)cap);
 	for (int dir = 0; dir < 2; dir++) {
 		double fl = dir ? 2.5 * flops : flops;
 		printf("attention %s %s: fp32 %.3f ms, tc %.3f ms, ratio %.2f  (fp32 %.1f, tc %.1f "
@@ -365,8 +306,9 @@ static void bench(int S, int L, int NH, int NKV, int D, int W)
 		       ms[dir][0] / ms[dir][1], fl / ms[dir][0] * 1e-9, fl / ms[dir][1] * 1e-9);
 	}
 	free(cu), free(hq), free(hk);
-	drop(a.q), drop(a.k), drop(a.v), drop(a.o), drop(a.go), drop(a.dq), drop(a.dk);
-	drop(a.dv), drop(a.lse);
+	float *bufs[9] = {a.q, a.k, a.v, a.o, a.go, a.dq, a.dk, a.dv, a.lse};
+	for (int i = 0; i < 9; i++)
+		gc_drop(G, bufs[i]);
 	G->free(a.cu);
 }
 
@@ -383,11 +325,12 @@ int main(int argc, char **argv)
 	       sel && *sel ? sel : "fp32 (unset)");
 	const int lens[4] = {1, 7, 100, 257}, one[1] = {1}, odd[3] = {33, 1, 64};
 	const int heads[3][2] = {{8, 8}, {32, 4}, {8, 2}};
-	const int dims[2] = {64, 128};
-	for (int d = 0; d < 2; d++)
+	const int dims[3] = {64, 128, 256};
+	for (int d = 0; d < 3; d++)
 		if (!bk_cuda_attention_tc_supports(dims[d]))
 			die("the tensor-core attention does not support D=%d", dims[d]);
-	for (int d = 0; d < 2; d++)
+	/* GQA ratios 1, 8, 4 at each D, with and without a prefix */
+	for (int d = 0; d < 3; d++)
 		for (int g = 0; g < 3; g++)
 			for (int p = 0; p < 2; p++) {
 				bk_attn ap = bk_attn_default(dims[d]);
@@ -409,6 +352,12 @@ int main(int argc, char **argv)
 		check_case(lens, 4, 8, 2, 128, p ? 37 : 0, &a3);
 		check_case(odd, 3, 8, 8, 64, p ? 5 : 0, &a4);
 		check_case(lens, 4, 32, 4, 128, p ? 37 : 0, &a4);
+		/* D = 256 as Gemma 2: scale 256^-0.5, softcap 50, windows shorter and longer
+		 * than a tile (16 and 32 keys at D = 256), GQA 2 (Gemma-2-2B: 8/4) and 1 */
+		bk_attn g1 = {0.0625f, 50.0f, 100}, g2 = {0.0625f, 50.0f, 20};
+		check_case(lens, 4, 8, 4, 256, p ? 37 : 0, &g1);
+		check_case(odd, 3, 8, 8, 256, p ? 5 : 0, &g2);
+		check_case(lens, 4, 16, 2, 256, p ? 37 : 0, &a4);
 	}
 	/* realistic sizes */
 	if (!quick) {
@@ -416,6 +365,8 @@ int main(int argc, char **argv)
 		bk_attn a128 = bk_attn_default(128), a64 = bk_attn_default(64);
 		check_case(l1, 1, 32, 4, 128, 0, &a128);
 		check_case(l2, 2, 32, 4, 64, 0, &a64);
+		bk_attn g = {0.0625f, 50.0f, 512}; /* Gemma-2-2B's heads, a window of half */
+		check_case(l1, 1, 8, 4, 256, 0, &g);
 	}
 	/* D = 96: the tc entry runs the fp32 kernel (checked with the tc bounds) */
 	{
@@ -424,10 +375,14 @@ int main(int argc, char **argv)
 	}
 
 	if (do_bench) {
-		bench(16, 256, 32, 4, 64, 0); /* the training shape of the issue */
-		bench(4, 2048, 32, 4, 64, 0);
-		bench(1, 1024, 32, 4, 128, 0);
-		bench(4, 2048, 32, 4, 64, 512);
+		bench(16, 256, 32, 4, 64, 0, 0); /* the training shape of the issue */
+		bench(4, 2048, 32, 4, 64, 0, 0);
+		bench(1, 1024, 32, 4, 128, 0, 0);
+		bench(4, 2048, 32, 4, 64, 512, 0);
+		/* Gemma-2-2B's attention (8/4 heads, D 256, softcap 50): the training shape,
+		 * and 8k tokens with its 4096 window (its local layers) */
+		bench(16, 256, 8, 4, 256, 0, 50);
+		bench(1, 8192, 8, 4, 256, 4096, 50);
 	}
 	printf("check_attention_tc: %d lines, %d failed\n", n_lines, n_fail);
 	return n_fail ? 1 : 0;

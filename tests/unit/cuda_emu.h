@@ -140,7 +140,7 @@ static inline unsigned bk_cuda_blocks(size_t n, int threads)
 {
 	return (unsigned)((n + (size_t)threads - 1) / (size_t)threads);
 }
-/* the fp32 kernel is not emulated: the tests use D = 64 and 128 only */
+/* the fp32 kernel is not emulated: the tests use D = 64, 128 and 256 only */
 extern "C" void bk_cuda_attention_forward(float *, float *, const float *, const float *,
 					  const float *, const int32_t *, int, int, int, int, int,
 					  const float *, const float *, int, const bk_attn *);

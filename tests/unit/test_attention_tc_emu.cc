@@ -3,23 +3,30 @@
  * threads, an mma.sync m16n8k16 and an ldmatrix .trans that decode their fragments by
  * the PTX layout), against the host twin: forward out / lse and backward dq / dk / dv
  * on small packed shapes (odd lengths, tiles spanning sequences, GQA 4/2, 4/1, 2/1 and
- * NH = NKV (dk/dv added directly, no reduction), D 64 and 128, a prefix, softcap and
- * sliding window).  This checks the kernels' indexing, masks, online softmax, fragment
- * packing, barriers and the GQA reduction without a GPU; not the hardware's rounding,
- * its fragment layout itself, races between blocks (blocks run one at a time) or speed
- * (tests/gpu/check_attention_tc.c does those on a GPU).
+ * NH = NKV (dk/dv added directly, no reduction), D 64, 128 and 256 (its 32-key forward
+ * tiles with Q from shared memory, 16-key dq tiles, dk/dv in two column halves), a
+ * prefix, softcap (Gemma 2's 50 at D = 256) and sliding window).  This checks the
+ * kernels' indexing, masks, online softmax, fragment packing, barriers and the GQA
+ * reduction without a GPU; not the hardware's rounding, its fragment layout itself,
+ * races between blocks (blocks run one at a time) or speed (tests/gpu/
+ * check_attention_tc.c does those on a GPU).
  * Inputs are rounded to bf16 first, so the only bf16 error left is P and dS rounded in
  * the second products: each term off by <= 2^-8 relative, so
  *   out <= 1.01 2^-8 max|v| + 1e-5;   lse <= 1e-4 (fp32 only);
  *   dq, dk, dv <= 2e-2 max|gradient|  (2^-8 of the sums of |terms|, which for these short
  *   sequences are within a few times the largest gradient: a loose bound, as a wrong
- *   index or mask is off by O(1)). */
+ *   index or mask is off by O(1)).
+ * Usage: test_attention_tc_emu [LABEL]: only the cases whose label ("T=91 S=3 NH=2/1
+ * D=256 ...") contains LABEL, e.g. D=256 (none: an error).  A broken kernel fails it:
+ * dropping the column half's offset in dk/dv (output or ldmatrix), reading every warp's Q
+ * fragments from row 0 at D = 256, or one column half only, each fail 2 to 6 lines. */
 #ifndef BK_HAVE_CUDA
 #define BK_HAVE_CUDA 1
 #endif
 #define BK_TC_EMU 1
 
 #include "tests/unit/cuda_emu.h"
+#include "tests/gpu/gpu_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,7 +108,7 @@ void emu_ldmatrix_x2_trans(uint32_t &r0, uint32_t &r1, const __nv_bfloat16 *row)
 }
 
 struct emu_thread_arg {
-	unsigned tid, bx, by;
+	unsigned tid, bx, by, bz;
 	const std::function<void()> *body;
 };
 
@@ -109,7 +116,7 @@ static void *emu_thread(void *p)
 {
 	emu_thread_arg *a = (emu_thread_arg *)p;
 	threadIdx = emu_dim3(a->tid);
-	blockIdx = emu_dim3(a->bx, a->by);
+	blockIdx = emu_dim3(a->bx, a->by, a->bz);
 	(*a->body)();
 	return NULL;
 }
@@ -127,24 +134,24 @@ void emu_launch(emu_dim3 grid, int threads, size_t smem, const std::function<voi
 	emu_wb.resize(nw);
 	std::vector<pthread_t> th(threads);
 	std::vector<emu_thread_arg> args(threads);
-	for (unsigned by = 0; by < grid.y; by++)
-		for (unsigned bx = 0; bx < grid.x; bx++) {
-			if (smem)
-				memset(sm.data(), 0xff, sm.size());
-			pthread_barrier_init(&emu_block_bar, NULL, (unsigned)threads);
-			for (int w = 0; w < nw; w++)
-				pthread_barrier_init(&emu_warp_bar[w], NULL, 32);
-			for (int i = 0; i < threads; i++) {
-				args[i] = {(unsigned)i, bx, by, &body};
-				if (pthread_create(&th[i], NULL, emu_thread, &args[i]))
-					die("emu_launch: pthread_create failed");
-			}
-			for (int i = 0; i < threads; i++)
-				pthread_join(th[i], NULL);
-			pthread_barrier_destroy(&emu_block_bar);
-			for (int w = 0; w < nw; w++)
-				pthread_barrier_destroy(&emu_warp_bar[w]);
+	for (unsigned b = 0; b < grid.x * grid.y * grid.z; b++) { // x fastest, as on a GPU
+		unsigned bx = b % grid.x, by = b / grid.x % grid.y, bz = b / (grid.x * grid.y);
+		if (smem)
+			memset(sm.data(), 0xff, sm.size());
+		pthread_barrier_init(&emu_block_bar, NULL, (unsigned)threads);
+		for (int w = 0; w < nw; w++)
+			pthread_barrier_init(&emu_warp_bar[w], NULL, 32);
+		for (int i = 0; i < threads; i++) {
+			args[i] = {(unsigned)i, bx, by, bz, &body};
+			if (pthread_create(&th[i], NULL, emu_thread, &args[i]))
+				die("emu_launch: pthread_create failed");
 		}
+		for (int i = 0; i < threads; i++)
+			pthread_join(th[i], NULL);
+		pthread_barrier_destroy(&emu_block_bar);
+		for (int w = 0; w < nw; w++)
+			pthread_barrier_destroy(&emu_warp_bar[w]);
+	}
 }
 
 static std::vector<unsigned char> emu_ws[4];
@@ -195,15 +202,7 @@ static int n_fail, n_lines;
 static void check(const char *size, const char *what, const float *got, const float *want,
 		  size_t n, double bound)
 {
-	double err = 0;
-	for (size_t i = 0; i < n; i++) {
-		double d = fabs((double)got[i] - want[i]);
-		if (isnan(got[i]) || isnan(d)) {
-			err = INFINITY;
-			break;
-		}
-		err = d > err ? d : err;
-	}
+	double err = gc_maxerr(got, want, n);
 	int ok = err <= bound;
 	n_lines++;
 	n_fail += !ok;
@@ -211,21 +210,7 @@ static void check(const char *size, const char *what, const float *got, const fl
 	       ok ? "ok" : "FAIL");
 }
 
-static double maxabs(const float *x, size_t n)
-{
-	double m = 0;
-	for (size_t i = 0; i < n; i++)
-		m = fabs(x[i]) > m ? fabs(x[i]) : m;
-	return m;
-}
-
-static double maxdiff(const float *a, const float *b, size_t n)
-{
-	double m = 0;
-	for (size_t i = 0; i < n; i++)
-		m = fabs((double)a[i] - b[i]) > m ? fabs((double)a[i] - b[i]) : m;
-	return m;
-}
+static const char *only; // argv[1]: run only the cases whose label contains it
 
 static void run_case(const std::vector<int> &lens, int NH, int NKV, int D, int P, bk_attn ap,
 		     bool bwd)
@@ -240,6 +225,8 @@ static void run_case(const std::vector<int> &lens, int NH, int NKV, int D, int P
 	char size[96];
 	snprintf(size, sizeof size, "T=%d S=%d NH=%d/%d D=%d P=%d c%g W%d", T, S, NH, NKV, D, P,
 		 (double)ap.softcap, ap.window);
+	if (only && !strstr(size, only))
+		return;
 	std::vector<float> q = rnd_bf16(nq, 1.5f), k = rnd_bf16(nk, 1.5f), v = rnd_bf16(nk, 1.0f);
 	std::vector<float> pk = rnd_bf16(np, 1.5f), pv = rnd_bf16(np, 1.0f);
 	std::vector<float> oh(nq + 1), lh(nl + 1), og(nq + 1, NAN), lg(nl + 1, NAN);
@@ -248,9 +235,9 @@ static void run_case(const std::vector<int> &lens, int NH, int NKV, int D, int P
 				      P ? pv.data() : NULL, P, &ap);
 	emu_tc_forward(og.data(), lg.data(), q.data(), k.data(), v.data(), cu.data(), S, T, NH,
 		       NKV, D, P ? pk.data() : NULL, P ? pv.data() : NULL, P, &ap);
-	double mv = maxabs(v.data(), nk);
-	if (P && maxabs(pv.data(), np) > mv)
-		mv = maxabs(pv.data(), np);
+	double mv = gc_maxabs(v.data(), nk);
+	if (P && gc_maxabs(pv.data(), np) > mv)
+		mv = gc_maxabs(pv.data(), np);
 	check(size, "out", og.data(), oh.data(), nq, 1.01 * 0x1p-8 * mv + 1e-5);
 	check(size, "lse", lg.data(), lh.data(), nl, 1e-4);
 	if (!bwd)
@@ -264,15 +251,17 @@ static void run_case(const std::vector<int> &lens, int NH, int NKV, int D, int P
 				       NKV, D, &ap);
 	emu_tc_backward(dqg.data(), dkg.data(), dvg.data(), go.data(), q.data(), k.data(), v.data(),
 			oh.data(), lh.data(), cu.data(), S, T, NH, NKV, D, &ap);
-	check(size, "dq", dqg.data(), dqh.data(), nq, 2e-2 * maxdiff(dqh.data(), dq0.data(), nq));
-	check(size, "dk", dkg.data(), dkh.data(), nk, 2e-2 * maxdiff(dkh.data(), dk0.data(), nk));
-	check(size, "dv", dvg.data(), dvh.data(), nk, 2e-2 * maxdiff(dvh.data(), dv0.data(), nk));
+	check(size, "dq", dqg.data(), dqh.data(), nq, 2e-2 * gc_maxerr(dqh.data(), dq0.data(), nq));
+	check(size, "dk", dkg.data(), dkh.data(), nk, 2e-2 * gc_maxerr(dkh.data(), dk0.data(), nk));
+	check(size, "dv", dvg.data(), dvh.data(), nk, 2e-2 * gc_maxerr(dvh.data(), dv0.data(), nk));
 }
 
 int main(int argc, char **argv)
 {
-	(void)argc;
 	bk_diag_init(argv[0]);
+	if (argc > 2)
+		die("usage: test_attention_tc_emu [SUBSTRING of the case labels to run]");
+	only = argc > 1 ? argv[1] : NULL;
 	clock_t c0 = clock();
 	bk_attn a64 = bk_attn_default(64), a128 = bk_attn_default(128);
 	bk_attn capwin = {0.2f, 3.0f, 40}, win = {0.125f, 0, 16};
@@ -282,6 +271,16 @@ int main(int argc, char **argv)
 	run_case({100}, 2, 2, 64, 5, win, false);            // window into the prefix
 	run_case({100, 30}, 2, 1, 64, 0, win, true);         // window shorter than a tile
 	run_case({65, 3}, 2, 2, 64, 0, a64, true);           // NH = NKV: dk/dv added directly
+	// D = 256 (Gemma 2/3): 32-key forward tiles with Q from shared memory, 16-key dq
+	// tiles, dk/dv in two column halves (two blocks a head); Gemma-2's scale 256^-0.5 and softcap 50
+	// (cap' = 1 - (s / 50)^2 is within 1e-3 of 1 at these scores: the second case's cap of
+	// 1 is what makes a wrong cap' factor fail)
+	bk_attn g2 = {0.0625f, 50.0f, 24}, hard = {0.0625f, 1.0f, 0};
+	run_case({1, 40, 50}, 2, 1, 256, 0, g2, true);       // GQA 2, softcap + window
+	run_case({70, 9}, 1, 1, 256, 0, hard, true);         // NH = NKV: halves added directly
+	run_case({30, 45}, 2, 1, 256, 21, g2, false);        // prefix + window (forward)
+	if (!n_lines)
+		die("no case label contains '%s'", only);
 	printf("test_attention_tc_emu: %d checks, %d failed (%.1f s CPU)\n", n_lines, n_fail,
 	       (double)(clock() - c0) / CLOCKS_PER_SEC);
 	return n_fail ? 1 : 0;

@@ -1,0 +1,105 @@
+/* gpu_check.h - helpers of the attention checks, header-only (static inline), so that
+ * each check is one translation unit and an unused helper costs nothing:
+ *   - error maxima (C and C++): tests/gpu/check_attention_tc.c and the CPU emulation test
+ *     tests/unit/test_attention_tc_emu.cc;
+ *   - fenced device buffers and bf16-exact random inputs (C only: an op table, the
+ *     project's rng): the GPU check programs.
+ * Not a test framework: each program prints its own lines and counts its failures. */
+#ifndef BK_GPU_CHECK_H
+#define BK_GPU_CHECK_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* max |x_i| */
+static inline double gc_maxabs(const float *x, size_t n)
+{
+	double m = 0;
+	for (size_t i = 0; i < n; i++)
+		m = fabs(x[i]) > m ? fabs(x[i]) : m;
+	return m;
+}
+
+/* the largest Euclidean norm of the rows of D values of x [rows,D] */
+static inline double gc_maxnorm(const float *x, size_t rows, int D)
+{
+	double m = 0;
+	for (size_t r = 0; r < rows; r++) {
+		double s = 0;
+		for (int d = 0; d < D; d++)
+			s += (double)x[r * D + d] * x[r * D + d];
+		m = s > m ? s : m;
+	}
+	return sqrt(m);
+}
+
+/* max |got_i - want_i|; INFINITY when a got_i or a difference is NaN (NaN never passes) */
+static inline double gc_maxerr(const float *got, const float *want, size_t n)
+{
+	double err = 0;
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)got[i] - want[i]);
+		if (isnan(got[i]) || isnan(d))
+			return INFINITY;
+		err = d > err ? d : err;
+	}
+	return err;
+}
+
+#ifndef __cplusplus
+#include "common/diag.h"
+#include "common/rng.h"
+#include "formats/safetensors.h"
+#include "gpu/ops.h"
+
+#define GC_PAD 16               /* sentinel floats on each side of a device buffer */
+#define GC_SENTINEL 12345.625f
+
+/* uniform in [-scale, scale), rounded to bf16 (round to nearest even) */
+static inline float *gc_rand_bf16(bk_rng *rng, size_t n, float scale)
+{
+	float *x = xmalloc((n ? n : 1) * sizeof(float));
+	for (size_t i = 0; i < n; i++)
+		x[i] = bk_bf16_to_f32(bk_f32_to_bf16(scale * (float)(2 * bk_rng_uniform(rng) - 1)));
+	return x;
+}
+
+/* a copy of h [n] in o's memory, fenced by GC_PAD sentinels each side; h NULL: NaN */
+static inline float *gc_put(const bk_ops *o, const float *h, size_t n)
+{
+	float *tmp = xmalloc((n + 2 * GC_PAD) * sizeof(float));
+	for (size_t i = 0; i < GC_PAD; i++)
+		tmp[i] = tmp[n + GC_PAD + i] = GC_SENTINEL;
+	for (size_t i = 0; i < n; i++)
+		tmp[GC_PAD + i] = h ? h[i] : NAN;
+	float *d = o->alloc((n + 2 * GC_PAD) * sizeof(float));
+	o->upload(d, tmp, (n + 2 * GC_PAD) * sizeof(float));
+	free(tmp);
+	return d + GC_PAD;
+}
+
+/* h [n] = d [n] of gc_put; returns the number of damaged sentinels */
+static inline int gc_get(const bk_ops *o, float *h, const float *d, size_t n)
+{
+	float *tmp = xmalloc((n + 2 * GC_PAD) * sizeof(float));
+	o->download(tmp, d - GC_PAD, (n + 2 * GC_PAD) * sizeof(float));
+	int bad = 0;
+	for (size_t i = 0; i < GC_PAD; i++)
+		bad += tmp[i] != GC_SENTINEL || tmp[n + GC_PAD + i] != GC_SENTINEL;
+	memcpy(h, tmp + GC_PAD, n * sizeof(float));
+	free(tmp);
+	return bad;
+}
+
+/* frees a gc_put buffer (NULL is fine) */
+static inline void gc_drop(const bk_ops *o, float *d)
+{
+	if (d)
+		o->free(d - GC_PAD);
+}
+#endif /* !__cplusplus */
+
+#endif
