@@ -109,6 +109,14 @@ $(BUILD)/obj/tests/unit/harness.o: tests/harness.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# a stand-in libnccl.so.2 over host memory for tests/t0415-nccl.sh (bk-step loads NCCL at
+# run time: BK_NCCL_LIB names this file there)
+FAKE_NCCL := $(BUILD)/tests/fake-nccl/libnccl.so.2
+all: $(FAKE_NCCL)
+$(FAKE_NCCL): tests/unit/fake_nccl.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O1 -g $(WARN) -D_GNU_SOURCE -fPIC -shared $< -o $@
+
 # GPU check programs (tests/gpu/*.c and *.cu, run by tests/gpu/run.sh on a machine with
 # a GPU): built by `make` only when CUDA=1
 ifeq ($(CUDA),1)

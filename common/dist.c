@@ -87,6 +87,15 @@ void bk_dist_finish(const bk_dist *d)
 void bk_dist_sum_f32(const bk_dist *d, float *x, size_t n) { CHAIN_SUM(float, MPI_FLOAT); }
 void bk_dist_sum_f64(const bk_dist *d, double *x, size_t n) { CHAIN_SUM(double, MPI_DOUBLE); }
 
+void bk_dist_bcast(const bk_dist *d, void *buf, size_t n, int root)
+{
+	if (d->size <= 1)
+		return;
+	if (n > (size_t)1 << 30)
+		BUG("bk_dist_bcast of %zu bytes", n);
+	MPI_Bcast(buf, (int)n, MPI_BYTE, root, MPI_COMM_WORLD);
+}
+
 void bk_dist_barrier(const bk_dist *d)
 {
 	if (d->size > 1)
@@ -106,6 +115,10 @@ void bk_dist_init(bk_dist *d)
 void bk_dist_finish(const bk_dist *d) { (void)d; }
 void bk_dist_sum_f32(const bk_dist *d, float *x, size_t n) { (void)d, (void)x, (void)n; }
 void bk_dist_sum_f64(const bk_dist *d, double *x, size_t n) { (void)d, (void)x, (void)n; }
+void bk_dist_bcast(const bk_dist *d, void *buf, size_t n, int root)
+{
+	(void)d, (void)buf, (void)n, (void)root;
+}
 void bk_dist_barrier(const bk_dist *d) { (void)d; }
 
 #endif

@@ -2,8 +2,9 @@
  * many there are, and the few collectives bk-step needs, each in a fixed order so the
  * result does not depend on timing.  Without an MPI launcher (or in a build without
  * MPI) a run is one rank of one and every call is a no-op.
- * Not a transport of our own: MPI (OpenMPI from Debian) does the work; on GPUs the
- * caller stages device buffers through host memory. */
+ * Not a transport of our own: MPI (OpenMPI from Debian) does the work.  On GPUs the
+ * gradients are summed by NCCL on the device (gpu/nccl.h, which uses bk_dist_bcast for
+ * its unique id) or, without it, staged through host memory by the caller. */
 #ifndef BK_DIST_H
 #define BK_DIST_H
 
@@ -29,6 +30,8 @@ void bk_dist_finish(const bk_dist *d);
 void bk_dist_sum_f32(const bk_dist *d, float *x, size_t n);
 /* The same for doubles (counters and losses). */
 void bk_dist_sum_f64(const bk_dist *d, double *x, size_t n);
+/* Rank root's n bytes at buf to every rank (a no-op for one rank). */
+void bk_dist_bcast(const bk_dist *d, void *buf, size_t n, int root);
 /* Every rank stops here until all have arrived. */
 void bk_dist_barrier(const bk_dist *d);
 /* Was the process started by a launcher of more than one process? (no MPI needed) */

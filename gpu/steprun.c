@@ -13,6 +13,7 @@
 #include "formats/teacher.h"
 #include "gpu/device.h"
 #include "gpu/load.h"
+#include "gpu/nccl.h"
 #include "gpu/train.h"
 
 #include <dirent.h>
@@ -68,6 +69,7 @@ struct run {
 	const bk_step_opts *o;
 	bk_dist dist;            /* data-parallel ranks (invariant 8): rank 0 writes */
 	float *gbuf;             /* host copy of the gradients for the reduction */
+	bk_nccl *nccl;           /* NCCL sums the gradients on the GPUs; NULL: over MPI */
 	bk_loaded_model lm;
 	bk_trainer *tr;
 	bk_writer *w;
@@ -569,18 +571,23 @@ static void progress_line(run *R, double loss, double t)
 }
 
 /* data parallel: the step's gradients, micro-batch count, loss, records, tokens and
- * stop requests summed over the ranks in rank order, so every rank takes the same
- * step (invariant 8) */
+ * stop requests summed over the ranks, so every rank takes the same step (invariant 8):
+ * the gradients by NCCL on the devices (its order, the same on every rank) or over MPI
+ * through host memory in rank order; the five counters always over MPI */
 static void reduce_step(run *R)
 {
 	bk_trainer *tr = R->tr;
 	const bk_ops *ops = tr->m->ops;
 	size_t n = tr->grads->n_flat;
-	if (!R->gbuf)
-		R->gbuf = xmalloc(n * sizeof(float));
-	ops->download(R->gbuf, tr->grads->flat, n * sizeof(float));
-	bk_dist_sum_f32(&R->dist, R->gbuf, n);
-	ops->upload(tr->grads->flat, R->gbuf, n * sizeof(float));
+	if (R->nccl) {
+		bk_nccl_sum_f32(R->nccl, tr->grads->flat, n);
+	} else {
+		if (!R->gbuf)
+			R->gbuf = xmalloc(n * sizeof(float));
+		ops->download(R->gbuf, tr->grads->flat, n * sizeof(float));
+		bk_dist_sum_f32(&R->dist, R->gbuf, n);
+		ops->upload(tr->grads->flat, R->gbuf, n * sizeof(float));
+	}
 	double c[5] = {tr->n_micro, R->step_loss, (double)R->step_records,
 		       (double)R->step_tokens, stop_signal ? 1 : 0};
 	bk_dist_sum_f64(&R->dist, c, 5);
@@ -598,7 +605,7 @@ static void reduce_step(run *R)
 /* ends the optimizer step: AdamW, progress, metrics record, progress line, save */
 static void finish_step(run *R, double epoch_pos)
 {
-	if (R->dist.size > 1)
+	if (R->dist.size > 1 || R->nccl)
 		reduce_step(R);
 	int n_micro = R->tr->n_micro;
 	double lr, norm = bk_trainer_step(R->tr, &lr), loss = R->step_loss / n_micro;
@@ -1041,6 +1048,7 @@ int bk_step_run(const bk_step_opts *o)
 	bk_reader *in = bk_reader_open(o->input); /* a file: verified whole here */
 	R.lm = bk_model_load(ops, o->model);
 	check_stream(&R, in);
+	R.nccl = bk_nccl_open(&R.dist, ops); /* the path of the gradient sum; says which */
 
 	/* the plan: micro-batches per epoch and optimizer steps */
 	file_index fx = {0};
@@ -1156,6 +1164,7 @@ int bk_step_run(const bk_step_opts *o)
 done:
 	free(final);
 	free(R.gbuf);
+	bk_nccl_close(R.nccl);
 	for (size_t i = 0; i < R.ckpts.n; i++)
 		free(R.ckpts.v[i]);
 	free(R.ckpts.v);

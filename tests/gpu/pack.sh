@@ -65,6 +65,12 @@ for f in "$BUILD"/bin/* $(for u in $UNIT; do echo "$BUILD/tests/$u"; done) "$BUI
 	n=$((n + 1))
 done
 [ $n -gt 0 ] || die "$BUILD: no programs to pack"
+# the stand-in libnccl.so.2 (tests/unit/fake_nccl.c, 28 KiB): check_dist.sh --host in a
+# dry run; a GPU run uses the machine's own NCCL
+if [ -f "$BUILD/tests/fake-nccl/libnccl.so.2" ]; then
+	mkdir -p "$PACK/tests/fake-nccl"
+	cp "$BUILD/tests/fake-nccl/libnccl.so.2" "$PACK/tests/fake-nccl/"
+fi
 command -v jq >/dev/null || die "no jq here to pack (make deps installs it)"
 cp "$(command -v jq)" "$PACK/bin/jq"
 
