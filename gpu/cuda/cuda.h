@@ -56,6 +56,13 @@ void bk_cuda_teacher_topk(const float *hidden, const bk_weight *lm_head, int n, 
 			  float *rest);
 void bk_cuda_teacher_logprobs(const float *hidden, const bk_weight *lm_head, int n, int chunk,
 			      float temperature, float softcap, float *logp);
+/* which kl_exact / kl_topk the op table runs: 1 = v1 (the default: vocabulary chunks,
+ * 5 / 3 LM-head GEMMs, teacher fields checked on the host), 2 = v2 (BK_LOSS=v2: row
+ * blocks within a 512 MiB budget, 3 / 2 GEMMs, fields checked on the device).  Read from
+ * BK_LOSS (v1, v2; anything else dies) on first use; set_mode overrides it (the check
+ * program compares both in one process). */
+int bk_cuda_loss_mode(void);
+void bk_cuda_loss_set_mode(int mode /* 1 or 2 */);
 
 /* gpu/cuda/cuda_optim.cu: the optimizer ops (ops.h, gpu/optim8.h). */
 void bk_cuda_adamw_step(float *param, const float *grad, float *m, float *v, size_t n,

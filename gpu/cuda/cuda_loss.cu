@@ -2,18 +2,24 @@
 // kl_topk, teacher_topk, teacher_logprobs; semantics of gpu/host/loss.h): the LM head as a
 // vocabulary-chunked bf16 cuBLAS GEMM into a fixed [N,C] scratch, per-row online
 // log-sum-exp / KL / dlogits kernels, and d_hidden += dlogits_chunk W_chunk by GEMM, so
-// the student's [N,V] logits never exist.  Not the judge (host_loss_ops.c + loss.c).
+// the student's [N,V] logits never exist (v1, the default; BK_LOSS=v2 below: row blocks
+// within a fixed budget, fewer head GEMMs, device-side validation).  Gemma-2's final
+// logit softcap: the GEMM's raw logits capped, tanhf(z / c) * c, then divided by T (as
+// loss.c), and the dlogits times the cap's slope.  Not the judge (host_loss_ops.c +
+// loss.c).  The kernels v2 adds (and the block reductions) are in cuda_loss2.cuh.
 //
 // Precision: hidden rows and dlogits are rounded to bf16 for the GEMMs (the head is bf16
 // on the device), fp32 accumulation; per-row maxima fp32, sums of exponentials and the
 // KL in double, as loss.c.  Scaled logits are u = (x W^T) * (1/T) (loss.c divides).
-// Input checks (sample indices, top-k ids, rest masses, log-probs) run on the host on
-// downloaded copies, with loss.c's messages.  Rows of gather/scatter out of [0,T) give
-// NaN rows / are skipped (the callers build them; the host twin BUGs).
+// Input checks (sample indices, top-k ids, rest masses, log-probs) give loss.c's
+// messages: v1 checks on the host, on downloaded copies; v2 the sample indices on the
+// host, the top-k fields on the device.  Rows of gather/scatter out of [0,T) give NaN
+// rows / are skipped (the callers build them; the host twin BUGs).
 // Teacher top-k: rows in blocks whose [rows,V] logits fit TOPK_SCRATCH floats; per row a
 // radix select of the K-th largest (ties: smaller id first), a bitonic sort of the K in
 // shared memory (K <= TOPK_MAX_K; larger K: the block's logits go to loss.c on the host).
 #include "gpu/cuda/cuda_common.cuh"
+#include "gpu/cuda/cuda_loss2.cuh" // block reductions, the cap slope, the v2 row kernels
 
 #include <math.h>
 #include <stdlib.h>
@@ -25,7 +31,6 @@ extern "C" void bk_teacher_topk(const float *hidden, const float *lm_head, const
 				int n, int h, int v, int chunk, float temperature, float softcap,
 				int k, int32_t *ids, float *logp, float *rest);
 
-#define LOSS_THREADS 256
 #define TOPK_MAX_K 4096
 #define TOPK_SCRATCH ((size_t)1 << 26) // floats of teacher logits per row block (256 MiB)
 
@@ -109,14 +114,6 @@ static void cap_scale(float *u, size_t n, float c, float t)
 	CUDA_LAUNCH_CHECK("cap_scale_kernel");
 }
 
-// the slope of the cap at a scaled logit u = cap(z) / T: 1 - (u T / c)^2; tc = T / c
-// (tc = 0: no cap, slope 1)
-__device__ __forceinline__ float cap_slope(float u, float tc)
-{
-	float t = u * tc;
-	return 1.0f - t * t;
-}
-
 // u [N,cn] (row-major) = (x [N,H] W[c0:c0+cn,:]^T) * alpha; column-major cuBLAS sees
 // u^T [cn,N] = op_T(W_chunk as col-major [H,cn]) x^T [H,N]
 static void logits_gemm(const __nv_bfloat16 *xb, const bk_weight *W, int n, int c0, int cn,
@@ -142,33 +139,6 @@ static void backward_gemm(const __nv_bfloat16 *gb, const bk_weight *W, int n, in
 				  cn, &beta, d_hidden, CUDA_R_32F, H, CUBLAS_COMPUTE_32F,
 				  CUBLAS_GEMM_DEFAULT));
 }
-
-// ---- block reductions (blockDim.x == LOSS_THREADS) ----
-template <typename T, typename F>
-__device__ __forceinline__ T block_reduce(T v, F op, T *sh /* [32] */)
-{
-	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-	for (int o = 16; o > 0; o >>= 1)
-		v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-	__syncthreads(); // sh may still be read by a previous call
-	if (lane == 0)
-		sh[wid] = v;
-	__syncthreads();
-	T r = sh[0];
-	for (int i = 1; i < nw; i++)
-		r = op(r, sh[i]);
-	return r;
-}
-
-struct op_max {
-	__device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-struct op_sumf {
-	__device__ float operator()(float a, float b) const { return a + b; }
-};
-struct op_sumd {
-	__device__ double operator()(double a, double b) const { return a + b; }
-};
 
 // ---------------------------------------------------------------------------------
 // gather / scatter
@@ -436,7 +406,7 @@ static double finish_loss(const int32_t *sample_of, int n, int n_samples, const 
 	return loss;
 }
 
-extern "C" double bk_cuda_kl_exact(const float *hidden, const bk_weight *lm_head,
+static double bk_cuda_kl_exact_v1(const float *hidden, const bk_weight *lm_head,
 				   const float *teacher_hidden, const float *teacher_logp,
 				   const int32_t *sample_of, int n, int n_samples, int chunk,
 				   float temperature, float softcap, float *d_hidden, float *row_kl)
@@ -518,7 +488,7 @@ static int cmp_i32(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-extern "C" double bk_cuda_kl_topk(const float *hidden, const bk_weight *lm_head,
+static double bk_cuda_kl_topk_v1(const float *hidden, const bk_weight *lm_head,
 				  const int32_t *topk_ids, const float *topk_logp,
 				  const float *rest, const int32_t *sample_of, int n, int n_samples,
 				  int k, int chunk, float temperature, float softcap, float *d_hidden,
@@ -873,3 +843,273 @@ extern "C" void bk_cuda_teacher_topk(const float *hidden, const bk_weight *lm_he
 	free(hl), free(hi), free(hp), free(hr);
 }
 
+// ---------------------------------------------------------------------------------
+// v2 of kl_exact / kl_topk (BK_LOSS=v2; v1 above stays the default until a GPU run has
+// validated v2): fewer LM-head GEMMs by rows, not vocabulary chunks.
+//
+// The rows go in blocks of nb rows whose [nb,V] buffers (student logits fp32, teacher
+// logits fp32 when the teacher is hidden rows, dlogits bf16) fit LOSS_V2_BUDGET bytes
+// together: nb = budget / (V (4 + 4 + 2)) = 353 rows at V = 151936 (Qwen2), 1677 at
+// V = 32000 (the workspace allocator may round a slot up by 25%; below one row per block,
+// V > 53M, a block is one row and exceeds the budget).  Per block, each GEMM covers the
+// whole vocabulary once:
+//   exact, teacher hidden:    student logits, teacher logits, d_hidden   (3; v1: 5)
+//   exact, teacher log-probs: student logits, d_hidden                   (2; v1: 3)
+//   top-k:                    student logits, d_hidden                   (2; v1: 3)
+// (without d_hidden one GEMM less), the row kernels read the block's logits from global
+// memory (L2) three times instead of recomputing them.  The [N,H] bf16 copies of the
+// hidden rows are the inputs' size and not counted in the budget.
+// Teacher fields of the top-k loss are validated on the device (ids in [0,V), no id twice
+// per row, rest in [-1e-4, 1 + 1e-4], log-probs <= 1e-4, not NaN; rest and P = sum p +
+// rest computed there too): a flag comes back with the per-row KL in the one copy the
+// loss needs anyway; when it is set, the host downloads the fields and dies with loss.c's
+// message for the first bad one (no per-call device->host round trip otherwise).  K >
+// VALIDATE_MAX_K: the fields are checked on the host as in v1.
+// Precision: as v1 (bf16 GEMM inputs, fp32 accumulation and logits, fp32 row maxima,
+// double sums and KL, bf16 dlogits); only summation orders differ, so the bounds of
+// tests/gpu/check_loss.c are v1's.
+
+#define LOSS_V2_BUDGET ((size_t)512 << 20)
+#define VALIDATE_MAX_K 4096
+
+// rows per block for `sides` fp32 [rows,V] buffers plus the bf16 dlogits
+static int v2_rows(int n, int V, int sides)
+{
+	size_t per = (size_t)V * (4 * (size_t)sides + 2);
+	size_t nb = LOSS_V2_BUDGET / per;
+	if (nb < 1)
+		nb = 1;
+	return nb > (size_t)n ? n : (int)nb;
+}
+
+// loss.c's checks of the top-k teacher fields on host copies, in its order (every
+// row's ids first, then every row's rest and log-probs), dying with its message; prest
+// and ptot (if not NULL) get rest as used and P = sum p + rest.  Returns when all pass.
+static void topk_check_host(const int32_t *ids_d, const float *logp_d, const float *rest_d,
+			    int n, int k, int V, double *prest, double *ptot)
+{
+	size_t nk = (size_t)n * k;
+	int32_t *ids = (int32_t *)host_alloc(nk * sizeof(int32_t));
+	float *lp = (float *)host_alloc(nk * sizeof(float)), *rs = (float *)host_alloc((size_t)n * 4);
+	d2h(ids, ids_d, nk * sizeof(int32_t));
+	d2h(lp, logp_d, nk * sizeof(float));
+	d2h(rs, rest_d, (size_t)n * sizeof(float));
+	for (int r = 0; r < n; r++) {
+		int32_t *id = ids + (size_t)r * k;
+		for (int i = 0; i < k; i++)
+			if (id[i] < 0 || id[i] >= V)
+				die("sparse loss: row %d: top-k id %d is not in [0, %d)", r, (int)id[i], V);
+		qsort(id, (size_t)k, sizeof(int32_t), cmp_i32);
+		for (int i = 1; i < k; i++)
+			if (id[i] == id[i - 1])
+				die("sparse loss: row %d: top-k id %d appears twice", r, (int)id[i]);
+	}
+	for (int r = 0; r < n; r++) {
+		double pr = rs[r];
+		if (!(pr >= -1e-4 && pr <= 1 + 1e-4))
+			die("sparse loss: row %d: teacher rest mass %g is not in [0, 1]", r, pr);
+		double p0 = (k == V || pr < 0) ? 0.0 : pr > 1 ? 1.0 : pr, sum = p0;
+		for (int i = 0; i < k; i++) {
+			double l = lp[(size_t)r * k + i];
+			if (isnan(l) || l > 1e-4)
+				die("sparse loss: row %d: teacher log-prob %g is not <= 0", r, l);
+			sum += exp(l);
+		}
+		if (prest)
+			prest[r] = p0, ptot[r] = sum;
+	}
+	free(ids), free(lp), free(rs);
+}
+
+// the host row weights w [n] (dies on a bad sample index), uploaded into wd
+static float *v2_weights(const int32_t *sample_of, int n, int n_samples, float *wd)
+{
+	float *w = (float *)host_alloc((size_t)n * sizeof(float));
+	bk_loss_row_weights(sample_of, n, n_samples, w);
+	h2d(wd, w, (size_t)n * sizeof(float));
+	return w;
+}
+
+// one copy back: kl [n] and the validation flag behind it; loss = sum_r w_r kl_r
+static double v2_finish(const float *w, int n, const double *kl_d /* [n] + flag */,
+			float *row_kl, unsigned long long *flag)
+{
+	double *kl = (double *)host_alloc(((size_t)n + 1) * sizeof(double));
+	d2h(kl, kl_d, ((size_t)n + 1) * sizeof(double));
+	memcpy(flag, kl + n, sizeof *flag);
+	double loss = 0;
+	for (int r = 0; r < n; r++) {
+		loss += w[r] * kl[r];
+		if (row_kl)
+			row_kl[r] = (float)kl[r];
+	}
+	free(kl);
+	return loss;
+}
+
+static double bk_cuda_kl_exact_v2(const float *hidden, const bk_weight *lm_head,
+				  const float *teacher_hidden, const float *teacher_logp,
+				  const int32_t *sample_of, int n, int n_samples, int chunk,
+				  float temperature, float softcap, float *d_hidden, float *row_kl)
+{
+	int H = lm_head->cols, V = lm_head->rows;
+	loss_check_dims("exact loss", n, H, V, chunk, temperature, softcap);
+	if (!teacher_hidden == !teacher_logp)
+		CUDA_BUG("exact loss: give exactly one of teacher hidden rows and teacher log-probs");
+	if (n == 0)
+		return 0.0;
+	cudaStream_t st = bk_cuda_stream();
+	int sides = teacher_hidden ? 2 : 1, nb = v2_rows(n, V, sides);
+	size_t nh = (size_t)n * H, nbv = (size_t)nb * V;
+	carve c0 = {0, NULL}, c1 = {0, NULL}, c3 = {0, NULL};
+	c0.base = (char *)bk_cuda_workspace(0, carve_size(nh * 2) * sides);
+	__nv_bfloat16 *xb = (__nv_bfloat16 *)carve_take(&c0, nh * 2); // [N,H]
+	__nv_bfloat16 *tb = teacher_hidden ? (__nv_bfloat16 *)carve_take(&c0, nh * 2) : NULL;
+	c1.base = (char *)bk_cuda_workspace(1, carve_size(nbv * 4) * sides);
+	float *us = (float *)carve_take(&c1, nbv * 4);                       // [nb,V]
+	float *ut = teacher_hidden ? (float *)carve_take(&c1, nbv * 4) : NULL; // [nb,V]
+	__nv_bfloat16 *gb = d_hidden ? (__nv_bfloat16 *)bk_cuda_workspace(2, nbv * 2) : NULL;
+	c3.base = (char *)bk_cuda_workspace(3, carve_size(((size_t)n + 1) * 8) +
+						       carve_size((size_t)n * 4));
+	double *kl = (double *)carve_take(&c3, ((size_t)n + 1) * 8); // [N] + the flag
+	float *wd = (float *)carve_take(&c3, (size_t)n * 4);
+	float *w = v2_weights(sample_of, n, n_samples, wd);
+	CUDA_CHECK(cudaMemsetAsync(kl + n, 0, 8, st));
+	to_bf16(xb, hidden, nh);
+	if (teacher_hidden)
+		to_bf16(tb, teacher_hidden, nh);
+	float tc = softcap > 0 ? temperature / softcap : 0.0f;
+	for (int r0 = 0; r0 < n; r0 += nb) {
+		int rn = n - r0 < nb ? n - r0 : nb;
+		scaled_logits(xb + (size_t)r0 * H, lm_head, rn, 0, V, temperature, softcap, us, V);
+		if (ut)
+			scaled_logits(tb + (size_t)r0 * H, lm_head, rn, 0, V, temperature, softcap, ut,
+				      V);
+		kl_exact_row_kernel<<<rn, LOSS_THREADS, 0, st>>>(
+			us, ut, teacher_logp ? teacher_logp + (size_t)r0 * V : NULL, V, wd + r0, tc,
+			kl + r0, gb);
+		CUDA_LAUNCH_CHECK("kl_exact_row_kernel");
+		if (d_hidden)
+			backward_gemm(gb, lm_head, rn, 0, V, 1.0f / temperature, 1,
+				      d_hidden + (size_t)r0 * H);
+	}
+	unsigned long long flag;
+	double loss = v2_finish(w, n, kl, row_kl, &flag);
+	free(w);
+	return loss;
+}
+
+static double bk_cuda_kl_topk_v2(const float *hidden, const bk_weight *lm_head,
+				 const int32_t *topk_ids, const float *topk_logp,
+				 const float *rest, const int32_t *sample_of, int n, int n_samples,
+				 int k, int chunk, float temperature, float softcap,
+				 float *d_hidden, float *row_kl)
+{
+	int H = lm_head->cols, V = lm_head->rows;
+	loss_check_dims("sparse loss", n, H, V, chunk, temperature, softcap);
+	if (k < 0 || k > V)
+		die("sparse loss: top-k count %d is not in [0, %d]", k, V);
+	if (n == 0)
+		return 0.0;
+	cudaStream_t st = bk_cuda_stream();
+	int nb = v2_rows(n, V, 1);
+	size_t nh = (size_t)n * H, nbv = (size_t)nb * V, nbk = (size_t)nb * k;
+	__nv_bfloat16 *xb = (__nv_bfloat16 *)bk_cuda_workspace(0, nh * 2); // [N,H]
+	float *us = (float *)bk_cuda_workspace(1, nbv * 4);                 // [nb,V]
+	carve c2 = {0, NULL}, c3 = {0, NULL};
+	c2.base = (char *)bk_cuda_workspace(2, carve_size(nbv * 2) + carve_size((nbk ? nbk : 1) * 4));
+	__nv_bfloat16 *gb = (__nv_bfloat16 *)carve_take(&c2, nbv * 2); // [nb,V]
+	float *tu = (float *)carve_take(&c2, (nbk ? nbk : 1) * 4);        // [nb,K]
+	c3.base = (char *)bk_cuda_workspace(3, carve_size(((size_t)n + 1) * 8) +
+						       carve_size((size_t)n * 8) * 2 +
+						       carve_size((size_t)n * 4));
+	double *kl = (double *)carve_take(&c3, ((size_t)n + 1) * 8); // [N] + the flag
+	double *prest = (double *)carve_take(&c3, (size_t)n * 8);
+	double *ptot = (double *)carve_take(&c3, (size_t)n * 8);
+	float *wd = (float *)carve_take(&c3, (size_t)n * 4);
+	float *w = v2_weights(sample_of, n, n_samples, wd);
+	unsigned long long *flag_d = (unsigned long long *)(kl + n);
+	CUDA_CHECK(cudaMemsetAsync(flag_d, 0, 8, st));
+	if (k <= VALIDATE_MAX_K) {
+		int kp = 1;
+		while (kp < k)
+			kp <<= 1;
+		topk_validate_kernel<<<n, LOSS_THREADS, (size_t)kp * sizeof(int), st>>>(
+			topk_ids, topk_logp, rest, k, kp, V, prest, ptot, flag_d);
+		CUDA_LAUNCH_CHECK("topk_validate_kernel");
+	} else { // a very large K: checked on the host (one round trip), as v1
+		double *hp = (double *)host_alloc((size_t)n * 8), *ht = (double *)host_alloc((size_t)n * 8);
+		topk_check_host(topk_ids, topk_logp, rest, n, k, V, hp, ht);
+		h2d(prest, hp, (size_t)n * 8);
+		h2d(ptot, ht, (size_t)n * 8);
+		free(hp), free(ht);
+	}
+	to_bf16(xb, hidden, nh);
+	float tc = softcap > 0 ? temperature / softcap : 0.0f;
+	for (int r0 = 0; r0 < n; r0 += nb) {
+		int rn = n - r0 < nb ? n - r0 : nb;
+		scaled_logits(xb + (size_t)r0 * H, lm_head, rn, 0, V, temperature, softcap, us, V);
+		kl_topk_row_kernel<<<rn, LOSS_THREADS, 0, st>>>(
+			us, V, topk_ids + (size_t)r0 * k, topk_logp + (size_t)r0 * k, k, tu,
+			prest + r0, ptot + r0, wd + r0, tc, kl + r0, d_hidden ? gb : NULL);
+		CUDA_LAUNCH_CHECK("kl_topk_row_kernel");
+		if (d_hidden)
+			backward_gemm(gb, lm_head, rn, 0, V, 1.0f / temperature, 1,
+				      d_hidden + (size_t)r0 * H);
+	}
+	unsigned long long flag;
+	double loss = v2_finish(w, n, kl, row_kl, &flag);
+	free(w);
+	if (flag) { // the device found a bad field: the host names the first one
+		topk_check_host(topk_ids, topk_logp, rest, n, k, V, NULL, NULL);
+		CUDA_BUG("sparse loss: the device flagged a teacher field the host finds fine");
+	}
+	return loss;
+}
+
+// ---------------------------------------------------------------------------------
+// BK_LOSS: which kl_exact / kl_topk the op table runs
+
+static int g_loss_mode; // 0: not read yet
+
+extern "C" int bk_cuda_loss_mode(void)
+{
+	if (!g_loss_mode) {
+		const char *e = getenv("BK_LOSS");
+		if (!e || !*e || !strcmp(e, "v1"))
+			g_loss_mode = 1;
+		else if (!strcmp(e, "v2"))
+			g_loss_mode = 2;
+		else
+			die("BK_LOSS=%s: expected v1 (the default) or v2", e);
+	}
+	return g_loss_mode;
+}
+
+extern "C" void bk_cuda_loss_set_mode(int mode)
+{
+	if (mode != 1 && mode != 2)
+		CUDA_BUG("loss mode %d is not 1 or 2", mode);
+	g_loss_mode = mode;
+}
+
+extern "C" double bk_cuda_kl_exact(const float *hidden, const bk_weight *lm_head,
+				   const float *teacher_hidden, const float *teacher_logp,
+				   const int32_t *sample_of, int n, int n_samples, int chunk,
+				   float temperature, float softcap, float *d_hidden, float *row_kl)
+{
+	return (bk_cuda_loss_mode() == 2 ? bk_cuda_kl_exact_v2 : bk_cuda_kl_exact_v1)(
+		hidden, lm_head, teacher_hidden, teacher_logp, sample_of, n, n_samples, chunk,
+		temperature, softcap, d_hidden, row_kl);
+}
+
+extern "C" double bk_cuda_kl_topk(const float *hidden, const bk_weight *lm_head,
+				  const int32_t *topk_ids, const float *topk_logp,
+				  const float *rest, const int32_t *sample_of, int n, int n_samples,
+				  int k, int chunk, float temperature, float softcap,
+				  float *d_hidden, float *row_kl)
+{
+	return (bk_cuda_loss_mode() == 2 ? bk_cuda_kl_topk_v2 : bk_cuda_kl_topk_v1)(
+		hidden, lm_head, topk_ids, topk_logp, rest, sample_of, n, n_samples, k, chunk,
+		temperature, softcap, d_hidden, row_kl);
+}

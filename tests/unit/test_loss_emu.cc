@@ -1,0 +1,388 @@
+/* test_loss_emu.cc - the v2 loss kernels (BK_LOSS=v2) of gpu/cuda/cuda_loss2.cuh, their own
+ * source compiled for the CPU under a small emulation of CUDA: one host thread per CUDA
+ * thread of a block, blocks one after another; __syncthreads a barrier of the block;
+ * warp shuffles an exchange through a per-warp buffer between two barriers of the warp;
+ * __shared__ variables are statics (one block runs at a time); device memory is host
+ * memory.  The logits the cuBLAS GEMM would give are computed here (double dot products
+ * rounded to float, then capped and divided by T as loss.c does), and d_hidden = G W / T
+ * from the kernels' bf16 dlogits in double.
+ *
+ * Checked against the host twin (gpu/host/loss.c), with and without a final softcap, at
+ * temperatures 1 and 1.7, V below and above the block's 256 threads:
+ *   exact (teacher hidden rows, teacher log-probs) and top-k (K = 5, K = V): the loss and
+ *   each row's KL within 1e-5 relative (the same fp32 logits up to summation order;
+ *   maxima fp32, sums double on both sides), d_hidden within 1e-2 of max|host| (dlogits
+ *   in bf16, 2^-9 each);
+ *   the validation kernel: rest and P = sum p + rest as loss.c uses them (K = V: rest 0),
+ *   no flag on good fields, the flag on each bad one (an id out of range, negative, twice;
+ *   rest 1.5, NaN; a log-prob > 1e-4, NaN).
+ * Not checked here: cuBLAS, the host side of cuda_loss.cu (row blocks, workspace, the one
+ * copy back), the hardware's rounding, speed (tests/gpu/check_loss.c does those). */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+#include <functional>
+#include <vector>
+
+extern "C" {
+#include "common/rng.h"
+#include "gpu/host/loss.h"
+void bk_diag_init(const char *argv0);
+}
+
+// ---- the emulator ----
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__ static
+
+struct emu_dim3 {
+	unsigned x, y, z;
+	emu_dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+static thread_local emu_dim3 threadIdx, blockIdx;
+static emu_dim3 gridDim, blockDim;
+
+struct __nv_bfloat16 {
+	uint16_t bits;
+};
+static float bf16_to_float(__nv_bfloat16 b)
+{
+	uint32_t u = (uint32_t)b.bits << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+static __nv_bfloat16 bk_f32_to_bf16(float f) // round to nearest even, NaN stays NaN
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	__nv_bfloat16 b;
+	b.bits = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40)
+						 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+	return b;
+}
+
+static pthread_barrier_t block_bar;
+static std::vector<pthread_barrier_t> warp_bar;
+static std::vector<std::vector<uint64_t>> warp_slot; // [warp][lane]
+static std::atomic<int> or_flag;
+static std::vector<char> dyn_smem;
+#define BK_LOSS_DYN_SMEM(T, name) T *name = (T *)dyn_smem.data()
+
+static void __syncthreads(void) { pthread_barrier_wait(&block_bar); }
+
+static int __syncthreads_or(int v)
+{
+	pthread_barrier_wait(&block_bar);
+	if (v)
+		or_flag = 1;
+	pthread_barrier_wait(&block_bar);
+	int r = or_flag;
+	pthread_barrier_wait(&block_bar);
+	if (threadIdx.x == 0)
+		or_flag = 0;
+	pthread_barrier_wait(&block_bar);
+	return r;
+}
+
+template <typename T> static T __shfl_xor_sync(unsigned, T v, int lane_mask)
+{
+	static_assert(sizeof(T) <= 8, "8 bytes at most");
+	unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32;
+	uint64_t u = 0;
+	memcpy(&u, &v, sizeof(T));
+	warp_slot[w][lane] = u;
+	pthread_barrier_wait(&warp_bar[w]);
+	u = warp_slot[w][lane ^ (unsigned)lane_mask];
+	pthread_barrier_wait(&warp_bar[w]);
+	T r;
+	memcpy(&r, &u, sizeof(T));
+	return r;
+}
+
+static unsigned long long atomicOr(unsigned long long *p, unsigned long long v)
+{
+	return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST);
+}
+
+struct emu_arg {
+	unsigned tid, bx;
+	const std::function<void()> *body;
+};
+
+static void *emu_thread(void *p)
+{
+	emu_arg *a = (emu_arg *)p;
+	threadIdx = emu_dim3(a->tid);
+	blockIdx = emu_dim3(a->bx);
+	(*a->body)();
+	return NULL;
+}
+
+// grid blocks of `threads` threads each, one block after another; smem: dynamic bytes
+static void emu_launch(unsigned grid, unsigned threads, size_t smem,
+		       const std::function<void()> &body)
+{
+	gridDim = emu_dim3(grid);
+	blockDim = emu_dim3(threads);
+	unsigned nw = threads / 32;
+	warp_bar.resize(nw);
+	warp_slot.assign(nw, std::vector<uint64_t>(32));
+	std::vector<pthread_t> th(threads);
+	std::vector<emu_arg> args(threads);
+	for (unsigned b = 0; b < grid; b++) {
+		dyn_smem.assign(smem ? smem : 1, (char)0xA5); // garbage, as on a GPU
+		pthread_barrier_init(&block_bar, NULL, threads);
+		for (unsigned w = 0; w < nw; w++)
+			pthread_barrier_init(&warp_bar[w], NULL, 32);
+		for (unsigned i = 0; i < threads; i++) {
+			args[i] = {i, b, &body};
+			if (pthread_create(&th[i], NULL, emu_thread, &args[i])) {
+				fprintf(stderr, "emu_launch: pthread_create failed\n");
+				exit(2);
+			}
+		}
+		for (unsigned i = 0; i < threads; i++)
+			pthread_join(th[i], NULL);
+		pthread_barrier_destroy(&block_bar);
+		for (unsigned w = 0; w < nw; w++)
+			pthread_barrier_destroy(&warp_bar[w]);
+	}
+}
+
+#include "gpu/cuda/cuda_loss2.cuh"
+
+// ---- the test ----
+
+static int n_checks, n_failed;
+
+static void check(bool ok, const char *what, double err, double bound)
+{
+	n_checks++;
+	if (!ok) {
+		n_failed++;
+		printf("FAIL %s: error %.3g, bound %.3g\n", what, err, bound);
+	}
+}
+
+static double relerr(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-12); }
+
+// max|a - b| / max|b| (NaN: inf)
+static double max_err(const float *a, const float *b, size_t n, double floor)
+{
+	double md = 0, mb = floor;
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)a[i] - b[i]);
+		if (isnan(d))
+			return INFINITY;
+		md = fmax(md, d);
+		mb = fmax(mb, fabs(b[i]));
+	}
+	return md / mb;
+}
+
+static bk_rng rng;
+
+static std::vector<float> rand_vec(size_t n, double scale)
+{
+	std::vector<float> x(n);
+	for (auto &v : x)
+		v = (float)((2 * bk_rng_uniform(&rng) - 1) * scale);
+	return x;
+}
+
+// u [n,V] = cap(x W^T) / T, the GEMM's fp32 logits then cap_scale_kernel's arithmetic
+static std::vector<float> logits(const std::vector<float> &x, const std::vector<float> &w, int n,
+				 int h, int v, float t, float cap)
+{
+	std::vector<float> u((size_t)n * v);
+	for (int r = 0; r < n; r++)
+		for (int j = 0; j < v; j++) {
+			double acc = 0;
+			for (int c = 0; c < h; c++)
+				acc += (double)x[(size_t)r * h + c] * w[(size_t)j * h + c];
+			float z = (float)acc;
+			u[(size_t)r * v + j] = (cap > 0 ? tanhf(z / cap) * cap : z) / t;
+		}
+	return u;
+}
+
+// d_hidden [n,H] = G [n,V] W / T in double
+static std::vector<float> backward(const std::vector<__nv_bfloat16> &g, const std::vector<float> &w,
+				   int n, int h, int v, float t)
+{
+	std::vector<float> d((size_t)n * h);
+	for (int r = 0; r < n; r++)
+		for (int c = 0; c < h; c++) {
+			double acc = 0;
+			for (int j = 0; j < v; j++)
+				acc += (double)bf16_to_float(g[(size_t)r * v + j]) * w[(size_t)j * h + c];
+			d[(size_t)r * h + c] = (float)(acc / t);
+		}
+	return d;
+}
+
+// the loss and row KL of a kernel's kl [n] with the host twin's row weights
+static double loss_of(const std::vector<double> &kl, const int32_t *so, int n, int ns)
+{
+	std::vector<float> w(n);
+	bk_loss_row_weights(so, n, ns, w.data());
+	double l = 0;
+	for (int r = 0; r < n; r++)
+		l += w[r] * kl[r];
+	return l;
+}
+
+static void compare(const char *what, double lg, double lr, const std::vector<double> &klg,
+		    const float *klr, const std::vector<float> &dg, const float *dr, int n, int h)
+{
+	char name[200];
+	snprintf(name, sizeof name, "%s: loss", what);
+	check(relerr(lg, lr) < 1e-5 && lr > 0, name, relerr(lg, lr), 1e-5);
+	double e = 0;
+	for (int r = 0; r < n; r++)
+		e = fmax(e, fabs(klg[r] - klr[r]) / fmax(fabs(klr[r]), 1e-4));
+	snprintf(name, sizeof name, "%s: row KL", what);
+	check(e < 1e-5, name, e, 1e-5);
+	double de = max_err(dg.data(), dr, (size_t)n * h, 1e-12);
+	snprintf(name, sizeof name, "%s: d_hidden", what);
+	check(de < 1e-2, name, de, 1e-2);
+}
+
+static void test_case(int n, int h, int v, int k, float t, float cap, uint64_t seed)
+{
+	bk_rng_seed(&rng, seed);
+	char what[160];
+	std::vector<float> w = rand_vec((size_t)v * h, 1.0), hs = rand_vec((size_t)n * h, 1.5),
+			   ht = rand_vec((size_t)n * h, 1.5);
+	std::vector<int32_t> so(n);
+	for (int r = 0; r < n; r++)
+		so[r] = r % 3 == 2 ? 1 : r % 4 == 0 ? 2 : 0;
+	int ns = 3;
+	std::vector<float> wr(n);
+	bk_loss_row_weights(so.data(), n, ns, wr.data());
+	float tc = cap > 0 ? t / cap : 0.0f;
+	std::vector<float> dref((size_t)n * h), klr(n);
+	std::vector<double> kl(n, NAN);
+	std::vector<__nv_bfloat16> g((size_t)n * v);
+
+	// exact, teacher hidden
+	std::vector<float> us = logits(hs, w, n, h, v, t, cap), ut = logits(ht, w, n, h, v, t, cap);
+	double lr = bk_loss_kl_exact(hs.data(), w.data(), ht.data(), NULL, so.data(), n, ns, h, v, 7,
+				     t, cap, dref.data(), klr.data());
+	emu_launch((unsigned)n, LOSS_THREADS, 0, [&] {
+		kl_exact_row_kernel(us.data(), ut.data(), NULL, v, wr.data(), tc, kl.data(), g.data());
+	});
+	snprintf(what, sizeof what, "exact hidden n=%d V=%d T=%g cap=%g", n, v, (double)t, (double)cap);
+	compare(what, loss_of(kl, so.data(), n, ns), lr, kl, klr.data(), backward(g, w, n, h, v, t),
+		dref.data(), n, h);
+
+	// exact, teacher log-probs
+	std::vector<float> tl((size_t)n * v);
+	bk_teacher_logprobs(ht.data(), w.data(), n, h, v, 7, t, cap, tl.data());
+	lr = bk_loss_kl_exact(hs.data(), w.data(), NULL, tl.data(), so.data(), n, ns, h, v, 7, t, cap,
+			      dref.data(), klr.data());
+	emu_launch((unsigned)n, LOSS_THREADS, 0, [&] {
+		kl_exact_row_kernel(us.data(), NULL, tl.data(), v, wr.data(), tc, kl.data(), g.data());
+	});
+	snprintf(what, sizeof what, "exact logp n=%d V=%d T=%g cap=%g", n, v, (double)t, (double)cap);
+	compare(what, loss_of(kl, so.data(), n, ns), lr, kl, klr.data(), backward(g, w, n, h, v, t),
+		dref.data(), n, h);
+
+	// top-k: the host twin's teacher, validated on the "device", then the row kernel
+	size_t nk = (size_t)n * k;
+	std::vector<int32_t> ids(nk);
+	std::vector<float> lp(nk), rest(n), tu(nk);
+	bk_teacher_topk(ht.data(), w.data(), NULL, n, h, v, 7, t, cap, k, ids.data(), lp.data(),
+			rest.data());
+	if (k == v)
+		for (int r = 0; r < n; r++)
+			rest[r] = 3e-7f; // rounding-size rest with K = V: dropped
+	std::vector<double> prest(n, NAN), ptot(n, NAN);
+	unsigned long long flag = 0;
+	int kp = 1;
+	while (kp < k)
+		kp <<= 1;
+	emu_launch((unsigned)n, LOSS_THREADS, (size_t)kp * sizeof(int), [&] {
+		topk_validate_kernel(ids.data(), lp.data(), rest.data(), k, kp, v, prest.data(),
+				     ptot.data(), &flag);
+	});
+	double perr = 0;
+	for (int r = 0; r < n; r++) {
+		double p0 = k == v ? 0.0 : rest[r], s = p0;
+		for (int i = 0; i < k; i++)
+			s += exp((double)lp[(size_t)r * k + i]);
+		perr = fmax(perr, fabs(prest[r] - p0) + fabs(ptot[r] - s));
+	}
+	snprintf(what, sizeof what, "validate n=%d V=%d K=%d: flag on good fields", n, v, k);
+	check(flag == 0, what, (double)flag, 0);
+	snprintf(what, sizeof what, "validate n=%d V=%d K=%d: rest and P", n, v, k);
+	check(perr < 1e-12, what, perr, 1e-12);
+	lr = bk_loss_kl_topk(hs.data(), w.data(), ids.data(), lp.data(), rest.data(), so.data(), n,
+			     ns, h, v, k, 7, t, cap, dref.data(), klr.data());
+	std::vector<float> um = us; // the kernel masks the ids in place
+	emu_launch((unsigned)n, LOSS_THREADS, 0, [&] {
+		kl_topk_row_kernel(um.data(), v, ids.data(), lp.data(), k, tu.data(), prest.data(),
+				   ptot.data(), wr.data(), tc, kl.data(), g.data());
+	});
+	snprintf(what, sizeof what, "top-k n=%d V=%d K=%d T=%g cap=%g", n, v, k, (double)t,
+		 (double)cap);
+	compare(what, loss_of(kl, so.data(), n, ns), lr, kl, klr.data(), backward(g, w, n, h, v, t),
+		dref.data(), n, h);
+}
+
+// each bad field alone sets the flag
+static void test_validate_bad(void)
+{
+	enum { N = 3, V = 40, K = 4 };
+	const char *names[] = {"id out of range", "negative id", "id twice", "rest 1.5", "rest NaN",
+			       "log-prob 0.5", "log-prob NaN"};
+	for (int c = 0; c < 7; c++) {
+		int32_t ids[N * K];
+		float lp[N * K], rest[N];
+		for (int r = 0; r < N; r++) {
+			for (int i = 0; i < K; i++)
+				ids[r * K + i] = 5 * i + r, lp[r * K + i] = -1.5f - i;
+			rest[r] = 0.25f;
+		}
+		switch (c) {
+		case 0: ids[1 * K + 3] = V; break;
+		case 1: ids[2 * K + 0] = -1; break;
+		case 2: ids[1 * K + 0] = ids[1 * K + 3]; break;
+		case 3: rest[2] = 1.5f; break;
+		case 4: rest[0] = NAN; break;
+		case 5: lp[1 * K + 1] = 0.5f; break;
+		case 6: lp[2 * K + 2] = NAN; break;
+		}
+		double prest[N], ptot[N];
+		unsigned long long flag = 0;
+		emu_launch(N, LOSS_THREADS, 4 * sizeof(int), [&] {
+			topk_validate_kernel(ids, lp, rest, K, 4, V, prest, ptot, &flag);
+		});
+		char what[80];
+		snprintf(what, sizeof what, "validate: %s sets the flag", names[c]);
+		check(flag == 1, what, (double)flag, 1);
+	}
+}
+
+int main(void)
+{
+	bk_diag_init("test_loss_emu");
+	for (int ci = 0; ci < 2; ci++) {
+		float cap = ci ? 2.0f : 0.0f; // the logits reach about +-4: a cap of 2 bends them
+		test_case(7, 8, 37, 5, 1.0f, cap, 1);
+		test_case(5, 6, 300, 5, 1.7f, cap, 2);
+		test_case(4, 5, 37, 37, 1.0f, cap, 3);
+	}
+	test_validate_bad();
+	printf("test_loss_emu: %d checks, %d failed\n", n_checks, n_failed);
+	return n_failed ? 1 : 0;
+}
