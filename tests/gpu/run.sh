@@ -316,10 +316,6 @@ for s in tests/gpu/check_*.sh; do
 	else check gpu "$(basename "$s")" 120 env BUILD="${P#"$ROOT"/}" bash "$s"; fi
 done
 
-# check_loss's timings (the LM-head KL, BK_LOSS v1 vs v2) as rows
-while read -r line; do
-	row timing "${line%%:*}" "${line#*: }" "" "tests/gpu/check_loss.c"
-done < <(grep -E '^loss kl_' "$LOGS/check_loss.log" 2>/dev/null)
 # bk-step --device cpu vs --device cuda (dry run: cpu vs cpu, which must agree exactly)
 M=models/stories260K
 DEV2=cuda; [ $DRY = 1 ] && DEV2=cpu
@@ -412,6 +408,16 @@ for sz in $SIZES; do
 		fi
 	done
 done
+# the first size, plain, again with BK_LINEAR=v2 (the fused projections of cuda_ops.cu;
+# the host twin ignores it): the end-to-end v2/v1 ratio of the step
+sz=${SIZES%% *} n="bench_step-${SIZES%% *}-plain-linear-v2"
+# shellcheck disable=SC2086
+if stage "$n" 90 env BK_LINEAR=v2 "$P/bench/bench_step" ${PEAK:+--peak-tflops $PEAK} $SHAPE_ARGS ${sz%x*} ${sz#*x} 3; then
+	row timing "bakery step, $SHAPE_NAME, $sz tokens, plain, BK_LINEAR=v2" "$(kv tokens_per_s "$n") tokens/s" "$S_DT" \
+		"v2/v1 $(awk -v a="$(kv tokens_per_s "$n")" -v b="${TPS[$sz-plain]:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "?" }'); phases ms: $(kv phases_ms "$n"); peak $(kv peak_gib "$n") GiB; loss $(kv loss "$n")"
+else
+	row timing "bakery step $sz plain BK_LINEAR=v2" "$(why)" "$S_DT" "$(lastline "$n")"
+fi
 GENDIR=$W/genmodel
 gopt=; [ $QUICK = 1 ] && gopt=--quick
 [ $DRY = 1 ] && gopt="--device cpu --tiny"
