@@ -316,6 +316,10 @@ for s in tests/gpu/check_*.sh; do
 	else check gpu "$(basename "$s")" 120 env BUILD="${P#"$ROOT"/}" bash "$s"; fi
 done
 
+# check_loss's timings (the LM-head KL, BK_LOSS v1 vs v2) as rows
+while read -r line; do
+	row timing "${line%%:*}" "${line#*: }" "" "tests/gpu/check_loss.c"
+done < <(grep -E '^loss kl_' "$LOGS/check_loss.log" 2>/dev/null)
 # bk-step --device cpu vs --device cuda (dry run: cpu vs cpu, which must agree exactly)
 M=models/stories260K
 DEV2=cuda; [ $DRY = 1 ] && DEV2=cpu
