@@ -53,12 +53,17 @@ static void remove_tmp_dir(void)
 	tmp_dir = NULL;
 }
 
-/* module m of layer l when name is "model.layers.L.PARENT.MOD.weight"; else -1 */
-static int module_of(const char *name, int *layer)
+/* module m of layer l when name is "<prefix>layers.L.PARENT.MOD.weight" (prefix
+ * "model.", or a VLM's text tower's, bk_config_prefix); else -1 */
+static int module_of(const char *name, const char *prefix, int *layer)
 {
 	int l, n = 0;
 	char rest[64];
-	if (sscanf(name, "model.layers.%d.%63s%n", &l, rest, &n) != 2 || name[n])
+	size_t pl = strlen(prefix);
+	if (strncmp(name, prefix, pl))
+		return -1;
+	name += pl;
+	if (sscanf(name, "layers.%d.%63s%n", &l, rest, &n) != 2 || name[n])
 		return -1;
 	for (int m = 0; m < BK_PEFT_NMOD; m++) {
 		char want[64];
@@ -167,9 +172,10 @@ bk_merge_stats bk_merge_model(const char *model_dir, const bk_adapter *ad, const
 	bk_st_writer *w = bk_st_writer_new();
 	bk_st_writer_meta(w, "format", "pt");
 	float scale = (float)(ad->alpha / ad->r);
+	const char *prefix = bk_config_prefix(cfg, st);
 	for (size_t i = 0; i < bk_st_count(st); i++) {
 		const bk_st_tensor *t = bk_st_at(st, i);
-		int layer = -1, m = module_of(t->name, &layer);
+		int layer = -1, m = module_of(t->name, prefix, &layer);
 		bk_dtype dt = dtype == BK_MERGE_AUTO ? t->dtype : (bk_dtype)dtype;
 		int merge = m >= 0 && layer < ad->n_layers && (ad->targets & (1u << m));
 		stats.tensors++;
@@ -191,6 +197,12 @@ bk_merge_stats bk_merge_model(const char *model_dir, const bk_adapter *ad, const
 		bk_st_writer_add_f32(w, t->name, dt, t->ndim, t->shape, f);
 		free(f);
 	}
+	int want = 0; /* every targeted module of every layer folded, or no result */
+	for (int m = 0; m < BK_PEFT_NMOD; m++)
+		want += (ad->targets >> m & 1) * ad->n_layers;
+	if ((int)stats.merged != want)
+		die("%s: %d of the adapter's %d modules found under '%slayers.'", model_dir,
+		    (int)stats.merged, want, prefix);
 	char *st_path = bk_path_join(tmp_dir, "model.safetensors");
 	bk_st_writer_write(w, st_path);
 	free(st_path);

@@ -67,10 +67,40 @@ void bk_peft_dims(const bk_config *c, int m, int *in, int *out)
 	BUG("bad lora module %d", m);
 }
 
+static const char *const layout_stem[3] = {
+	"base_model.model.model.layers.",
+	"base_model.model.model.language_model.layers.",
+	"base_model.model.language_model.model.layers.",
+};
+
+char *bk_peft_tensor_name_in(int layout, int layer, int m, char ab)
+{
+	if (layout < 0 || layout > 2)
+		BUG("bad PEFT name layout %d", layout);
+	return xasprintf("%s%d.%s.%s.lora_%c.weight", layout_stem[layout], layer,
+			 bk_peft_mod_parent[m], bk_peft_mod_names[m], ab);
+}
+
 char *bk_peft_tensor_name(int layer, int m, char ab)
 {
-	return xasprintf("base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer,
-			 bk_peft_mod_parent[m], bk_peft_mod_names[m], ab);
+	return bk_peft_tensor_name_in(BK_PEFT_PLAIN, layer, m, ab);
+}
+
+/* target_modules of a VLM text tower's adapter: a pattern PEFT matches in full against
+ * module names, so the vision tower's own q/k/v_proj stay without LoRA */
+#define VLM_PATTERN_HEAD ".*language_model.*\\.("
+
+static char *vlm_pattern(unsigned targets)
+{
+	size_t cap = 256, n = 0;
+	char *s = xmalloc(cap);
+	n += (size_t)snprintf(s, cap, "%s", VLM_PATTERN_HEAD);
+	for (int m = 0; m < BK_PEFT_NMOD; m++)
+		if (targets & (1u << m))
+			n += (size_t)snprintf(s + n, cap - n, "%s%s", n > strlen(VLM_PATTERN_HEAD) ? "|" : "",
+					      bk_peft_mod_names[m]);
+	snprintf(s + n, cap - n, ")");
+	return s;
 }
 
 bk_adapter *bk_adapter_new(const bk_config *c, int r, double alpha, double dropout,
@@ -78,11 +108,8 @@ bk_adapter *bk_adapter_new(const bk_config *c, int r, double alpha, double dropo
 {
 	if (r <= 0 || !targets || (targets & ~BK_PEFT_ALL))
 		BUG("bk_adapter_new: r %d, targets %#x", r, targets);
-	if (c->multimodal) /* PEFT names its modules under language_model.*: not written yet */
-		die("%s: LoRA adapters of %s (the text tower of a vision-language checkpoint) are "
-		    "not supported yet; use its text model as Gemma3ForCausalLM",
-		    c->path, c->architecture);
 	bk_adapter *l = xcalloc(1, sizeof *l);
+	l->layout = c->multimodal ? BK_PEFT_VLM5 : BK_PEFT_PLAIN;
 	l->n_layers = c->n_layers;
 	l->r = r;
 	l->alpha = alpha;
@@ -155,8 +182,8 @@ void bk_adapter_save(const bk_adapter *l, const char *dir)
 				BUG("layer %d %s: targeted but not allocated", layer,
 				    bk_peft_mod_names[m]);
 			int64_t sa[2] = {l->r, l->in[m]}, sb[2] = {l->out[m], l->r};
-			char *na = bk_peft_tensor_name(layer, m, 'A');
-			char *nb = bk_peft_tensor_name(layer, m, 'B');
+			char *na = bk_peft_tensor_name_in(l->layout, layer, m, 'A');
+			char *nb = bk_peft_tensor_name_in(l->layout, layer, m, 'B');
 			bk_st_writer_add(w, na, BK_DT_F32, 2, sa, a);
 			bk_st_writer_add(w, nb, BK_DT_F32, 2, sb, b);
 			free(na);
@@ -169,10 +196,17 @@ void bk_adapter_save(const bk_adapter *l, const char *dir)
 
 	/* the fields PEFT 0.21 writes for a plain LoRA, with its defaults */
 	json_t *o = json_object();
-	json_t *targets = json_array();
-	for (int m = 0; m < BK_PEFT_NMOD; m++)
-		if (l->targets & (1u << m))
-			json_array_append_new(targets, json_string(bk_peft_mod_names[m]));
+	json_t *targets;
+	if (l->layout != BK_PEFT_PLAIN) {
+		char *pat = vlm_pattern(l->targets);
+		targets = json_string(pat);
+		free(pat);
+	} else {
+		targets = json_array();
+		for (int m = 0; m < BK_PEFT_NMOD; m++)
+			if (l->targets & (1u << m))
+				json_array_append_new(targets, json_string(bk_peft_mod_names[m]));
+	}
 	json_object_set_new(o, "alpha_pattern", json_object());
 	json_object_set_new(o, "auto_mapping", json_null());
 	json_object_set_new(o, "base_model_name_or_path",
@@ -256,6 +290,7 @@ typedef struct {
 	int r;
 	double alpha, dropout;
 	unsigned targets;
+	int vlm_pattern; /* target_modules was VLM_PATTERN_HEAD...: the language model only */
 	char *base_model;
 } adapter_cfg;
 
@@ -308,11 +343,21 @@ static adapter_cfg parse_adapter_config(const char *path)
 
 	v = json_object_get(o, "target_modules");
 	char *what = xasprintf("%s: key 'target_modules'", path);
-	if (json_is_string(v)) {
-		if (strcmp(json_string_value(v), "all-linear"))
-			die("%s is the pattern '%s' (only a list of module names or "
-			    "'all-linear' is supported)",
-			    what, json_string_value(v));
+	const char *pat = json_is_string(v) ? json_string_value(v) : NULL;
+	size_t hl = strlen(VLM_PATTERN_HEAD), pl = pat ? strlen(pat) : 0;
+	if (pat && pl > hl + 1 && !strncmp(pat, VLM_PATTERN_HEAD, hl) && pat[pl - 1] == ')') {
+		/* our pattern for a VLM's text tower: the module names between the parentheses */
+		char *names = xstrdup(pat + hl), *save = NULL;
+		names[pl - hl - 1] = 0;
+		for (char *t = strtok_r(names, "|", &save); t; t = strtok_r(NULL, "|", &save))
+			a.targets |= bk_peft_targets_parse(what, t);
+		free(names);
+		a.vlm_pattern = 1;
+	} else if (pat) {
+		if (strcmp(pat, "all-linear"))
+			die("%s is the pattern '%s' (only a list of module names, 'all-linear' or "
+			    "'" VLM_PATTERN_HEAD "names)' is supported)",
+			    what, pat);
 		a.targets = BK_PEFT_ALL;
 	} else if (json_is_array(v) && json_array_size(v)) {
 		size_t i;
@@ -345,19 +390,33 @@ bk_adapter *bk_adapter_load(const char *dir, const bk_config *c)
 	char *cfg_path = bk_path_join(dir, "adapter_config.json");
 	adapter_cfg a = parse_adapter_config(cfg_path);
 	free(cfg_path);
+	if (a.vlm_pattern && !c->multimodal)
+		die("%s/adapter_config.json: key 'target_modules' names the language model of a "
+		    "vision-language checkpoint, but %s is %s",
+		    dir, c->path, c->architecture);
 	bk_adapter *l = bk_adapter_new(c, a.r, a.alpha, a.dropout, a.targets,
 				 a.base_model);
 	free(a.base_model);
 
 	char *st_path = bk_path_join(dir, "adapter_model.safetensors");
 	bk_st *st = bk_st_open(st_path);
+	if (c->multimodal) { /* transformers 4's module path when its first tensor is there */
+		for (int m = 0; m < BK_PEFT_NMOD; m++)
+			if (l->targets & (1u << m)) {
+				char *n4 = bk_peft_tensor_name_in(BK_PEFT_VLM4, 0, m, 'A');
+				if (bk_st_find(st, n4))
+					l->layout = BK_PEFT_VLM4;
+				free(n4);
+				break;
+			}
+	}
 	BK_VEC(char *) names = {0};
 	for (int layer = 0; layer < l->n_layers; layer++)
 		for (int m = 0; m < BK_PEFT_NMOD; m++) {
 			if (!(l->targets & (1u << m)))
 				continue;
 			for (int ab = 0; ab < 2; ab++) {
-				char *name = bk_peft_tensor_name(layer, m, ab ? 'B' : 'A');
+				char *name = bk_peft_tensor_name_in(l->layout, layer, m, ab ? 'B' : 'A');
 				if (!bk_st_find(st, name))
 					die("%s: tensor '%s' is missing (target_modules lists "
 					    "'%s')",

@@ -10,6 +10,8 @@
 #include "common/diag.h"
 #include "common/files.h"
 #include "formats/hfconfig.h"
+#include "formats/merge.h"
+#include "formats/peft.h"
 #include "gpu/load.h"
 #include "tests/harness.h"
 
@@ -282,11 +284,6 @@ static void test_families(void)
 	bk_config_free(c);
 }
 
-static void new_adapter(void *cfg)
-{
-	bk_adapter_free(bk_adapter_new(cfg, 4, 8, 0, BK_PEFT_ALL, "x"));
-}
-
 /* A Gemma3ForConditionalGeneration checkpoint made from the gemma3 parity model
  * (language_model.* names, a vision tensor, the text config nested) loads as the same
  * text model: its logits equal the Gemma3ForCausalLM's bit for bit. */
@@ -335,9 +332,35 @@ static void test_vlm(void)
 
 	bk_loaded_model a = bk_model_load(&bk_ops_host, src), b = bk_model_load(&bk_ops_host, dir);
 	CHECK(b.cfg->multimodal, "vlm config");
-	/* its adapters would need PEFT's language_model.* names: refused, not misnamed */
-	bk_expect_die("vlm adapter", new_adapter, b.cfg, "Gemma3ForConditionalGeneration",
-		      "not supported yet");
+	/* its adapters get PEFT's language_model names (test_peft checks them); bk-merge
+	 * folds one into the language_model.* tensors exactly as into the causal LM's */
+	bk_adapter *vad = bk_adapter_new(b.cfg, 4, 8, 0, BK_PEFT_ALL, "x");
+	CHECK(vad->layout == BK_PEFT_VLM5, "vlm adapter layout %d", vad->layout);
+	for (int l = 0; l < vad->n_layers; l++)
+		for (int m = 0; m < BK_PEFT_NMOD; m++) {
+			for (int i = 0; i < vad->r * vad->in[m]; i++)
+				bk_adapter_a(vad, l, m)[i] = 0.01f * (float)((i * 7 + l + m) % 11) - 0.05f;
+			for (int i = 0; i < vad->r * vad->out[m]; i++)
+				bk_adapter_b(vad, l, m)[i] = 0.02f * (float)((i * 3 + m) % 5) - 0.04f;
+		}
+	char *mv = xasprintf("%s/merged-vlm", tmpdir), *mp = xasprintf("%s/merged-lm", tmpdir);
+	bk_merge_stats sv = bk_merge_model(dir, vad, mv, BK_MERGE_AUTO);
+	bk_merge_stats sp = bk_merge_model(src, vad, mp, BK_MERGE_AUTO);
+	bk_st *stv = bk_st_open(mv), *stp = bk_st_open(mp);
+	int differ = 0;
+	for (size_t i = 0; i < bk_st_count(stp); i++) {
+		const bk_st_tensor *t = bk_st_at(stp, i);
+		char *n = xasprintf("language_model.%s", t->name);
+		const bk_st_tensor *u = bk_st_find(stv, n);
+		differ += !u || u->nbytes != t->nbytes || memcmp(u->data, t->data, t->nbytes);
+		free(n);
+	}
+	CHECK(sv.merged == 7 * vad->n_layers && sv.merged == sp.merged && !differ,
+	      "vlm merge: %d and %d modules folded, %d tensors differ", sv.merged, sp.merged,
+	      differ);
+	bk_st_close(stv), bk_st_close(stp);
+	free(mv), free(mp);
+	bk_adapter_free(vad);
 	enum { T = 6 };
 	int32_t ids[T] = {5, 17, 33, 2, 90, 41}, pos[T] = {0, 1, 2, 3, 4, 5}, cu[2] = {0, T};
 	bk_batch bt = {.T = T, .S = 1, .ids = ids, .pos = pos, .cu_seqlens = cu};

@@ -413,6 +413,86 @@ static void test_refusals(void)
 		      "adapter_config.json: key 'target_modules'", "'qkv_proj'");
 }
 
+/* The text tower of a Gemma3ForConditionalGeneration checkpoint: tensors under PEFT's
+ * module path of transformers 5 (base_model.model.model.language_model.layers.N...), as
+ * PEFT 0.21 + transformers 5.24 save a LoRA of that model, and target_modules a pattern
+ * that leaves the vision tower out; read back equal; transformers 4's names
+ * (base_model.model.language_model.model.layers.N...) read too; the pattern refused on
+ * a text-only model. */
+static void test_vlm(void)
+{
+	static const char *vlm_json =
+		"{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": "
+		"\"gemma3\", \"text_config\": {\"model_type\": \"gemma3_text\", "
+		"\"hidden_size\": 16, \"intermediate_size\": 24, \"num_hidden_layers\": 2, "
+		"\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 8, "
+		"\"vocab_size\": 40}, \"vision_config\": {\"hidden_size\": 8}}";
+	bk_config *vc = bk_config_parse("vlm/config.json", vlm_json, strlen(vlm_json));
+	unsigned targets = (1u << BK_PEFT_Q_PROJ) | (1u << BK_PEFT_V_PROJ) | (1u << BK_PEFT_DOWN_PROJ);
+	bk_adapter *ad = bk_adapter_new(vc, 2, 4, 0, targets, "vlm");
+	CHECK(ad->layout == BK_PEFT_VLM5, "vlm adapter layout %d", ad->layout);
+	fill(ad, 0.25f);
+	char *dir = bk_path_join(tmpdir, "vlm");
+	bk_adapter_save(ad, dir);
+	char *stp = bk_path_join(dir, "adapter_model.safetensors");
+	bk_st *st = bk_st_open(stp);
+	CHECK(bk_st_count(st) == 12 &&
+		      bk_st_find(st, "base_model.model.model.language_model.layers.1.mlp.down_proj"
+				     ".lora_B.weight") &&
+		      bk_st_find(st, "base_model.model.model.language_model.layers.0.self_attn."
+				     "q_proj.lora_A.weight"),
+	      "vlm adapter tensor names (%zu tensors)", bk_st_count(st));
+	char *cp = bk_path_join(dir, "adapter_config.json");
+	json_t *o = json_load_file(cp, 0, NULL);
+	json_t *tm = json_object_get(o, "target_modules");
+	CHECK(json_is_string(tm) &&
+		      !strcmp(json_string_value(tm), ".*language_model.*\\.(q_proj|v_proj|down_proj)"),
+	      "vlm target_modules %s", json_is_string(tm) ? json_string_value(tm) : "not a string");
+	bk_adapter *back = bk_adapter_load(dir, vc);
+	int same = back->targets == targets && back->layout == BK_PEFT_VLM5;
+	for (int l = 0; l < 2; l++)
+		for (int m = 0; m < BK_PEFT_NMOD; m++)
+			if (targets & (1u << m))
+				same &= !memcmp(bk_adapter_a(back, l, m), bk_adapter_a(ad, l, m),
+						(size_t)ad->r * ad->in[m] * 4) &&
+					!memcmp(bk_adapter_b(back, l, m), bk_adapter_b(ad, l, m),
+						(size_t)ad->out[m] * ad->r * 4);
+	CHECK(same, "vlm adapter read back differs");
+	bk_adapter_free(back);
+	/* the same tensors under transformers 4's module path */
+	char *dir4 = bk_path_join(tmpdir, "vlm4");
+	bk_mkdir_p(dir4);
+	bk_st_writer *w = bk_st_writer_new();
+	for (size_t i = 0; i < bk_st_count(st); i++) {
+		const bk_st_tensor *t = bk_st_at(st, i);
+		const char *rest = t->name + strlen("base_model.model.model.language_model.");
+		char *n = xasprintf("base_model.model.language_model.model.%s", rest);
+		bk_st_writer_add(w, n, t->dtype, t->ndim, t->shape, t->data);
+		free(n);
+	}
+	char *st4 = bk_path_join(dir4, "adapter_model.safetensors");
+	bk_st_writer_write(w, st4);
+	bk_st_writer_free(w);
+	char *cp4 = bk_path_join(dir4, "adapter_config.json");
+	json_dump_file(o, cp4, 0);
+	back = bk_adapter_load(dir4, vc);
+	CHECK(back->layout == BK_PEFT_VLM4 &&
+		      !memcmp(bk_adapter_b(back, 1, BK_PEFT_DOWN_PROJ),
+			      bk_adapter_b(ad, 1, BK_PEFT_DOWN_PROJ),
+			      (size_t)ad->out[BK_PEFT_DOWN_PROJ] * ad->r * 4),
+	      "transformers-4 vlm adapter names");
+	bk_adapter_free(back);
+	/* the language-model pattern on a text-only model is refused */
+	struct bad b = {dir, cfg};
+	bk_expect_die("vlm pattern, text model", load_it, &b, "key 'target_modules' names the "
+		      "language model", NULL);
+	json_decref(o);
+	bk_st_close(st);
+	bk_adapter_free(ad);
+	bk_config_free(vc);
+	free(dir), free(stp), free(cp), free(dir4), free(st4), free(cp4);
+}
+
 int main(int argc, char **argv)
 {
 	(void)argc;
@@ -429,6 +509,7 @@ int main(int argc, char **argv)
 	test_read_peft();
 	test_write();
 	test_refusals();
+	test_vlm();
 	bk_config_free(cfg);
 	nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 	return bk_test_done("test_peft");
