@@ -241,6 +241,26 @@ static float dotf(const float *a, const float *b, int n)
 	return s;
 }
 
+/* s[i] = dotf(q, k[i], D) for n <= KB keys, their chains side by side (independent
+ * sums in order of d: the same bits as dotf, several times the speed) */
+enum { KB = 8 };
+static inline void dots(float *s, const float *q, const float *const *k, int n, int D)
+{
+	float a[KB] = { 0 };
+	if (n == KB) {
+		for (int d = 0; d < D; d++) {
+			float qd = q[d];
+#pragma GCC unroll 8
+			for (int i = 0; i < KB; i++)
+				a[i] += qd * k[i][d];
+		}
+	} else {
+		for (int i = 0; i < n; i++)
+			a[i] = dotf(q, k[i], D);
+	}
+	memcpy(s, a, (size_t)n * sizeof(float));
+}
+
 static void check_seqlens(const int32_t *cu, int S, int T)
 {
 	if (cu[0] != 0 || cu[S] != T)
@@ -290,11 +310,17 @@ static void host_attention_forward(float *out /* [T,NH,D] */, float *lse /* [NH,
 					const float *qt = q + ((size_t)t * NH + h) * D;
 					int nk = P + (t - cu[s] + 1), j0 = first_key(nk - 1, ap->window);
 					float mx = -INFINITY;
-					for (int j = j0; j < nk; j++) {
-						const float *kj = j < P ? pk + ((size_t)j * NKV + kh) * D
-									: k + ((size_t)(cu[s] + j - P) * NKV + kh) * D;
-						sc[j] = cap_score(dotf(qt, kj, D) * scale, cap);
-						mx = sc[j] > mx ? sc[j] : mx;
+					for (int j = j0; j < nk; j += KB) {
+						int n = nk - j < KB ? nk - j : KB;
+						const float *kj[KB];
+						for (int i = 0; i < n; i++)
+							kj[i] = j + i < P ? pk + ((size_t)(j + i) * NKV + kh) * D
+									  : k + ((size_t)(cu[s] + j + i - P) * NKV + kh) * D;
+						dots(sc + j, qt, kj, n, D);
+						for (int i = j; i < j + n; i++) {
+							sc[i] = cap_score(sc[i] * scale, cap);
+							mx = sc[i] > mx ? sc[i] : mx;
+						}
 					}
 					float sum = 0;
 					for (int j = j0; j < nk; j++) {
@@ -307,6 +333,7 @@ static void host_attention_forward(float *out /* [T,NH,D] */, float *lse /* [NH,
 						const float *vj = j < P ? pv + ((size_t)j * NKV + kh) * D
 									: v + ((size_t)(cu[s] + j - P) * NKV + kh) * D;
 						float w = sc[j] / sum;
+#pragma omp simd
 						for (int d = 0; d < D; d++)
 							ot[d] += w * vj[d];
 					}
@@ -343,17 +370,32 @@ static void host_attention_backward(float *dq, float *dk, float *dv, const float
 					float *dqt = dq + qi;
 					float l = lse[(size_t)h * T + t];
 					float Di = dotf(dot, out + qi, D);
-					for (int j = cu[s] + first_key(t - cu[s], ap->window); j <= t; j++) {
-						size_t ki = ((size_t)j * NKV + kh) * D;
-						float c = cap_score(dotf(qt, k + ki, D) * scale, cap);
-						float p = expf(c - l);
-						float ds = p * (dotf(dot, v + ki, D) - Di) * scale;
-						if (cap > 0)
-							ds *= 1.0f - (c / cap) * (c / cap);
-						for (int d = 0; d < D; d++) {
-							dv[ki + d] += p * dot[d];
-							dqt[d] += ds * k[ki + d];
-							dk[ki + d] += ds * qt[d];
+					int jb = cu[s] + first_key(t - cu[s], ap->window);
+					for (int j0 = jb; j0 <= t; j0 += KB) {
+						int n = t + 1 - j0 < KB ? t + 1 - j0 : KB;
+						const float *kj[KB], *vj[KB];
+						float qk[KB], dv_[KB];
+						for (int i = 0; i < n; i++) {
+							kj[i] = k + ((size_t)(j0 + i) * NKV + kh) * D;
+							vj[i] = v + ((size_t)(j0 + i) * NKV + kh) * D;
+						}
+						dots(qk, qt, kj, n, D);
+						dots(dv_, dot, vj, n, D);
+						for (int i = 0; i < n; i++) {
+							size_t ki = ((size_t)(j0 + i) * NKV + kh) * D;
+							float c = cap_score(qk[i] * scale, cap);
+							float p = expf(c - l);
+							float ds = p * (dv_[i] - Di) * scale;
+							if (cap > 0)
+								ds *= 1.0f - (c / cap) * (c / cap);
+							float *dvj = dv + ki, *dkj = dk + ki;
+							const float *kk = k + ki;
+#pragma omp simd
+							for (int d = 0; d < D; d++) {
+								dvj[d] += p * dot[d];
+								dqt[d] += ds * kk[d];
+								dkj[d] += ds * qt[d];
+							}
 						}
 					}
 				}

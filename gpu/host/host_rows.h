@@ -15,4 +15,12 @@
 
 const bk_ops *bk_ops_host_rows(void);
 
+/* The row-wise matmul's code path (gpu/host/host_decode.c): "avx512", "avx2" or "sse2",
+ * the same bits from each, only the speed differs.  bk_host_rows_isa_name() gives the
+ * one in use, chosen at first use from $BK_HOST_ISA when set (an error when this CPU
+ * cannot run it), else the fastest this CPU runs; bk_host_rows_isa(NAME) switches to
+ * NAME (NULL or "": the fastest) and returns 0, or -1 when this CPU cannot run it. */
+int bk_host_rows_isa(const char *name);
+const char *bk_host_rows_isa_name(void);
+
 #endif
