@@ -25,15 +25,15 @@
 //    a workspace [NH,T,D] and a reduction kernel adds the group's heads in head order
 //    (deterministic, no atomics).  dq is a kernel of its own (recomputes S and dP: 7
 //    products in the backward instead of FA2's 5 with atomics, but deterministic).
-//  - causal load balancing: forward and dq blocks run the last (longest) query tiles
-//    first; dk/dv blocks run the first (longest) key tiles first.  The head is the
-//    fastest grid index (grid (NH, tiles); dk/dv (NH x column halves, tiles)), so the
-//    blocks, dispatched in index order, go longest first over all heads and the last
-//    wave is every head's shortest tile (with the tile fastest, the shortest tiles of
-//    head 0 would run before the longest of head 1).  The order is by position in the
-//    packed batch: exact for one sequence; with many packed sequences a tile at a
-//    sequence's start is short wherever it stands (a schedule by work would need the
-//    lengths on the host, which has them only in device memory here: not done).  A warp
+//  - causal load balancing: blocks take their tiles longest first, by a schedule by
+//    work computed on the device from cu_seqlens (tc_sched_kernel: one small block per
+//    call, the tiles ranked by their key / query count; over 8192 tiles, by position:
+//    the last query tiles, the first key tiles first).  The head is the fastest grid
+//    index (grid (NH, tiles); dk/dv (NH x column halves, tiles)), so the blocks,
+//    dispatched in index order, go longest first over all heads and the last wave is
+//    every head's shortest tile (with the tile fastest, the shortest tiles of head 0
+//    would run before the longest of head 1).  By work rather than position because in
+//    a packed batch a tile at a sequence's start is short wherever it stands.  A warp
 //    skips the key tiles wholly after its rows (forward, dq) and the query tiles wholly
 //    before its keys (dk/dv), so the causal half of a diagonal tile costs nothing but
 //    the barrier.
@@ -207,6 +207,53 @@ __device__ __forceinline__ bool tc_vis_own(int t, int st, int j, int W)
 }
 
 // ---------------------------------------------------------------------------------
+// the schedule: which tile a block takes
+
+// order[r] = the tile of rank r when the n = ceil(T / 64) tiles of 64 rows are sorted by
+// their work, the most first (ties: the later tile first), so blocks dispatched in index
+// order take the longest tiles first also across packed sequences (by position alone, a
+// tile at a sequence's start is short wherever it stands).  Work: kv = 0, query tiles
+// (forward, dq): the own keys from row 0's sequence (or window) start to the last row
+// (the prefix tiles are the same for every tile); kv = 1, key tiles (dk/dv): the queries
+// from the first key to the last key's sequence end (or window end).  One block; the
+// works in shared memory [n]; rank by counting (O(n^2 / threads), deterministic).
+#define TC_SCHED_THREADS 256
+#define TC_SCHED_MAX 8192 // tiles (T = 512k): 32 KiB of works; more: position order
+__global__ void __launch_bounds__(TC_SCHED_THREADS)
+tc_sched_kernel(int *order, const int32_t *cu, int S, int T, int W, int kv)
+{
+	TC_SHARED(tc_sm);
+	int *work = (int *)tc_sm;
+	const int n = (T + 63) / 64;
+	for (int x = threadIdx.x; x < n; x += blockDim.x) {
+		const int t0 = x * 64, last = min(t0 + 64, T) - 1;
+		int w;
+		if (!kv) {
+			int st = cu[tc_seq_of(cu, S, t0)];
+			w = last + 1 - (W > 0 ? max(st, t0 - W + 1) : st);
+		} else {
+			int qend = cu[tc_seq_of(cu, S, last) + 1];
+			w = (W > 0 ? min(qend, last + W) : qend) - t0;
+		}
+		work[x] = w;
+	}
+	__syncthreads();
+	for (int x = threadIdx.x; x < n; x += blockDim.x) {
+		const int wx = work[x];
+		int r = 0;
+		for (int y = 0; y < n; y++)
+			r += work[y] > wx || (work[y] == wx && y > x);
+		order[r] = x;
+	}
+}
+
+// the tile of block index b of nb: order[b], or without an order the last first
+__device__ __forceinline__ int tc_tile(const int *order, int b, int nb)
+{
+	return order ? order[b] : nb - 1 - b;
+}
+
+// ---------------------------------------------------------------------------------
 // forward
 
 // forward: Q [64][D+8], K, V [BN][D+8]; D = 256: 32-key tiles (67.5 KiB) and the Q
@@ -319,14 +366,14 @@ template <int D>
 __global__ void __launch_bounds__(TC_THREADS)
 tc_fwd_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
 	      const int32_t *cu, int S, int T, int NH, int NKV, const float *pk, const float *pv,
-	      int P, float scale, float cap, int W)
+	      int P, float scale, float cap, int W, const int *order)
 {
 	typedef TcFwd<D> C;
 	constexpr int NK = D / 16, ND = D / 8;
 	TC_SHARED(tc_sm);
 	tc_bf16 *Qs = (tc_bf16 *)tc_sm, *Ks = Qs + C::BM * C::LD, *Vs = Ks + C::BN * C::LD;
 	const int h = blockIdx.x, kh = h / (NH / NKV);
-	const int t0 = (gridDim.y - 1 - blockIdx.y) * C::BM, nr = min(C::BM, T - t0);
+	const int t0 = tc_tile(order, blockIdx.y, gridDim.y) * C::BM, nr = min(C::BM, T - t0);
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 	const int w0 = t0 + warp * 16; // the warp's first row
 	const bool warp_live = w0 < T;
@@ -454,7 +501,7 @@ template <int D>
 __global__ void __launch_bounds__(TC_THREADS)
 tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k, const float *v,
 		 const float *lse, const float *Di, const int32_t *cu, int S, int T, int NH,
-		 int NKV, float scale, float cap, int W)
+		 int NKV, float scale, float cap, int W, const int *order)
 {
 	typedef TcDq<D> C;
 	constexpr int NN = C::BN / 8, ND = D / 8;
@@ -462,7 +509,7 @@ tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k, c
 	tc_bf16 *Qs = (tc_bf16 *)tc_sm, *dOs = Qs + C::BM * C::LD, *Ks = dOs + C::BM * C::LD;
 	tc_bf16 *Vs = Ks + C::BN * C::LD;
 	const int h = blockIdx.x, kh = h / (NH / NKV);
-	const int t0 = (gridDim.y - 1 - blockIdx.y) * C::BM, nr = min(C::BM, T - t0);
+	const int t0 = tc_tile(order, blockIdx.y, gridDim.y) * C::BM, nr = min(C::BM, T - t0);
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 	const int w0 = t0 + warp * 16;
 	const bool warp_live = w0 < T;
@@ -560,7 +607,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 tc_bwd_dkv_kernel(float *dk, float *dv, float *wk, float *wv, const float *dout,
 		  const float *q, const float *k, const float *v, const float *lse,
 		  const float *Di, const int32_t *cu, int S, int T, int NH, int NKV, float scale,
-		  float cap, int W)
+		  float cap, int W, const int *order)
 {
 	typedef TcDkv<D> C;
 	constexpr int NQ = C::BQ / 8, ND = C::DO / 8;
@@ -570,7 +617,8 @@ tc_bwd_dkv_kernel(float *dk, float *dv, float *wk, float *wv, const float *dout,
 	float *ls = (float *)(tc_sm + C::smem_bf16), *ds_ = ls + C::BQ;
 	int *ss = (int *)(ds_ + C::BQ);
 	const int group = NH / NKV, h = blockIdx.x / C::NZ, kh = h / group;
-	const int j0 = blockIdx.y * C::BN, nc = min(C::BN, T - j0);
+	const int j0 = (order ? order[blockIdx.y] : (int)blockIdx.y) * C::BN;
+	const int nc = min(C::BN, T - j0);
 	const int d0 = (blockIdx.x % C::NZ) * C::DO;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 	const int wj0 = j0 + warp * 16; // the warp's first key
@@ -709,6 +757,18 @@ template <typename K> static void tc_optin(K kernel, size_t bytes, int *done)
 	*done = 1;
 }
 
+// the schedule of kind kv (tc_sched_kernel) into order [ceil(T/64)]; NULL (position
+// order) over TC_SCHED_MAX tiles
+static const int *tc_schedule(int *order, const int32_t *cu, int S, int T, int W, int kv)
+{
+	int n = (T + 63) / 64;
+	if (n > TC_SCHED_MAX)
+		return NULL;
+	TC_LAUNCH(tc_sched_kernel, 1, TC_SCHED_THREADS, (size_t)n * sizeof(int), order, cu, S, T,
+		  W, kv);
+	return order;
+}
+
 template <int D>
 static void tc_forward(float *out, float *lse, const float *q, const float *k, const float *v,
 		       const int32_t *cu, int S, int T, int NH, int NKV, const float *pk,
@@ -717,9 +777,12 @@ static void tc_forward(float *out, float *lse, const float *q, const float *k, c
 	static int optin;
 	typedef TcFwd<D> C;
 	tc_optin(tc_fwd_kernel<D>, C::smem, &optin);
-	dim3 grid((unsigned)NH, (unsigned)((T + C::BM - 1) / C::BM));
+	const int n = (T + C::BM - 1) / C::BM;
+	const int *order = tc_schedule((int *)bk_cuda_workspace(0, (size_t)n * sizeof(int)), cu, S,
+				       T, ap->window, 0);
+	dim3 grid((unsigned)NH, (unsigned)n);
 	TC_LAUNCH(tc_fwd_kernel<D>, grid, TC_THREADS, C::smem, out, lse, q, k, v, cu, S, T, NH,
-		  NKV, pk, pv, P, ap->scale, ap->softcap, ap->window);
+		  NKV, pk, pv, P, ap->scale, ap->softcap, ap->window, order);
 }
 
 template <int D>
@@ -731,12 +794,17 @@ static void tc_backward(float *dq, float *dk, float *dv, const float *dout, cons
 	float scale = ap->scale, cap = ap->softcap;
 	int W = ap->window;
 	typedef TcDq<D> Q;
-	tc_optin(tc_bwd_dq_kernel<D>, Q::smem, &optin_dq);
-	dim3 gq((unsigned)NH, (unsigned)((T + Q::BM - 1) / Q::BM));
-	TC_LAUNCH(tc_bwd_dq_kernel<D>, gq, TC_THREADS, Q::smem, dq, dout, q, k, v, lse, Di, cu, S,
-		  T, NH, NKV, scale, cap, W);
-
 	typedef TcDkv<D> K;
+	static_assert(Q::BM == 64 && K::BN == 64, "the schedule is of 64-row tiles");
+	const int n = (T + 63) / 64;
+	int *ws = (int *)bk_cuda_workspace(0, (size_t)2 * n * sizeof(int));
+	const int *qorder = tc_schedule(ws, cu, S, T, W, 0);
+	const int *korder = tc_schedule(ws + n, cu, S, T, W, 1);
+	tc_optin(tc_bwd_dq_kernel<D>, Q::smem, &optin_dq);
+	dim3 gq((unsigned)NH, (unsigned)n);
+	TC_LAUNCH(tc_bwd_dq_kernel<D>, gq, TC_THREADS, Q::smem, dq, dout, q, k, v, lse, Di, cu, S,
+		  T, NH, NKV, scale, cap, W, qorder);
+
 	float *wk = NULL, *wv = NULL;
 	if (NH != NKV) { // per-query-head partials [NH,T,D] each
 		size_t bytes = (size_t)NH * T * D * sizeof(float);
@@ -744,9 +812,9 @@ static void tc_backward(float *dq, float *dk, float *dv, const float *dout, cons
 		wv = (float *)bk_cuda_workspace(2, bytes);
 	}
 	tc_optin(tc_bwd_dkv_kernel<D>, K::smem, &optin_dkv);
-	dim3 gk((unsigned)(NH * K::NZ), (unsigned)((T + K::BN - 1) / K::BN));
+	dim3 gk((unsigned)(NH * K::NZ), (unsigned)n);
 	TC_LAUNCH(tc_bwd_dkv_kernel<D>, gk, TC_THREADS, K::smem, dk, dv, wk, wv, dout, q, k, v,
-		  lse, Di, cu, S, T, NH, NKV, scale, cap, W);
+		  lse, Di, cu, S, T, NH, NKV, scale, cap, W, korder);
 	if (NH != NKV) {
 		size_t n = (size_t)T * NKV * D;
 		TC_LAUNCH(tc_bwd_reduce_kernel, bk_cuda_blocks(n, 256), 256, 0, dk, dv, wk, wv, T,

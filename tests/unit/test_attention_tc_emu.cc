@@ -212,6 +212,51 @@ static void check(const char *size, const char *what, const float *got, const fl
 
 static const char *only; // argv[1]: run only the cases whose label contains it
 
+// tc_sched_kernel's order for packed lengths lens and window W, kind kv, against the work
+// of each 64-row tile counted here by brute force: a permutation, the work non-increasing,
+// ties the later tile first
+static void check_sched(const std::vector<int> &lens, int W, int kv)
+{
+	int S = (int)lens.size();
+	std::vector<int32_t> cu(S + 1, 0);
+	for (int s = 0; s < S; s++)
+		cu[s + 1] = cu[s] + lens[s];
+	int T = cu[S], n = (T + 63) / 64;
+	char label[64];
+	snprintf(label, sizeof label, "sched T=%d S=%d W%d %s", T, S, W, kv ? "keys" : "queries");
+	if (only && !strstr(label, only))
+		return;
+	std::vector<int> seq(T), work(n, 0), order(n, -1), seen(n, 0);
+	for (int s = 0; s < S; s++)
+		for (int t = cu[s]; t < cu[s + 1]; t++)
+			seq[t] = s;
+	for (int x = 0; x < n; x++) { // visible (query, key) pairs with a key / query in range
+		int t0 = 64 * x, t1 = min(t0 + 64, T);
+		int lo = kv ? t0 : cu[seq[t0]], hi = kv ? cu[seq[t1 - 1] + 1] : t1;
+		if (W > 0)
+			lo = kv ? lo : max(lo, t0 - W + 1), hi = kv ? min(hi, t1 - 1 + W) : hi;
+		work[x] = hi - lo;
+	}
+	emu_launch(emu_dim3(1), TC_SCHED_THREADS, (size_t)n * sizeof(int),
+		   [&]() { tc_sched_kernel(order.data(), cu.data(), S, T, W, kv); });
+	int bad = 0;
+	for (int r = 0; r < n; r++) {
+		int x = order[r];
+		if (x < 0 || x >= n || seen[x]++) {
+			bad++;
+			continue;
+		}
+		if (r > 0 && order[r - 1] >= 0 && order[r - 1] < n) {
+			int p = order[r - 1];
+			bad += work[p] < work[x] || (work[p] == work[x] && p < x);
+		}
+	}
+	n_lines++;
+	n_fail += bad > 0;
+	printf("%-48s %d tiles, first %d (work %d), %d out of order %s\n", label, n, order[0],
+	       order[0] >= 0 && order[0] < n ? work[order[0]] : -1, bad, bad ? "FAIL" : "ok");
+}
+
 static void run_case(const std::vector<int> &lens, int NH, int NKV, int D, int P, bk_attn ap,
 		     bool bwd)
 {
@@ -271,6 +316,14 @@ int main(int argc, char **argv)
 	run_case({100}, 2, 2, 64, 5, win, false);            // window into the prefix
 	run_case({100, 30}, 2, 1, 64, 0, win, true);         // window shorter than a tile
 	run_case({65, 3}, 2, 2, 64, 0, a64, true);           // NH = NKV: dk/dv added directly
+	// the schedules: packed sequences (the last tile of a short one is shorter than a
+	// middle one of a long one), windows, one long sequence
+	check_sched({1, 7, 70, 80, 300, 64, 5}, 0, 0);
+	check_sched({1, 7, 70, 80, 300, 64, 5}, 0, 1);
+	check_sched({1, 7, 70, 80, 300, 64, 5}, 100, 0);
+	check_sched({1, 7, 70, 80, 300, 64, 5}, 100, 1);
+	check_sched({256, 256, 256, 256}, 0, 0);
+	check_sched({1000}, 0, 1);
 	// D = 256 (Gemma 2/3): 32-key forward tiles with Q from shared memory, 16-key dq
 	// tiles, dk/dv in two column halves (two blocks a head); Gemma-2's scale 256^-0.5 and softcap 50
 	// (cap' = 1 - (s / 50)^2 is within 1e-3 of 1 at these scores: the second case's cap of
