@@ -3,13 +3,17 @@
 #include "formats/bakeout.h"
 #include "common/diag.h"
 #include "common/files.h"
+#include "common/progress.h"
 #include "formats/stream.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <msgpack.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- text as Python sees it ---- */
 
@@ -427,4 +431,247 @@ int64_t bk_bake_epoch_order(const char *tokens, const char *out, int64_t epochs,
 	free(len.v);
 	free(perm);
 	return written;
+}
+
+/* ---- the run's files and summary (moved from cmd/bk-bake.c) ---- */
+
+/* Reads bk-step's metrics stream from fd into path (a byte copy), drawing progress
+ * from its step records. */
+void bk_bake_metrics_copy(int fd, const char *path, int64_t total)
+{
+	FILE *out = fopen(path, "wb");
+	if (!out)
+		die("%s: %s", path, strerror(errno));
+	msgpack_unpacker up;
+	msgpack_unpacked res;
+	if (!msgpack_unpacker_init(&up, 1 << 16))
+		die("out of memory");
+	msgpack_unpacked_init(&res);
+	bk_progress pg;
+	bk_progress_start(&pg, "steps", (uint64_t)(total > 0 ? total : 0));
+	uint64_t step = 0, tokens = 0;
+	for (;;) {
+		if (msgpack_unpacker_buffer_capacity(&up) < 4096 &&
+		    !msgpack_unpacker_reserve_buffer(&up, 1 << 16))
+			die("out of memory");
+		ssize_t r = read(fd, msgpack_unpacker_buffer(&up), msgpack_unpacker_buffer_capacity(&up));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			die("reading bk-step's metrics: %s", strerror(errno));
+		if (r == 0)
+			break;
+		if (fwrite(msgpack_unpacker_buffer(&up), 1, (size_t)r, out) != (size_t)r)
+			die("%s: write error", path);
+		msgpack_unpacker_buffer_consumed(&up, (size_t)r);
+		while (msgpack_unpacker_next(&up, &res) == MSGPACK_UNPACK_SUCCESS) {
+			const msgpack_object *s = bk_obj_get(&res.data, "step"),
+					     *t = bk_obj_get(&res.data, "tokens");
+			if (s && s->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+				step = s->via.u64;
+				if (t && t->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+					tokens += t->via.u64;
+				bk_progress_update(&pg, step, tokens);
+			}
+		}
+	}
+	bk_progress_end(&pg, step, tokens);
+	close(fd);
+	msgpack_unpacked_destroy(&res);
+	msgpack_unpacker_destroy(&up);
+	if (fclose(out))
+		die("%s: write error", path);
+}
+
+/* count, 'paired' and 'system_tokens' of the tokens stream */
+int64_t bk_bake_scan_tokens(const char *path, int *paired, int64_t *sys_tokens)
+{
+	bk_reader *r = bk_reader_open(path);
+	const msgpack_object *o = bk_reader_prov(r, "paired");
+	*paired = o && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64;
+	o = bk_reader_prov(r, "system_tokens");
+	*sys_tokens = o && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int64_t)o->via.u64 : -1;
+	while (bk_reader_next(r))
+		;
+	int64_t n = (int64_t)bk_reader_count(r);
+	bk_reader_close(r);
+	return n;
+}
+
+static double jnum(json_t *o, const char *path)
+{
+	/* "a.b.c" */
+	char *p = xstrdup(path), *save = NULL;
+	for (char *k = strtok_r(p, ".", &save); k && o; k = strtok_r(NULL, ".", &save))
+		o = json_object_get(o, k);
+	free(p);
+	return o && json_is_number(o) ? json_number_value(o) : NAN;
+}
+
+void bk_bake_read_metrics(const char *path, bk_bake_logged *m)
+{
+	memset(m, 0, sizeof *m);
+	m->loss = NAN;
+	bk_reader *r = bk_reader_open(path);
+	const msgpack_object *rec;
+	while ((rec = bk_reader_next(r))) {
+		const msgpack_object *s = bk_obj_get(rec, "step"), *l = bk_obj_get(rec, "loss"),
+				     *c = bk_obj_get(rec, "checkpoints");
+		if (s && s->type == MSGPACK_OBJECT_POSITIVE_INTEGER && l &&
+		    l->type == MSGPACK_OBJECT_FLOAT64) {
+			m->step = (int64_t)s->via.u64;
+			m->loss = l->via.f64;
+		}
+		if (c && c->type == MSGPACK_OBJECT_ARRAY)
+			for (uint32_t i = 0; i < c->via.array.size; i++)
+				if (c->via.array.ptr[i].type == MSGPACK_OBJECT_STR)
+					bk_vec_push(&m->ckpts, xstrndup(c->via.array.ptr[i].via.str.ptr,
+									c->via.array.ptr[i].via.str.size));
+	}
+	bk_reader_close(r);
+}
+
+void bk_bake_summary(const bk_bake_plan *p, const bk_bake_cmds *b, const bk_bake_train *tr,
+		    const bk_bake_logged *lg, json_t *res, double t_tok, double t_train, double t_eval)
+{
+	const char *od = p->output_dir;
+	printf("\n======================== bakery: bake summary ========================\n");
+	printf("%-20s %s\n", "model", p->model);
+	int64_t pt = (int64_t)jnum(res, "prompt_tokens");
+	if (p->system)
+		printf("%-20s %lld tokens: \"%.60s%s\"\n", "system prompt", (long long)pt, p->system,
+		       strlen(p->system) > 60 ? "..." : "");
+	else
+		printf("%-20s %lld tokens, from %s\n", "system prompt", (long long)pt,
+		       p->system_file ? p->system_file : p->corpus);
+	if (b->paired)
+		printf("%-20s %lld prompt/response pairs, %g epoch%s\n", "data",
+		       (long long)b->prompts, p->epochs, p->epochs == 1 ? "" : "s");
+	else
+		printf("%-20s %lld prompts x %ld trajectories (up to %ld tokens) x %g epoch%s\n",
+		       "data", (long long)b->prompts, p->num_trajectories, p->trajectory_length,
+		       p->epochs, p->epochs == 1 ? "" : "s");
+	printf("%-20s %lld samples, %lld tokens\n", "trained on", (long long)tr->records,
+	       (long long)tr->tokens);
+	printf("%-20s %lld (batch %ld x accumulation %ld, lr %g %s)\n", "optimizer steps",
+	       (long long)tr->steps, p->batch_size, p->grad_accum, p->lr, p->schedule);
+	printf("%-20s %.4f over %lld steps", "mean loss", tr->mean_loss, (long long)tr->steps);
+	if (lg->step > 0)
+		printf(" (last logged: %.4f at step %lld)\n", lg->loss, (long long)lg->step);
+	else
+		printf("\n");
+	printf("%-20s %.1f s (tokenize %.1f s, train %.1f s%s", "time", t_tok + t_train + t_eval,
+	       t_tok, t_train, b->has_eval ? "" : ")\n");
+	if (b->has_eval)
+		printf(", evaluate %.1f s)\n", t_eval);
+	printf("%-20s %s/final_model (PEFT adapter, tokenizer files, README.md)\n", "adapter", od);
+	printf("%-20s", "checkpoints");
+	for (size_t i = 0; i < lg->ckpts.n; i++)
+		printf(" %s", lg->ckpts.v[i]);
+	printf("%s\n", lg->ckpts.n ? "" : " none");
+	printf("%-20s %s (bk-dump; pipelines/bk-plot %s)\n", "metrics", b->metrics, b->metrics);
+	printf("%-20s %s/results.json\n", "results", od);
+	static const char *const sets[][4] = {
+		{"eval accuracy", "baseline_none", "baseline_discrete", "baked_eval"},
+		{"held-out accuracy", NULL, "heldout_discrete", "baked_heldout"}};
+	for (int i = 0; i < 2; i++) {
+		json_t *baked = json_object_get(res, sets[i][3]);
+		if (!baked)
+			continue;
+		printf("%-20s %.0f samples:", sets[i][0], jnum(baked, "total"));
+		char k[64];
+		if (sets[i][1] && json_object_get(res, sets[i][1]))
+			snprintf(k, sizeof k, "%s.accuracy", sets[i][1]),
+				printf(" baseline %.1f%%,", 100 * jnum(res, k));
+		if (json_object_get(res, sets[i][2]))
+			snprintf(k, sizeof k, "%s.accuracy", sets[i][2]),
+				printf(" prompted %.1f%%,", 100 * jnum(res, k));
+		printf(" baked %.1f%%\n", 100 * jnum(baked, "accuracy"));
+	}
+	if (json_object_get(json_object_get(res, "bakery"), "kl"))
+		printf("%-20s base %.4f, baked %.4f per token (%.1f%% of base)\n",
+		       "KL(teacher||model)", jnum(res, "bakery.kl.base.per_token"),
+		       jnum(res, "bakery.kl.baked.per_token"),
+		       100 * jnum(res, "bakery.kl.baked_over_base"));
+	printf("======================================================================\n");
+}
+
+static void copy_file(const char *src, const char *dst)
+{
+	size_t len;
+	char *data = bk_read_file(src, &len);
+	bk_write_file_atomic(dst, data, len);
+	free(data);
+}
+
+/* the tokenizer files next to the adapter, as the tool's tokenizer.save_pretrained */
+void bk_bake_copy_tokenizer(const char *model, const char *dst)
+{
+	static const char *const files[] = {"tokenizer.model", "tokenizer.json",
+					    "tokenizer_config.json", "special_tokens_map.json",
+					    "added_tokens.json", "chat_template.jinja", NULL};
+	for (int i = 0; files[i]; i++) {
+		char *s = bk_path_join(model, files[i]), *d = bk_path_join(dst, files[i]);
+		if (bk_file_exists(s))
+			copy_file(s, d);
+		free(s);
+		free(d);
+	}
+}
+
+/* the earlier bake's outputs (overwrite_output_dir), except keep (a checkpoint resumed
+ * from) */
+void bk_bake_clear_outputs(const char *od, const char *keep)
+{
+	DIR *d = opendir(od);
+	if (!d)
+		return;
+	struct dirent *e;
+	BK_VEC(char *) rm = {0};
+	while ((e = readdir(d))) {
+		const char *n = e->d_name;
+		if (!strncmp(n, "checkpoint-", 11) || !strcmp(n, "final_model") || !strcmp(n, "final"))
+			bk_vec_push(&rm, bk_path_join(od, n));
+	}
+	closedir(d);
+	for (size_t i = 0; i < rm.n; i++) {
+		if (!keep || strcmp(rm.v[i], keep))
+			if (bk_remove_flat_dir(rm.v[i]))
+				die("overwrite_output_dir: cannot remove %s: %s", rm.v[i], strerror(errno));
+		free(rm.v[i]);
+	}
+	free(rm.v);
+	static const char *const files[] = {"results.json", "metrics.bk", "tokens.bk", "order.bk",
+					    "teach.bk", NULL};
+	for (int i = 0; files[i]; i++) {
+		char *p = bk_path_join(od, files[i]);
+		unlink(p);
+		free(p);
+	}
+}
+
+char *bk_bake_model_card_text(const bk_bake_plan *p, const bk_bake_cmds *b, const bk_bake_train *tr,
+			int64_t prompt_tokens)
+{
+	char *per = b->paired ? xstrdup("")
+			      : xasprintf(" x %ld teacher trajectories per epoch", p->num_trajectories);
+	char *card = xasprintf(
+		"A LoRA adapter for `%s` that behaves as the model does with its system prompt "
+		"(%lld tokens), without the prompt: prompt baking by KL distillation "
+		"(arXiv:2409.13697), made by bakery's bk-bake.\n\n"
+		"## Training\n\n"
+		"- data: %lld %s%s\n"
+		"- %lld optimizer steps, batch %ld x accumulation %ld, learning rate %g (%s)\n"
+		"- LoRA r %ld, alpha %g, dropout %g, targets %s\n"
+		"- KL temperature %g; mean loss over the bake %.6f\n\n"
+		"## Use\n\n"
+		"Load with PEFT on the base model (`PeftModel.from_pretrained(base, DIR)`), or "
+		"merge it with `bk-merge`.\n",
+		p->model, (long long)prompt_tokens, (long long)b->prompts,
+		b->paired ? "prompt/response pairs" : "prompts",
+		per, (long long)tr->steps, p->batch_size, p->grad_accum, p->lr, p->schedule,
+		p->lora_r, p->lora_alpha, p->lora_dropout, p->target_modules, p->temperature,
+		tr->mean_loss);
+	free(per);
+	return card;
 }

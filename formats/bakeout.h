@@ -2,10 +2,13 @@
  * results.json with the tool's keys and shapes (bakery's own figures under "bakery"),
  * a model card for final_model/, the metrics stream's final path after final/ is
  * renamed to final_model/, the last checkpoint-N for resume_from_checkpoint: true,
- * and the training figures of the summary, computed from the trainer state.
- * No model code and no processes here. */
+ * the training figures of the summary, computed from the trainer state; the run's
+ * own files (metrics copy, token scan, tokenizer files, overwrite_output_dir) and the
+ * summary it prints.  No model code and no processes here. */
 #ifndef BK_BAKEOUT_H
 #define BK_BAKEOUT_H
+
+#include "formats/bakeplan.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -60,5 +63,40 @@ void bk_bake_model_card(const char *dir, const char *base_model, const char *bod
  * last_epoch_records (< 0: all).  Returns the number of records written. */
 int64_t bk_bake_epoch_order(const char *tokens, const char *out, int64_t epochs,
 			    int64_t last_epoch_records, uint64_t seed);
+
+/* Copies bk-step's metrics stream from fd into path byte for byte, drawing a progress
+ * line (total steps, 0 = unknown) from its step records; closes fd. */
+void bk_bake_metrics_copy(int fd, const char *path, int64_t total);
+
+/* The record count of the tokens stream at path, and its provenance's 'paired' and
+ * 'system_tokens' (-1 when absent). */
+int64_t bk_bake_scan_tokens(const char *path, int *paired, int64_t *sys_tokens);
+
+/* The last step record (loss, step; step 0 = none) and the checkpoints named in the
+ * metrics stream at path. */
+typedef struct {
+	double loss;
+	int64_t step;
+	BK_VEC(char *) ckpts;
+} bk_bake_logged;
+void bk_bake_read_metrics(const char *path, bk_bake_logged *m);
+
+/* The summary on stdout: model, prompt, data, steps, the computed mean loss, times
+ * (seconds), files, and the accuracies and KL of res (results.json). */
+void bk_bake_summary(const bk_bake_plan *p, const bk_bake_cmds *b, const bk_bake_train *tr,
+		     const bk_bake_logged *lg, json_t *res, double t_tok, double t_train,
+		     double t_eval);
+
+/* The model's tokenizer files copied into dst, as the tool's tokenizer.save_pretrained. */
+void bk_bake_copy_tokenizer(const char *model, const char *dst);
+
+/* overwrite_output_dir: removes an earlier bake's checkpoint-*, final_model, final and
+ * its stream files and results.json from od, except keep (a checkpoint resumed from;
+ * may be NULL). */
+void bk_bake_clear_outputs(const char *od, const char *keep);
+
+/* The body of final_model/README.md for this bake (malloc'd). */
+char *bk_bake_model_card_text(const bk_bake_plan *p, const bk_bake_cmds *b,
+			      const bk_bake_train *tr, int64_t prompt_tokens);
 
 #endif
