@@ -30,8 +30,12 @@ def main():
     ap.add_argument("adapters", nargs="+")
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=32,
+                    help="student sequences per forward (the figures do not depend on it)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (one: a loaded machine spins less)")
     a = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.threads)
     tok = AutoTokenizer.from_pretrained(a.model)
     base = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32).eval()
     prompts = [l.strip() for l in open(a.heldout) if l.strip()]
@@ -62,15 +66,29 @@ def main():
                 lt = F.log_softmax(base(full).logits[0, len(t_ids) - 1 : len(t_ids) - 1 + len(resp)], -1)
                 data.append((s_ids, resp, lt))
 
+    # the student's inputs, right-padded into batches (causal attention: the padding
+    # after a sequence changes none of its logits)
+    batches = []
+    for i in range(0, len(data), a.batch):
+        chunk = data[i : i + a.batch]
+        width = max(len(s) + len(r) for s, r, _ in chunk)
+        ids = torch.full((len(chunk), width), tok.eos_token_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for j, (s_ids, resp, _) in enumerate(chunk):
+            ids[j, : len(s_ids) + len(resp)] = torch.tensor(s_ids + resp)
+            mask[j, : len(s_ids) + len(resp)] = 1
+        batches.append((chunk, ids, mask))
+
     def kl_of(model):
         tot, n = 0.0, 0
         with torch.no_grad():
-            for s_ids, resp, lt in data:
-                full = torch.tensor([s_ids + resp])
-                ls = F.log_softmax(model(full).logits[0, len(s_ids) - 1 : len(s_ids) - 1 + len(resp)], -1)
-                kl = (lt.exp() * (lt - ls)).sum(-1)
-                tot += float(kl.sum())
-                n += len(resp)
+            for chunk, ids, mask in batches:
+                logits = model(input_ids=ids, attention_mask=mask).logits
+                for j, (s_ids, resp, lt) in enumerate(chunk):
+                    ls = F.log_softmax(logits[j, len(s_ids) - 1 : len(s_ids) - 1 + len(resp)], -1)
+                    kl = (lt.exp() * (lt - ls)).sum(-1)
+                    tot += float(kl.sum())
+                    n += len(resp)
         return tot / n
 
     kb = kl_of(base)

@@ -4,20 +4,21 @@
 # SEEDS; each adapter judged by bench/bake_judge.py (torch + PEFT, no bakery code):
 # held-out KL(teacher || baked) / KL(teacher || base) on 34 held-out prompts.
 #
-#   BAKE_TOOL_VENV=/tmp/venv-x bench/bake_quality.sh [SEEDS]     (default "42 1 2 3")
+#   BAKE_TOOL_VENV=/tmp/venv-x bench/bake_quality.sh [SEEDS]     (default "1 2 3 4 5 6 7 8")
 #
 # BAKE_TOOL_VENV: a venv with torch, transformers, peft and the tool (its README says
 # how: pip install ... && pip install --no-deps --ignore-requires-python bakery-py).
 # Prints one line per seed and a last line "quality: bk-bake mean M (min-max) | tool
-# mean M (min-max)".  BAKE_ONLY=1 runs bk-bake alone (no tool runs).  Slow: the tool
-# takes about a minute a run on two cores.
+# mean M (min-max)".  BAKE_ONLY=1 runs bk-bake alone (no tool runs); BAKE_BK_ARGS adds
+# config overrides to bk-bake's runs only (e.g. "--teacher_top_k 0").  Slow: the tool
+# takes about a minute a run on two cores, the judge a few minutes on a loaded machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 BUILD=${BUILD:-build}
 B="$ROOT/$BUILD/bin"
 PY="${BAKE_TOOL_VENV:?set BAKE_TOOL_VENV to a venv with torch, transformers, peft and bakery-py}/bin/python"
-SEEDS=${1:-42 1 2 3}
+SEEDS=${1:-1 2 3 4 5 6 7 8}
 T=$(mktemp -d "${TMPDIR:-/tmp}/bk-quality.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 S="Sparky the dragon lives in a big castle. Sparky loves to fly."
@@ -64,7 +65,8 @@ EOF
 
 ads=()
 for s in $SEEDS; do
-	"$B/bk-bake" "$T/held.yaml" --template raw --seed "$s" --output_dir "$T/bk-$s" >/dev/null 2>"$T/bk-$s.err" ||
+	# shellcheck disable=SC2086 # BAKE_BK_ARGS: words
+	"$B/bk-bake" "$T/held.yaml" --template raw --seed "$s" --output_dir "$T/bk-$s" ${BAKE_BK_ARGS:-} >/dev/null 2>"$T/bk-$s.err" ||
 		{ cat "$T/bk-$s.err" >&2; exit 1; }
 	ads+=("$T/bk-$s/final_model")
 	if [ -z "${BAKE_ONLY:-}" ]; then

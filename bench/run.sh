@@ -102,10 +102,10 @@ fi
 
 # bake quality next to the Python tool (bench/bake_quality.sh; minutes: only on request)
 if [ -n "${BAKE_TOOL_VENV:-}" ]; then
-	q=$(BUILD="$BUILD" bench/bake_quality.sh "${BAKE_SEEDS:-42 1 2 3}" | tail -1)
+	q=$(BUILD="$BUILD" bench/bake_quality.sh "${BAKE_SEEDS:-}" | tail -1)
 	row "bake quality: held-out KL(teacher||baked)/KL(teacher||base), stories260K, 16 prompts x 4 x 64, 8 steps, torch judge" "$(sed 's/quality: \(bk-bake [^|]*\) |.*/\1/' <<<"$q")" "$(sed 's/.*| //' <<<"$q")"
 else
-	row "bake quality vs the Python tool (bench/bake_quality.sh)" "not run" "set BAKE_TOOL_VENV to a venv with torch, transformers, peft and bakery-py"
+	row "bake quality vs the Python tool (bench/bake_quality.sh)" "skipped: BAKE_TOOL_VENV is unset" "set it to a venv with torch, transformers, peft and bakery-py to print bk-bake's and the tool's held-out KL ratio"
 fi
 
 {
