@@ -79,6 +79,19 @@ awk 'NR <= 16' "$T/short.txt" >"$T/s16.txt"
 "$B/bk-tokenize" --model "$T/m15" --system "$SYS" "$T/s16.txt" -o "$T/m.bk"
 t0=$(now); "$B/bk-gen" --model "$T/m15" --device cpu --num-trajectories 2 --max-new-tokens 32 "$T/m.bk" -o "$T/mg.bk" 2>/dev/null; t1=$(now)
 row "bk-gen 15M random Llama, 16 prompts x 2 x 32 tokens" "$(rate "$(ntok "$T/mg.bk" '(.resp|length)')" "$t0" "$t1") tokens/s" "batched"
+# SmolLM2-135M-Instruct when cached (make demo-chat): wall and CPU-time rates (CPU time
+# counts both cores: steadier on a loaded machine)
+SMD=${BK_SMOLLM2:-$HOME/.cache/bakery/SmolLM2-135M-Instruct}
+if [ -f "$SMD/config.json" ]; then
+	head -16 pipelines/demo-chat/train.txt >"$T/chat16.txt"
+	"$B/bk-tokenize" --model "$SMD" --system-file pipelines/demo-chat/system.txt "$T/chat16.txt" -o "$T/sm.bk"
+	/usr/bin/time -f '%e %U %S' -o "$T/smg.time" "$B/bk-gen" --model "$SMD" --device cpu --num-trajectories 2 --max-new-tokens 48 "$T/sm.bk" -o "$T/smg.bk" 2>/dev/null
+	read -r w u s <"$T/smg.time"
+	n=$(ntok "$T/smg.bk" '(.resp|length)')
+	row "bk-gen SmolLM2-135M-Instruct, 16 chat prompts x 2 x 48 tokens, batched" "$(rate "$n" 0 "$w") tokens/s" "$(rate "$n" 0 "$(echo "$u + $s" | bc)") tokens per CPU-second; $n tokens"
+else
+	row "bk-gen SmolLM2-135M-Instruct" "skipped: not cached" "make demo-chat converts it into \$HOME/.cache/bakery (or set BK_SMOLLM2)"
+fi
 t0=$(now); "$B/bk-teach" --model "$T/m15" --device cpu --top-k 64 "$T/mg.bk" -o "$T/mt.bk" 2>/dev/null; t1=$(now)
 row "bk-teach 15M random Llama, top-k 64" "$(rate "$(ntok "$T/mt.bk" '(.t_prompt|length) + (.resp|length)')" "$t0" "$t1") tokens/s" "teacher tokens"
 t0=$(now); "$B/bk-step" --model "$T/m15" --device cpu --out "$T/ma" --batch-size 8 --lora-r 16 --lr 1e-4 "$T/mt.bk" >/dev/null 2>&1; t1=$(now)
@@ -98,6 +111,14 @@ if python3 -c "import torch, transformers, peft" 2>/dev/null; then
 	fi
 else
 	row "train step, 15M Llama shape, 4 x 256 tokens, LoRA r=16 all 7: host twin" "$hr tokens/s" "torch not installed: no side-by-side ratio"
+fi
+
+# the whole bake against the Python tool on SmolLM2 (bench/bake_speed.sh; many minutes)
+if [ -n "${BAKE_TOOL_VENV:-}" ] && [ -n "${BENCH_BAKE_SPEED:-}" ]; then
+	q=$(BUILD="$BUILD" bench/bake_speed.sh | tail -1)
+	row "bake time: bk-bake vs the Python tool, SmolLM2-135M-Instruct, basic config, 16 prompts x 2 x 48, 2 epochs, r=16 all linears" "$(sed 's/bake_speed: \(bk-bake [^|]*\) |.*/\1/' <<<"$q")" "$(sed 's/^[^|]*| //; s/ | /; /g' <<<"$q")"
+else
+	row "bake time vs the Python tool on SmolLM2 (bench/bake_speed.sh)" "skipped" "set BAKE_TOOL_VENV and BENCH_BAKE_SPEED=1 (the tool alone takes minutes)"
 fi
 
 # bake quality next to the Python tool (bench/bake_quality.sh; minutes: only on request)
