@@ -19,8 +19,10 @@ test_expect_success 'pack.sh packs the build and resolves every library' '
 	cat pack.out &&
 	grep -q "every library resolved" pack.out &&
 	grep -q "^pack.sh: size [0-9]* MiB" pack.out &&
-	for f in bin/bk-step bin/bk-dump bin/jq tests/test_ops bench/bench_step bench/bench_gen MANIFEST; do
-		test -s "$TEST_TMP/pack/$f" || { echo "pack lacks $f"; exit 1; }
+	test -s "$TEST_TMP/pack/MANIFEST" && test ! -e "$TEST_TMP/pack/bin" &&
+	tar -tJf "$TEST_TMP/pack/programs.tar.xz" >progs &&
+	for f in bin/bk-step bin/bk-dump bin/jq tests/test_ops bench/bench_step bench/bench_gen; do
+		grep -qx "$f" progs || { echo "pack lacks $f"; exit 1; }
 	done &&
 	ls "$TEST_TMP/pack/lib" "$TEST_TMP/pack/lib/sys" >libs &&
 	grep -q "^libmsgpackc\.so" libs &&

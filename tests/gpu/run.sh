@@ -191,6 +191,14 @@ if [ $PREBUILT = 0 ]; then
 fi
 [ -f "$PACK/MANIFEST" ] || { fail_row "pack" "$PACK/MANIFEST" "" "no pack at $PACK (run tests/gpu/pack.sh first)"; exit 1; }
 case $PACK in /*) P=$PACK ;; *) P=$ROOT/$PACK ;; esac
+# the programs: unpacked in place once (pack.sh stores bin/, tests/, bench/ as one xz tar)
+if [ -f "$P/programs.tar.xz" ] && [ ! -d "$P/bin" ]; then
+	rm -rf "$P/.unpack" && mkdir "$P/.unpack"
+	if command -v xz >/dev/null; then xz -dc "$P/programs.tar.xz" | tar -C "$P/.unpack" -xf -
+	else sys_env python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$P/programs.tar.xz" "$P/.unpack"; fi ||
+		{ fail_row "pack" "$P/programs.tar.xz" "" "cannot unpack the programs"; exit 1; }
+	mv "$P/.unpack"/* "$P"/ && rmdir "$P/.unpack"
+fi
 # libraries: unpack the compressed ones; the pack's libstdc++ only when the image lacks it
 cp -a "$P/lib/." "$W/lib/"
 for z in "$W"/lib/*.xz; do
