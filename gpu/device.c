@@ -2,6 +2,7 @@
  * CUDA build; without one "cuda" dies naming the reason and "auto" says it falls back. */
 #include "device.h"
 #include "common/diag.h"
+#include "gpu/host/blas_core.h"
 #include "gpu/cuda/cuda.h"
 
 #include <stddef.h>
@@ -61,6 +62,7 @@ static int first_in_pipe(void)
 
 const bk_ops *bk_device_select(const char *name)
 {
+	bk_blas_core_fix(); /* before any BLAS call: OpenBLAS's AVX kernels on a CPU it does not know */
 	if (!strcmp(name, "cpu"))
 		return &bk_ops_host;
 	if (strcmp(name, "cuda") && strcmp(name, "auto"))
