@@ -25,7 +25,7 @@
 
 static const char usage[] =
 	"usage: bk-gen --model DIR [--device D] [--num-trajectories N] [--temperature T]\n"
-	"              [--top-p P] [--max-new-tokens N] [--epochs N] [--seed N]\n"
+	"              [--top-k K] [--top-p P] [--max-new-tokens N] [--epochs N] [--seed N]\n"
 	"              [--max-batch N] [--kv-memory BYTES] [--window N] [-v] [-o FILE]\n"
 	"              [--shard I/N] [--system TEXT | --system-file FILE] [STREAM]\n"
 	"Samples --num-trajectories responses per epoch from the teacher (adapter off, the\n"
@@ -38,6 +38,8 @@ static const char usage[] =
 	"  --system-file FILE      the same, the system prompt read from FILE\n"
 	"  --num-trajectories N    samples per prompt and epoch (default 4)\n"
 	"  --temperature T         sampling temperature, 0 = greedy (default 0.8)\n"
+	"  --top-k K               keep the K most likely tokens (and their ties) before\n"
+	"                          top-p, as HF's top_k; 0 = off (default 0)\n"
 	"  --top-p P               nucleus mass in (0,1] (default 0.9)\n"
 	"  --max-new-tokens N      new tokens per sample at most (default 128)\n"
 	"  --epochs N              fresh trajectories for each of N epochs (default 1)\n"
@@ -52,7 +54,7 @@ static const char usage[] =
 	"                          the shards with bk-dump --merge)\n";
 
 typedef struct {
-	long ntraj, max_new, epochs, seed, max_batch, window;
+	long ntraj, max_new, epochs, seed, max_batch, window, top_k;
 	double temperature, top_p;
 	/* this pass over the input: epochs epoch0 .. epoch0 + pass_epochs - 1; records
 	 * with a response are written in the first pass only */
@@ -216,6 +218,7 @@ int main(int argc, char **argv)
 		{"device", 0, BK_OPT_STR, &device, 0, 0},
 		{"num-trajectories", 0, BK_OPT_INT, &o.ntraj, 1, 1L << 16},
 		{"temperature", 0, BK_OPT_DOUBLE, &o.temperature, 0, 0},
+		{"top-k", 0, BK_OPT_INT, &o.top_k, 0, 1L << 30},
 		{"top-p", 0, BK_OPT_DOUBLE, &o.top_p, 0, 0},
 		{"max-new-tokens", 0, BK_OPT_INT, &o.max_new, 1, 1L << 20},
 		{"epochs", 0, BK_OPT_INT, &o.epochs, 1, 1L << 16},
@@ -274,18 +277,19 @@ int main(int argc, char **argv)
 	bk_model_stop_ids(lm.cfg, tmpl, spm, &stop);
 	bk_gen_config gc = { .max_batch = (int)o.max_batch, .max_new = (int)o.max_new,
 			     .max_seq = bk_config_max_seq(lm.cfg),
-			     .sample = { (float)o.temperature, (float)o.top_p },
+			     .sample = { (float)o.temperature, (float)o.top_p, (int)o.top_k },
 			     .stop = stop.v, .n_stop = (int)stop.n, .kv_memory = kv_bytes };
 	bk_gen *g = bk_gen_create(m, gops, NULL, &gc);
 
 	bk_writer *w = bk_writer_open(out_path);
 	bk_kv kv[] = { BK_KV_S("model", lm.fingerprint), BK_KV_I("seed", o.seed),
-		       BK_KV_D("sampling_temperature", o.temperature), BK_KV_D("top_p", o.top_p),
-		       BK_KV_I("max_new_tokens", o.max_new), BK_KV_I("num_trajectories", o.ntraj),
-		       BK_KV_I("epochs", o.epochs), BK_KV_S("shard", NULL) };
+		       BK_KV_D("sampling_temperature", o.temperature), BK_KV_I("top_k", o.top_k),
+		       BK_KV_D("top_p", o.top_p), BK_KV_I("max_new_tokens", o.max_new),
+		       BK_KV_I("num_trajectories", o.ntraj), BK_KV_I("epochs", o.epochs),
+		       BK_KV_S("shard", NULL) };
 	char shard_buf[32];
-	kv[7].s = bk_shard_str(&shard, shard_buf, sizeof shard_buf);
-	bk_writer_header(w, in, kv, shard.n ? 8 : 7);
+	kv[8].s = bk_shard_str(&shard, shard_buf, sizeof shard_buf);
+	bk_writer_header(w, in, kv, shard.n ? 9 : 8);
 
 	/* Epoch-major over a file: one pass per epoch, so that epoch e's samples of every
 	 * record come before epoch e+1's (what bk-step's epochs expect).  A pipe cannot be

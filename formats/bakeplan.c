@@ -269,6 +269,7 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 	add_model(c, p);
 	arg_long(c, "--num-trajectories", p->num_trajectories);
 	arg_num(c, "--temperature", p->sampling_temperature);
+	arg_long(c, "--top-k", p->gen_top_k);
 	arg_num(c, "--top-p", p->top_p);
 	arg_long(c, "--max-new-tokens", p->trajectory_length);
 	arg_long(c, "--seed", p->seed);

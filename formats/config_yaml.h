@@ -82,6 +82,7 @@ typedef struct {
 	long num_trajectories, trajectory_length, seed, data_seed;
 	double epochs; /* num_train_epochs; may be fractional (HF) */
 	double sampling_temperature, top_p;
+	long gen_top_k; /* the config's top_k: bk-gen --top-k (0: off) */
 	/* bk-teach (and bk-step, bk-eval: the KL temperature) */
 	double temperature;
 	long top_k;

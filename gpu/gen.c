@@ -567,7 +567,7 @@ static void draw_all(bk_gen *g, const drawreq *d, int N)
 	ops->upload(g->d_dkey, g->h_dkey, (size_t)N * sizeof(uint64_t));
 	ops->upload(g->d_dctr, g->h_dctr, (size_t)N * sizeof(int32_t));
 	g->gops->sample(g->d_dids, g->logits, g->d_drow, g->d_dkey, g->d_dctr, N, V,
-			sp->temperature, sp->top_p, g->swork);
+			sp->temperature, sp->top_k, sp->top_p, g->swork);
 	ops->download(g->h_dids, g->d_dids, (size_t)N * sizeof(int32_t));
 	for (int i = 0; i < N; i++)
 		if (g->h_dids[i] < 0 || g->h_dids[i] >= V)
@@ -706,7 +706,7 @@ static void forward_fast(bk_gen *g, const item *it, int S, const drawreq *d, int
 	const bk_sample_params *sp = &g->cfg.sample;
 	int V = c->V;
 	go->sample(g->f_ids_d, g->logits, dvd, (const uint64_t *)(const void *)(dvd + 2 * fN),
-		   dvd + fN, N, V, sp->temperature, sp->top_p, g->f_swork);
+		   dvd + fN, N, V, sp->temperature, sp->top_k, sp->top_p, g->f_swork);
 	go->download_async(g->f_ids_h, g->f_ids_d, (size_t)N * sizeof(int32_t));
 	if (want_host) /* pageable: this copy waits for itself */
 		go->download_async(g->h_logits, g->logits, (size_t)S * V * sizeof(float));
@@ -733,9 +733,10 @@ bk_gen *bk_gen_create(const bk_model *m, const bk_gen_ops *gops, const bk_lora *
 		die("generation: max batch %d is not positive", cfg->max_batch);
 	if (cfg->max_new < 1)
 		die("generation: max new tokens %d is not positive", cfg->max_new);
-	if (!(cfg->sample.temperature >= 0) || !(cfg->sample.top_p > 0 && cfg->sample.top_p <= 1))
-		die("generation: temperature %g must be >= 0 and top-p %g in (0,1]",
-		    cfg->sample.temperature, cfg->sample.top_p);
+	if (!(cfg->sample.temperature >= 0) || !(cfg->sample.top_p > 0 && cfg->sample.top_p <= 1) ||
+	    cfg->sample.top_k < 0)
+		die("generation: temperature %g must be >= 0, top-p %g in (0,1] and top-k %d >= 0",
+		    cfg->sample.temperature, cfg->sample.top_p, cfg->sample.top_k);
 	if (lora && lora->L != m->cfg.L)
 		BUG("generation: lora of %d layers on a model of %d", lora->L, m->cfg.L);
 	bk_gen *g = xcalloc(1, sizeof(*g));

@@ -66,11 +66,12 @@ typedef struct bk_gen_ops {
 	/* Optional (NULL: the engine samples on the host with gpu/sample.h): draws N tokens
 	 * on the device by the rule of sample.h, draw i from the row rows[i] of logits
 	 * [*,V] with u = bk_crng_uniform(keys[i], counters[i]) (ignored when temperature
-	 * is 0).  ids: [N] device, -1 where a row holds a NaN.  work: sample_work_bytes. */
+	 * is 0), top_k 0 = off.  ids: [N] device, -1 where a row holds a NaN.  work:
+	 * sample_work_bytes. */
 	void (*sample)(int32_t *ids /* [N] */, const float *logits /* [*,V] */,
 		       const int32_t *rows /* [N] */, const uint64_t *keys /* [N] */,
 		       const int32_t *counters /* [N] */, int N, int V, float temperature,
-		       float top_p, void *work);
+		       int top_k, float top_p, void *work);
 	size_t (*sample_work_bytes)(int N, int V);
 	/* Optional: bytes of device memory free now (sizes the KV pool when the caller
 	 * gives none); NULL: the pool grows on demand (host). */
@@ -122,7 +123,7 @@ typedef struct bk_gen_config {
 	int max_seq;         /* prompt + new tokens <= max_seq (model positions); 0 = none */
 	size_t kv_memory;    /* bytes for the K and V pools; 0 = from the device's free memory
 			      * (gops->mem_free, leaving headroom), or unbounded on the host */
-	bk_sample_params sample; /* temperature 0 = greedy */
+	bk_sample_params sample; /* temperature 0 = greedy; then top-k (0: off), top-p */
 	const int32_t *stop; /* ids that end a sample (kept as its last id); copied */
 	int n_stop;
 	bk_gen_logits_fn on_logits; /* optional (tests) */

@@ -1,7 +1,8 @@
 /* sample.c - greedy and temperature + top-p sampling from one row of logits (see
  * sample.h).  The nucleus is found without sorting the whole vocabulary: a 3-way
  * partition around a pivot probability narrows the range that holds the top-p boundary,
- * then only that range and the kept tokens are sorted.  Probabilities are in double. */
+ * then only that range and the kept tokens are sorted.  Top-k finds the K-th largest
+ * probability by the same partition (a quickselect).  Probabilities are in double. */
 #include "gpu/sample.h"
 
 #include <math.h>
@@ -67,10 +68,39 @@ static double median3(double a, double b, double c)
 	return c <= a ? a : c >= b ? b : c;
 }
 
-int bk_sample_nucleus(const float *logits, int V, float temperature, float top_p,
+/* The k-th largest (1 <= k <= n) of p[idx[0..n)] (idx is permuted) */
+static double kth_largest(const double *p, int32_t *idx, int n, int k)
+{
+	int lo = 0, hi = n, want = k - 1; /* want: a rank in descending order */
+	while (hi - lo > 1) {
+		double piv = median3(p[idx[lo]], p[idx[lo + (hi - lo) / 2]], p[idx[hi - 1]]);
+		int a = lo, b = lo, c = hi; /* [lo,a) > piv, [a,b) == piv, [c,hi) < piv */
+		while (b < c) {
+			int32_t t = idx[b];
+			if (p[t] > piv) {
+				idx[b++] = idx[a];
+				idx[a++] = t;
+			} else if (p[t] < piv) {
+				idx[b] = idx[--c];
+				idx[c] = t;
+			} else {
+				b++;
+			}
+		}
+		if (want < a)
+			hi = a;
+		else if (want < b)
+			return piv;
+		else
+			lo = b;
+	}
+	return p[idx[lo]];
+}
+
+int bk_sample_nucleus(const float *logits, int V, float temperature, int top_k, float top_p,
 		      bk_sample_work *w, int32_t *ids_out, double *probs_out)
 {
-	BUG_ON(V <= 0 || V > w->V || !(temperature > 0) || !(top_p > 0));
+	BUG_ON(V <= 0 || V > w->V || !(temperature > 0) || !(top_p > 0) || top_k < 0);
 	double *p = w->p, mx = -INFINITY, sum = 0;
 	int32_t *idx = w->idx;
 	for (int i = 0; i < V; i++) {
@@ -86,13 +116,32 @@ int bk_sample_nucleus(const float *logits, int V, float temperature, float top_p
 	for (int i = 0; i < V; i++)
 		p[i] /= sum;
 
+	/* top-k: the candidates are idx[0..n), the tokens with p >= the K-th largest, in id
+	 * order; the nucleus bound is top_p of their mass (HF renormalises over them) */
+	int n = V;
+	double lim = top_p;
+	if (top_k > 0 && top_k < V) {
+		double thr = kth_largest(p, idx, V, top_k), kept = 0;
+		n = 0;
+		for (int i = 0; i < V; i++)
+			if (p[i] >= thr) {
+				idx[n++] = i;
+				kept += p[i];
+			}
+		if (n < V)
+			lim = (double)top_p * kept;
+		else
+			for (int i = 0; i < V; i++)
+				idx[i] = i; /* every token kept: no top-k, bit for bit */
+	}
+
 	/* invariant: idx[0..lo) are kept (each more probable than, or tied with and kept
-	 * before, everything in idx[lo..V)), their mass is `before` < top_p; the boundary
-	 * lies in idx[lo..hi); idx[hi..V) are dropped. */
-	int lo = 0, hi = V, k;
+	 * before, everything in idx[lo..n)), their mass is `before` < lim; the boundary
+	 * lies in idx[lo..hi); idx[hi..n) are dropped. */
+	int lo = 0, hi = n, k;
 	double before = 0;
 	if (top_p >= 1) {
-		k = V;
+		k = n;
 	} else {
 		while (hi - lo > 32) {
 			double piv = median3(p[idx[lo]], p[idx[lo + (hi - lo) / 2]], p[idx[hi - 1]]);
@@ -113,9 +162,9 @@ int bk_sample_nucleus(const float *logits, int V, float temperature, float top_p
 					b++;
 				}
 			}
-			if (a > lo && before + mgt >= top_p) {
+			if (a > lo && before + mgt >= lim) {
 				hi = a; /* the boundary is among the larger ones */
-			} else if (before + mgt + meq >= top_p) {
+			} else if (before + mgt + meq >= lim) {
 				before += mgt; /* all larger kept; boundary among the ties */
 				lo = a;
 				hi = b;
@@ -128,7 +177,7 @@ int bk_sample_nucleus(const float *logits, int V, float temperature, float top_p
 		sort_desc(idx + lo, hi - lo, p);
 		k = lo;
 		double cum = before;
-		while (k < hi && (k == 0 || cum < top_p))
+		while (k < hi && (k == 0 || cum < lim))
 			cum += p[idx[k++]];
 	}
 	sort_desc(idx, k, p);
@@ -150,7 +199,8 @@ int32_t bk_sample_token(const float *logits, int V, const bk_sample_params *sp, 
 	BUG_ON(sp->temperature < 0 || !(u >= 0 && u < 1));
 	if (sp->temperature == 0)
 		return bk_sample_argmax(logits, V);
-	int k = bk_sample_nucleus(logits, V, sp->temperature, sp->top_p, w, w->idx, NULL);
+	int k = bk_sample_nucleus(logits, V, sp->temperature, sp->top_k, sp->top_p, w, w->idx,
+				  NULL);
 	double mass = 0, acc = 0;
 	for (int i = 0; i < k; i++)
 		mass += w->p[w->idx[i]];

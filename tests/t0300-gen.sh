@@ -21,7 +21,20 @@ test_expect_success 'tokenize | gen: trajectories with resp, response, traj, epo
 	$G --num-trajectories 2 --seed 3 s.bk 2>/dev/null | bk-dump --header | head -1 >h.json &&
 	jq -e ".provenance[1] | .tool == \"bk-gen\" and .seed == 3 and .num_trajectories == 2 and
 		.max_new_tokens == 16 and .epochs == 1 and .top_p == 0.9 and .sampling_temperature == 0.8 and
-		(.model | length) == 16" h.json
+		.top_k == 0 and (.model | length) == 16" h.json
+'
+
+test_expect_success '--top-k: 1 is greedy, the vocabulary (512) changes nothing, 3 changes the samples; recorded' '
+	$G --num-trajectories 2 --seed 3 --temperature 0 s.bk 2>/dev/null | bk-dump >greedy.jsonl &&
+	$G --num-trajectories 2 --seed 3 --top-k 1 s.bk 2>/dev/null | bk-dump >k1.jsonl &&
+	jq -c .resp greedy.jsonl >a && jq -c .resp k1.jsonl >b && test_cmp a b &&
+	$G --num-trajectories 2 --seed 3 s.bk 2>/dev/null | bk-dump >k0.jsonl &&
+	$G --num-trajectories 2 --seed 3 --top-k 512 s.bk 2>/dev/null | bk-dump >kv.jsonl &&
+	jq -c .resp k0.jsonl >a && jq -c .resp kv.jsonl >b && test_cmp a b &&
+	$G --num-trajectories 2 --seed 3 --top-k 3 --top-p 1 s.bk 2>/dev/null | bk-dump >k3.jsonl &&
+	jq -c .resp k3.jsonl >c && ! cmp -s a c &&
+	$G --num-trajectories 2 --seed 3 --top-k 3 s.bk 2>/dev/null | bk-dump --header | head -1 |
+		jq -e ".provenance[1].top_k == 3" >/dev/null
 '
 
 test_expect_success 'a stop id ends a response and is kept as its last id; text has no special tokens' '
@@ -104,6 +117,7 @@ test_expect_success 'usage errors exit 2' '
 	usage_error bk-gen --device cpu s.bk && grep -q -- "--model" err &&
 	usage_error $G --top-p 0 s.bk && grep -q top-p err &&
 	usage_error $G --top-p 1.5 s.bk &&
+	usage_error $G --top-k -1 s.bk && grep -q top-k err &&
 	usage_error $G --temperature -1 s.bk && grep -q temperature err &&
 	usage_error $G --max-batch 0 s.bk && grep -q max-batch err &&
 	usage_error $G --num-trajectories x s.bk && grep -q num-trajectories err &&

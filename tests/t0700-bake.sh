@@ -76,7 +76,7 @@ test_expect_success 'a config with every reference field is accepted; what diffe
 	{ grep -q -- "--grad-checkpoint" plan || grep -q "every.yaml:32: ignored .gradient_checkpointing." notes; } &&
 	test $(grep -c "" notes) -le 4 &&
 	grep -q "^bk-tokenize .*--system .Sparky.*--prompt .Once upon a time. --prompt .The sky was blue." plan &&
-	grep -q "bk-gen .*--num-trajectories 2 --temperature 0.7 --top-p 0.95 --max-new-tokens 8 --seed 3" plan &&
+	grep -q "bk-gen .*--num-trajectories 2 --temperature 0.7 --top-k 50 --top-p 0.95 --max-new-tokens 8 --seed 3" plan &&
 	grep -q "bk-step .*--out [^ ]* --grad-accum 2 .*--lr 0.0001 --schedule cosine --warmup-ratio 0.1 --weight-decay 0.01 --max-grad-norm 1 --lora-r 4 --lora-alpha 8 --lora-dropout 0.05 --target-modules q_proj,v_proj .*--seed 3 --logging-steps 1 --save-steps 1" plan &&
 	grep -q "^bk-eval .*--eval .*sparky-qa.json" plan
 '
@@ -84,6 +84,13 @@ test_expect_success 'a config with every reference field is accepted; what diffe
 test_expect_success 'overrides win over the file (--field value and --field=value)' '
 	bk-bake --dry-run every.yaml --learning_rate 5e-5 --lora-r=16 --target_modules all-linear >plan 2>/dev/null &&
 	grep -q "bk-step .*--lr 5e-05 .*--lora-r 16 .*--target-modules all-linear" plan
+'
+
+test_expect_success 'top_k (HF generate: 50) is bk-gen --top-k; 0 is off; negative is an error' '
+	bk-bake --dry-run every.yaml --top_k 0 >plan 2>/dev/null &&
+	grep -q "bk-gen .*--temperature 0.7 --top-k 0 --top-p 0.95" plan &&
+	test_must_fail bk-bake --dry-run every.yaml --top_k -3 >/dev/null 2>err &&
+	grep -q "top_k" err && test $(wc -l <err) -eq 1
 '
 
 test_expect_success 'an unknown field or an unsupported value refuses the bake, naming each' '

@@ -4,7 +4,10 @@
 // patterns, integer counts) finds the CAND-th largest probability, only the tokens at or
 // above it are sorted (bitonic, by probability then id) and the nucleus and the draw are
 // scanned in that order as on the host.  When the nucleus is larger than the candidates
-// (flat distributions, top-p 1) the whole row is sorted instead.  BK_DECODE=v2 takes
+// (flat distributions, top-p 1) the whole row is sorted instead.  Top-k (gpu/sample.h):
+// the same radix select finds the K-th largest probability first; the candidates, the
+// nucleus and the draw then stay among the tokens at or above it, and top-p's bound is
+// top_p of their mass (a block sum).  BK_DECODE=v2 takes
 // sample2_kernel (cuda_sample2.cuh) instead: a bounded radix select by mass, no sort.
 // Not the engine (gen.c).
 #include "gpu/cuda/cuda_common.cuh"
@@ -105,19 +108,56 @@ __device__ __forceinline__ unsigned long long dbits(double x)
 	return (unsigned long long)__double_as_longlong(x);
 }
 
-// The nucleus over n sorted entries (thread 0): its size k, or 0 when the n entries
-// are not enough (their mass stays below top_p and more tokens exist).
-__device__ int nucleus_size(const double *p, int n, int V, float top_p)
+// The nucleus over n sorted entries (thread 0) of the V candidate tokens (those top-k
+// keeps): its size k, or 0 when the n entries are not enough (their mass stays below lim,
+// the top-p bound, and more tokens exist).
+__device__ int nucleus_size(const double *p, int n, int V, float top_p, double lim)
 {
 	if (top_p >= 1.0f)
 		return n == V ? V : 0;
 	int k = 0;
 	double cum = 0;
-	while (k < n && (k == 0 || cum < (double)top_p))
+	while (k < n && (k == 0 || cum < lim))
 		cum += p[k++];
-	if (cum < (double)top_p && n < V)
+	if (cum < lim && n < V)
 		return 0;
 	return k;
+}
+
+// Radix select (the whole block; 8 passes of 8 bits over the bit patterns of p, integer
+// counts): the bit pattern of the want-th largest p, 1 <= want <= V.  hist [256], s_*:
+// shared.
+__device__ unsigned long long radix_kth(const double *p, int V, int want, int *hist,
+					int *s_rem, int *s_digit)
+{
+	unsigned long long prefix = 0, mask = 0;
+	if (threadIdx.x == 0)
+		*s_rem = want;
+	for (int shift = 56; shift >= 0; shift -= 8) {
+		if (threadIdx.x < 256)
+			hist[threadIdx.x] = 0;
+		__syncthreads();
+		for (int j = threadIdx.x; j < V; j += blockDim.x) {
+			unsigned long long b = dbits(p[j]);
+			if ((b & mask) == prefix)
+				atomicAdd(&hist[(b >> shift) & 255], 1);
+		}
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			int acc = 0, d = 255;
+			for (; d > 0; d--) {
+				if (acc + hist[d] >= *s_rem)
+					break;
+				acc += hist[d];
+			}
+			*s_digit = d;
+			*s_rem -= acc;
+		}
+		__syncthreads();
+		prefix |= (unsigned long long)*s_digit << shift;
+		mask |= 0xffull << shift;
+	}
+	return prefix;
 }
 
 // token of the draw among the first k sorted entries (as bk_sample_token)
@@ -138,7 +178,7 @@ __device__ int32_t draw_sorted(const double *p, const int32_t *id, int k, double
 __global__ void __launch_bounds__(SMP_THREADS)
 	sample_kernel(int32_t *ids, const float *logits, const int32_t *rows,
 		      const uint64_t *keys, const int32_t *counters, int N, int V,
-		      float temperature, float top_p, char *work, size_t per_block)
+		      float temperature, int top_k, float top_p, char *work, size_t per_block)
 {
 	__shared__ double shd[32];
 	__shared__ float shf[32];
@@ -201,36 +241,29 @@ __global__ void __launch_bounds__(SMP_THREADS)
 			p[j] /= Z;
 		__syncthreads();
 		double u = bk_crng_uniform_dev(keys[i], (uint64_t)counters[i]);
-		// radix select: the bit pattern of the want-th largest probability
-		int want = V < CAND ? V : CAND, k = 0;
-		unsigned long long prefix = 0, mask = 0;
-		if (top_p < 1.0f) {
-			if (threadIdx.x == 0)
-				s_rem = want;
-			for (int shift = 56; shift >= 0; shift -= 8) {
-				if (threadIdx.x < 256)
-					hist[threadIdx.x] = 0;
-				__syncthreads();
-				for (int j = threadIdx.x; j < V; j += blockDim.x) {
-					unsigned long long b = dbits(p[j]);
-					if ((b & mask) == prefix)
-						atomicAdd(&hist[(b >> shift) & 255], 1);
+		// top-k: nk tokens (p >= the K-th largest) stay; the top-p bound is lim
+		int nk = V;
+		double lim = (double)top_p;
+		if (top_k > 0 && top_k < V) {
+			unsigned long long kb = radix_kth(p, V, top_k, hist, &s_rem, &s_digit);
+			double mpart = 0, cpart = 0;
+			for (int j = threadIdx.x; j < V; j += blockDim.x)
+				if (dbits(p[j]) >= kb) {
+					mpart += p[j];
+					cpart += 1;
 				}
-				__syncthreads();
-				if (threadIdx.x == 0) {
-					int acc = 0, d = 255;
-					for (; d > 0; d--) {
-						if (acc + hist[d] >= s_rem)
-							break;
-						acc += hist[d];
-					}
-					s_digit = d;
-					s_rem -= acc;
-				}
-				__syncthreads();
-				prefix |= (unsigned long long)s_digit << shift;
-				mask |= 0xffull << shift;
+			double kmass = block_sum_d(mpart, shd);
+			int kc = (int)block_sum_d(cpart, shd);
+			if (kc < V) {
+				nk = kc;
+				lim = (double)top_p * kmass;
 			}
+		}
+		// radix select: the bit pattern of the want-th largest probability (want <= nk,
+		// so every candidate is a kept token)
+		int want = nk < CAND ? nk : CAND, k = 0;
+		if (top_p < 1.0f || nk < V) {
+			unsigned long long prefix = radix_kth(p, V, want, hist, &s_rem, &s_digit);
 			// candidates: p >= threshold (and > 0 unless the threshold is)
 			if (threadIdx.x == 0)
 				s_count = 0;
@@ -258,7 +291,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
 				__syncthreads();
 				bitonic_sort(cp, cid, np2);
 				if (threadIdx.x == 0) {
-					s_k = nucleus_size(cp, n, V, top_p);
+					s_k = nucleus_size(cp, n, nk, top_p, lim);
 					if (s_k > 0)
 						ids[i] = draw_sorted(cp, cid, s_k, u);
 				}
@@ -275,9 +308,9 @@ __global__ void __launch_bounds__(SMP_THREADS)
 		}
 		__syncthreads();
 		bitonic_sort(sp, sid, vp);
-		if (threadIdx.x == 0) {
-			int kk = nucleus_size(sp, V, V, top_p);
-			ids[i] = draw_sorted(sp, sid, kk > 0 ? kk : V, u);
+		if (threadIdx.x == 0) { // the kept tokens are the first nk
+			int kk = nucleus_size(sp, nk, nk, top_p, lim);
+			ids[i] = draw_sorted(sp, sid, kk > 0 ? kk : nk, u);
 		}
 		__syncthreads();
 	}
@@ -287,22 +320,23 @@ __global__ void __launch_bounds__(SMP_THREADS)
 
 extern "C" void bk_cuda_sample(int32_t *ids, const float *logits, const int32_t *rows,
 			       const uint64_t *keys, const int32_t *counters, int N, int V,
-			       float temperature, float top_p, void *work)
+			       float temperature, int top_k, float top_p, void *work)
 {
 	if (N <= 0)
 		return;
-	if (V <= 0 || !(temperature >= 0) || !(top_p > 0))
-		CUDA_BUG("cuda sample: V %d, temperature %g, top-p %g", V, temperature, top_p);
+	if (V <= 0 || !(temperature >= 0) || !(top_p > 0) || top_k < 0)
+		CUDA_BUG("cuda sample: V %d, temperature %g, top-k %d, top-p %g", V, temperature,
+			 top_k, top_p);
 	int nb = N < SMP_MAX_BLOCKS ? N : SMP_MAX_BLOCKS;
 	if (bk_cuda_decode_mode() == 2) {
 		sample2_kernel<SMP_THREADS><<<nb, SMP_THREADS, 0, bk_cuda_stream()>>>(
-			ids, logits, rows, keys, counters, N, V, temperature, top_p, (char *)work,
-			per_block_bytes(V));
+			ids, logits, rows, keys, counters, N, V, temperature, top_k, top_p,
+			(char *)work, per_block_bytes(V));
 		CUDA_LAUNCH_CHECK("sample2_kernel");
 		return;
 	}
 	sample_kernel<<<nb, SMP_THREADS, 0, bk_cuda_stream()>>>(ids, logits, rows, keys, counters,
-								N, V, temperature, top_p,
+								N, V, temperature, top_k, top_p,
 								(char *)work, per_block_bytes(V));
 	CUDA_LAUNCH_CHECK("sample_kernel");
 }

@@ -8,6 +8,11 @@
 //   2. p = exp((l - max) / T) / sum in double, as v1, into the block's work row;
 //   3. masses as 62-bit fixed point, fx(p) = round(p 2^62), summed with integer atomics
 //      (exact, so the sums do not depend on the order the threads run in);
+//   3b. top-k (top_k K, 0 < K < V): the K-th largest p by the same radix select walked
+//      by counts instead of masses; the tokens at or above it stay (HF keeps the ties),
+//      the rest drop out of every later select by its floor, and top-p's bound becomes
+//      top_p of the kept mass (HF's softmax over the kept scores); K keeping every
+//      token is no top-k;
 //   4. the nucleus boundary by a radix select over the bit patterns of p (positive
 //      doubles order as their bits): 8 passes of 8 bits, each a histogram of counts and
 //      fixed-point masses of the tokens still in the running, walked from the top until
@@ -22,8 +27,9 @@
 // The same token as bk_sample_token except when a cumulative mass lies within rounding of
 // top_p or of the target (host: double sums in sorted order; here exact sums of p rounded
 // to 2^-62, so a difference needs a boundary within about V 2^-53 of a cumulative mass).
-// Bounded: 2 + 8 + 8 + 2 passes over the row whatever the distribution (v1 sorts the whole
-// row in global memory when the nucleus holds more than 1024 tokens).
+// Bounded: 2 + 8 + 8 + 2 passes over the row whatever the distribution, 8 + 1 more with
+// top-k (v1 sorts the whole row in global memory when the nucleus holds more than 1024
+// tokens).
 
 #define S2_FX_SCALE 0x1p62
 
@@ -123,11 +129,14 @@ static __device__ void s2_hist(const double *p, int V, unsigned long long prefix
 // Radix select over tokens with bits >= floor_bits, from the largest: rem is a mass
 // (fixed point) strictly inside (ge = 0: rem < mass of them) or within (ge = 1: 0 < rem
 // <= mass) the tokens' total.  Walking down the sorted order, the value where the mass
-// from above first reaches rem (ge) or exceeds it (!ge).  Thread 0's results: the value's
-// bits, its count, and rem less the mass above it.  sh_*: shared scalars.
+// from above first reaches rem (ge) or exceeds it (!ge).  by_count: rem counts tokens
+// instead (1 <= rem <= their number; with ge, the rem-th largest value).  Thread 0's
+// results: the value's bits, its count, and rem less the mass (count) above it.  sh_*:
+// shared scalars.
 static __device__ void s2_select(const double *p, int V, unsigned long long floor_bits,
-			  unsigned long long rem, int ge, unsigned *hc, unsigned long long *hm,
-			  unsigned long long *s_prefix, unsigned long long *s_rem, unsigned *s_cnt)
+			  unsigned long long rem, int ge, int by_count, unsigned *hc,
+			  unsigned long long *hm, unsigned long long *s_prefix,
+			  unsigned long long *s_rem, unsigned *s_cnt)
 {
 	unsigned long long prefix = 0, mask = 0;
 	if (threadIdx.x == 0)
@@ -138,9 +147,10 @@ static __device__ void s2_select(const double *p, int V, unsigned long long floo
 			unsigned long long r = *s_rem;
 			int d = 255;
 			for (; d > 0; d--) {
-				if (ge ? hm[d] >= r : hm[d] > r)
+				unsigned long long h = by_count ? (unsigned long long)hc[d] : hm[d];
+				if (ge ? h >= r : h > r)
 					break;
-				r -= hm[d];
+				r -= h;
 			}
 			*s_rem = r;
 			*s_cnt = hc[d];
@@ -156,7 +166,7 @@ template <int MAXT>
 static __global__ void __launch_bounds__(MAXT)
 	sample2_kernel(int32_t *ids, const float *logits, const int32_t *rows,
 		       const uint64_t *keys, const int32_t *counters, int N, int V,
-		       float temperature, float top_p, char *work, size_t per_block)
+		       float temperature, int top_k, float top_p, char *work, size_t per_block)
 {
 	__shared__ double shd[32];
 	__shared__ float shf[32];
@@ -217,13 +227,36 @@ static __global__ void __launch_bounds__(MAXT)
 		}
 		unsigned long long total = s2_block_sum_ull(tpart, shu);
 		__syncthreads(); // p complete
+		// 3b. top-k: the tokens with bits >= kfloor stay, their mass is total
+		unsigned long long kfloor = 0;
+		int topk_on = 0;
+		if (top_k > 0 && top_k < V) {
+			s2_select(p, V, 0, (unsigned long long)top_k, 1, 1, hc, hm, &s_prefix, &s_rem,
+				  &s_cnt);
+			unsigned long long kb = s_prefix, kpart = 0, cpart = 0;
+			for (int j = threadIdx.x; j < V; j += blockDim.x)
+				if (s2_bits(p[j]) >= kb) {
+					kpart += s2_fx(p[j]);
+					cpart++;
+				}
+			unsigned long long kmass = s2_block_sum_ull(kpart, shu);
+			unsigned long long kcnt = s2_block_sum_ull(cpart, shu);
+			if (kcnt < (unsigned long long)V) {
+				kfloor = kb;
+				total = kmass;
+				topk_on = 1;
+			}
+			__syncthreads(); // every thread has read s_prefix
+		}
 		// 4. the nucleus: every token with bits > tau, and m ties at tau
-		unsigned long long tau = 0, mass = total;
+		unsigned long long tau = kfloor, mass = total;
 		if (top_p < 1.0f) {
-			unsigned long long need = __double2ull_rn((double)top_p * S2_FX_SCALE);
+			unsigned long long need =
+				topk_on ? __double2ull_rn((double)top_p * (double)total)
+					: __double2ull_rn((double)top_p * S2_FX_SCALE);
 			need = need < total ? need : total;
 			need = need > 0 ? need : 1;
-			s2_select(p, V, 0, need, 1, hc, hm, &s_prefix, &s_rem, &s_cnt);
+			s2_select(p, V, kfloor, need, 1, 0, hc, hm, &s_prefix, &s_rem, &s_cnt);
 			tau = s_prefix;
 			unsigned long long r = s_rem, ft = s2_fx(__longlong_as_double((long long)tau));
 			unsigned c = s_cnt;
@@ -236,7 +269,7 @@ static __global__ void __launch_bounds__(MAXT)
 		double u = bk_crng_uniform_dev(keys[i], (uint64_t)counters[i]);
 		unsigned long long target = (unsigned long long)(u * (double)mass);
 		target = target < mass ? target : mass - 1;
-		s2_select(p, V, tau, target, 0, hc, hm, &s_prefix, &s_rem, &s_cnt);
+		s2_select(p, V, tau, target, 0, 0, hc, hm, &s_prefix, &s_rem, &s_cnt);
 		unsigned long long beta = s_prefix, fb = s2_fx(__longlong_as_double((long long)beta));
 		unsigned cb = s_cnt;
 		unsigned long long jj = fb > 0 ? s_rem / fb : 0;

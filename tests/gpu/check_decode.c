@@ -10,7 +10,9 @@
  *   2. the v2 sampler against bk_sample_token on peaked, flat (top-p 0.9 of a flat row:
  *      tens of thousands of tokens in the nucleus, where v1 sorts the whole row) and
  *      tied rows at V = 32000 and 151936, top-p 1, greedy: the same token every draw;
- *      twice the same call gives the same ids;
+ *      twice the same call gives the same ids; with top-k (HF's 50, 1, a K of thousands
+ *      in a flat row, K >= V) as well; each case also run by the v1 sampler (the same
+ *      tokens as the host) and both timed, rows "... (v2 X ms, v1 Y ms)";
  *   3. the engine on a small random model (4 layers, H 128, V 1000), greedy: v2 against
  *      the host twin, the same tokens or a first difference only at a near tie (host
  *      top-2 margin <= 4 x the logit error there), logits before it within 5e-2
@@ -133,7 +135,7 @@ static void check_linear(const bk_gen_ops *G, int T, int in, int out)
 /* ---- 2. sampler ---- */
 
 static void check_sample(const bk_gen_ops *G, int V, float temperature, float top_p, int N,
-			 float scale)
+			 float scale, int top_k)
 {
 	float *lg = xmalloc((size_t)N * V * 4);
 	for (int i = 0; i < N; i++) {
@@ -160,16 +162,26 @@ static void check_sample(const bk_gen_ops *G, int V, float temperature, float to
 	int32_t *idsd = D_->alloc((size_t)N * 4);
 	void *work = D_->alloc(G->sample_work_bytes(N, V));
 	int32_t *ids = xmalloc((size_t)N * 4), *ids2 = xmalloc((size_t)N * 4);
-	G->sample(idsd, lgd, rowsd, keysd, ctrd, N, V, temperature, top_p, work);
+	int32_t *ids1 = xmalloc((size_t)N * 4);
+	G->sample(idsd, lgd, rowsd, keysd, ctrd, N, V, temperature, top_k, top_p, work);
 	D_->download(ids, idsd, (size_t)N * 4);
 	D_->zero(idsd, (size_t)N * 4);
 	double t0 = now();
-	G->sample(idsd, lgd, rowsd, keysd, ctrd, N, V, temperature, top_p, work);
+	G->sample(idsd, lgd, rowsd, keysd, ctrd, N, V, temperature, top_k, top_p, work);
 	D_->download(ids2, idsd, (size_t)N * 4);
 	double dt = now() - t0;
+	/* the v1 sampler on the same call, warmed up once, then timed */
+	bk_cuda_decode_set_mode(1);
+	G->sample(idsd, lgd, rowsd, keysd, ctrd, N, V, temperature, top_k, top_p, work);
+	D_->download(ids1, idsd, (size_t)N * 4);
+	t0 = now();
+	G->sample(idsd, lgd, rowsd, keysd, ctrd, N, V, temperature, top_k, top_p, work);
+	D_->download(ids1, idsd, (size_t)N * 4);
+	double dt1 = now() - t0;
+	bk_cuda_decode_set_mode(2);
 	bk_sample_work *sw = bk_sample_work_new(V);
-	bk_sample_params sp = { temperature, top_p };
-	int bad = 0, first = -1;
+	bk_sample_params sp = { temperature, top_p, top_k };
+	int bad = 0, bad1 = 0, first = -1;
 	int32_t fw = 0;
 	for (int i = 0; i < N; i++) {
 		double u = temperature > 0 ? bk_crng_uniform(keys[i], (uint64_t)ctr[i]) : 0;
@@ -177,16 +189,18 @@ static void check_sample(const bk_gen_ops *G, int V, float temperature, float to
 		if (ids[i] != want && first < 0)
 			first = i, fw = want;
 		bad += ids[i] != want;
+		bad1 += ids1[i] != want;
 	}
 	int again = !memcmp(ids, ids2, (size_t)N * 4);
-	char what[200];
+	char what[240];
 	snprintf(what, sizeof(what),
-		 "sample v2 V=%d temperature=%g top_p=%g scale=%g draws=%d: %d differ, again %s "
-		 "(%.2f ms)", V, temperature, top_p, scale, N, bad, again ? "equal" : "DIFFERENT",
-		 1e3 * dt);
-	verdict(!bad && again, what);
+		 "sample v2 V=%d temperature=%g top_k=%d top_p=%g scale=%g draws=%d: %d differ "
+		 "(v1 %d), again %s (v2 %.2f ms, v1 %.2f ms)", V, temperature, top_k, top_p, scale,
+		 N, bad, bad1, again ? "equal" : "DIFFERENT", 1e3 * dt, 1e3 * dt1);
+	verdict(!bad && !bad1 && again, what);
 	if (first >= 0)
 		printf("  first: draw %d got %d, bk_sample_token %d\n", first, ids[first], fw);
+	free(ids1);
 	void *d[] = { lgd, rowsd, ctrd, keysd, idsd, work };
 	for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++)
 		D_->free(d[i]);
@@ -378,7 +392,7 @@ static void check_engine(void)
 	run_engine(md, 1, 0.8f, NULL, s1, m1);
 	verdict(same_out(s1, m1, s5, m5), "engine sampled at --max-batch 1 and 5: the same tokens");
 	bk_sample_work *sw = bk_sample_work_new(V);
-	bk_sample_params sp = { 0.8f, 0.9f };
+	bk_sample_params sp = { 0.8f, 0.9f, 0 };
 	uint64_t keys[EN];
 	int bad = 0, draws = 0;
 	for (int i = 0; i < EN; i++) {
@@ -519,11 +533,18 @@ int main(int argc, char **argv)
 		for (size_t t = 0; t < sizeof(Ts) / sizeof(Ts[0]); t++)
 			if (lin[i][1] < 32000 || Ts[t] <= 64)
 				check_linear(G, Ts[t], lin[i][0], lin[i][1]);
-	check_sample(G, 32000, 0, 1, 16, 4);
-	check_sample(G, 32000, 0.8f, 0.9f, 64, 8);     /* peaked */
-	check_sample(G, 32000, 1.0f, 0.9f, 64, 0.05f); /* flat: the v1 full sort */
-	check_sample(G, 151936, 1.0f, 0.95f, 16, 0.1f);
-	check_sample(G, 32000, 1.0f, 1.0f, 16, 2);
+	check_sample(G, 32000, 0, 1, 16, 4, 0);
+	check_sample(G, 32000, 0.8f, 0.9f, 64, 8, 0);     /* peaked */
+	check_sample(G, 32000, 1.0f, 0.9f, 64, 0.05f, 0); /* flat: the v1 full sort */
+	check_sample(G, 151936, 1.0f, 0.95f, 16, 0.1f, 0);
+	check_sample(G, 32000, 1.0f, 1.0f, 16, 2, 0);
+	/* top-k: HF's default 50 peaked and flat, 1, thousands of a flat row, K >= V */
+	check_sample(G, 32000, 0.8f, 0.9f, 64, 8, 50);
+	check_sample(G, 32000, 1.0f, 0.9f, 64, 0.05f, 50);
+	check_sample(G, 151936, 1.0f, 0.95f, 16, 0.1f, 50);
+	check_sample(G, 32000, 1.0f, 1.0f, 16, 2, 1);
+	check_sample(G, 32000, 1.0f, 0.9f, 64, 0.05f, 5000);
+	check_sample(G, 32000, 0.8f, 0.9f, 16, 8, 32000);
 	check_engine();
 	return bk_test_done("check_decode");
 }

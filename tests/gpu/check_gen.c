@@ -3,7 +3,8 @@
  * linear (odd and aligned sizes, T = 1..257), LoRA, paged KV store + decode attention
  * (odd lengths, lengths on and across block boundaries and key splits, GQA ratios 1, 2,
  * 8, D = 8, 64, 128, shuffled block tables, another layer than 0), and sampling (greedy
- * with tied maxima, temperature + top-p peaked and flat rows, top-p 1, a NaN row).  Every
+ * with tied maxima, temperature + top-p peaked and flat rows, top-p 1, a NaN row; top-k
+ * 50, 1, a K of thousands of a flat row, K >= V, with top-p 0.9 and 1).  Every
  * output is poisoned with NaN before the run; NaN never passes.  Also: a row's result
  * does not depend on the other rows run with it (bit for bit), for linear and attention.
  * Bounds (max|cuda - host| / max(max|host|, 1e-3)):
@@ -246,7 +247,7 @@ static void check_attend(int NH, int NKV, int Dh, const int *lens, int S, int qp
 
 /* ---- sampling ---- */
 
-static void check_sample(int V, float temperature, float top_p, int N)
+static void check_sample(int V, float temperature, float top_p, int N, int top_k)
 {
 	/* row kinds by i % 4: peaked (scale 8), flat (0.05), tied maxima, mid (2) */
 	float *lg = xmalloc((size_t)N * V * 4);
@@ -275,11 +276,11 @@ static void check_sample(int V, float temperature, float top_p, int N)
 	int32_t *idsd = D_->alloc((size_t)N * 4);
 	void *work = D_->alloc(G->sample_work_bytes(N, V));
 	poison(idsd, (size_t)N * 4);
-	G->sample(idsd, lgd, rowsd, keysd, ctrd, N, V, temperature, top_p, work);
+	G->sample(idsd, lgd, rowsd, keysd, ctrd, N, V, temperature, top_k, top_p, work);
 	int32_t *ids = xmalloc((size_t)N * 4);
 	D_->download(ids, idsd, (size_t)N * 4);
 	bk_sample_work *sw = bk_sample_work_new(V);
-	bk_sample_params sp = { temperature, top_p };
+	bk_sample_params sp = { temperature, top_p, top_k };
 	int bad = 0, first = -1;
 	for (int i = 0; i < N; i++) {
 		int32_t want;
@@ -295,9 +296,9 @@ static void check_sample(int V, float temperature, float top_p, int N)
 				first = i;
 		}
 	}
-	char what[96];
-	snprintf(what, sizeof(what), "sample V=%d temperature=%g top_p=%g draws=%d", V, temperature,
-		 top_p, N);
+	char what[112];
+	snprintf(what, sizeof(what), "sample V=%d temperature=%g top_k=%d top_p=%g draws=%d", V,
+		 temperature, top_k, top_p, N);
 	printf("%-58s %d differ %s\n", what, bad, bad ? "FAIL" : "ok");
 	CHECK(!bad, "%s: %d draws differ from bk_sample_token (first: draw %d, got %d)", what, bad,
 	      first, first >= 0 ? ids[first] : 0);
@@ -482,12 +483,20 @@ int main(int argc, char **argv)
 	check_attend_p(16, 8, 64, l2, 7, 3, 0.0625f, 50.0f, 0);
 	check_attend_p(8, 1, 256, l2, 7, 2, 0.0625f, 3.0f, 300);
 
-	check_sample(512, 0, 1, 64);
-	check_sample(32000, 0, 1, 300); /* more draws than blocks of the grid */
-	check_sample(512, 0.8f, 0.9f, 64);
-	check_sample(32000, 0.8f, 0.9f, 64);
-	check_sample(32000, 1.5f, 0.5f, 32);
-	check_sample(1001, 1.0f, 1.0f, 24); /* top-p 1: the whole row */
-	check_sample(32000, 0.7f, 0.999f, 16);
+	check_sample(512, 0, 1, 64, 0);
+	check_sample(32000, 0, 1, 300, 0); /* more draws than blocks of the grid */
+	check_sample(512, 0.8f, 0.9f, 64, 0);
+	check_sample(32000, 0.8f, 0.9f, 64, 0);
+	check_sample(32000, 1.5f, 0.5f, 32, 0);
+	check_sample(1001, 1.0f, 1.0f, 24, 0); /* top-p 1: the whole row */
+	check_sample(32000, 0.7f, 0.999f, 16, 0);
+	/* top-k: HF's 50 (as bk-bake), 1, a flat row's thousands (past v1's candidates: its
+	 * full sort), K >= V */
+	check_sample(512, 0.8f, 0.9f, 64, 50);
+	check_sample(32000, 0.8f, 0.9f, 64, 50);
+	check_sample(32000, 1.0f, 1.0f, 24, 50);
+	check_sample(32000, 1.5f, 0.5f, 32, 1);
+	check_sample(32000, 1.0f, 0.999f, 16, 3000);
+	check_sample(1001, 1.0f, 0.9f, 24, 1001);
 	return bk_test_done("check_gen");
 }

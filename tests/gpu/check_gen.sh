@@ -7,7 +7,9 @@
 #      shared prefix built once;
 #   3. bk-gen --device cuda: the output does not depend on --max-batch (1, 7, 64) nor on
 #      a small --kv-memory pool (blocks waited for), sampled and greedy; the prefix is
-#      built once; greedy text equal to --device cpu's for most records (reported).
+#      built once; greedy text equal to --device cpu's for most records (reported);
+#   4. bk-gen --device cuda --top-k (bk-bake passes HF's 50): 50 does not depend on
+#      --max-batch, 512 (the vocabulary) gives the tokens of no top-k, 1 those of greedy.
 # Exit status 1 when a check fails; the last line sums up.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -52,6 +54,20 @@ total=$(wc -l <"$W/g-cpu.jsonl")
 echo "greedy bk-gen: $same of $total records give the same tokens on cuda and cpu (differences are judged by --e2e)"
 notes+=("bk-gen greedy cuda=cpu for $same/$total records")
 [ "$total" -gt 0 ] || bad "no greedy records"
+
+echo "== bk-gen --device cuda --top-k"
+for mb in 1 64; do
+	$G --device cuda --top-k 50 --max-batch $mb "$W/s.bk" 2>/dev/null | bk-dump | jq -c '{id, resp}' >"$W/k50-$mb.jsonl" ||
+		bad "bk-gen cuda --top-k 50 --max-batch $mb"
+done
+cmp -s "$W/k50-1.jsonl" "$W/k50-64.jsonl" || bad "top-k 50 output depends on --max-batch on the GPU"
+cmp -s "$W/k50-64.jsonl" <(bk-dump "$W/c64.bk" | jq -c '{id, resp}') &&
+	echo "top-k 50: the same tokens as no top-k (stories260K at top-p 0.9)" ||
+	echo "top-k 50: other tokens than no top-k (stories260K at top-p 0.9; expected where the top 50 hold less than all the mass)"
+$G --device cuda --top-k 512 "$W/s.bk" 2>/dev/null | bk-dump | jq -c '{id, resp}' |
+	cmp -s - <(bk-dump "$W/c64.bk" | jq -c '{id, resp}') || bad "--top-k 512 (the vocabulary) differs from no top-k on the GPU"
+$G --device cuda --top-k 1 --num-trajectories 1 --max-batch 4 "$W/s.bk" 2>/dev/null | bk-dump | jq -c '{id, resp}' |
+	cmp -s - "$W/g-cuda.jsonl" || bad "--top-k 1 is not greedy on the GPU"
 
 if [ $fail = 0 ]; then echo "check_gen.sh: ok (${notes[*]})"; else echo "check_gen.sh: FAILED (${notes[*]})"; fi
 exit $fail

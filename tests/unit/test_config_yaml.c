@@ -134,6 +134,8 @@ static void test_mapping(void)
 	CHECK(p.num_trajectories == 3 && p.trajectory_length == 24, "trajectories");
 	CHECK(p.sampling_temperature == 0.7 && p.top_p == 0.95 && p.temperature == 2.0,
 	      "temperatures");
+	CHECK(p.gen_top_k == 50 && p.top_k == 64, "top_k %ld (HF generate's 50), teacher_top_k %ld",
+	      p.gen_top_k, p.top_k);
 	CHECK(p.lr == 1e-4 && p.epochs == 2 && p.batch_size == 4 && p.grad_accum == 2, "training");
 	CHECK(!strcmp(p.schedule, "cosine") && p.warmup_ratio == 0.1 && p.max_grad_norm == 0.5 &&
 		      p.weight_decay == 0.01, "schedule");
@@ -303,6 +305,11 @@ static void test_tool_fields(void)
 	bk_bake_plan_make(&p, &c, &caps);
 	CHECK(p.n_refused == 0 && !strcmp(p.system_template_text, "{Known}: {corpus}"),
 	      "str.format braces: '%s'", p.system_template_text);
+	bk_bake_plan_free(&p);
+	bk_cfg_set(&c, "top_k", "0"); /* bk-gen --top-k: HF's top_k, 0 = off */
+	bk_bake_plan_make(&p, &c, &caps);
+	CHECK(p.n_refused == 0 && p.gen_top_k == 0 && !note_for(&p, "top_k"), "top_k 0: %ld",
+	      p.gen_top_k);
 	bk_bake_plan_free(&p);
 	bk_cfg_set(&c, "system_prompt_template", "{name}: {corpus}");
 	bk_bake_plan_make(&p, &c, &caps);

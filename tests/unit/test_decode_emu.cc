@@ -16,7 +16,8 @@
  * outputs fully written and nothing past them.  The sampler against bk_sample_token
  * (gpu/sample.c, the host twin) token for token: greedy with tied maxima, peaked, flat
  * (the nucleus far larger than any candidate set), tied probabilities across the top-p
- * boundary, top-p 1, tiny top-p, a NaN row.
+ * boundary, top-p 1, tiny top-p, a NaN row; and with top-k (1, 50 with top-p 0.9 and 1,
+ * a K inside a run of ties, a K above the nucleus, K = V - 1 and K >= V).
  * Not checked here: the hardware's rounding, its fragment layout itself, races between
  * blocks, speed (tests/gpu/check_decode.c does those on a GPU). */
 #include <math.h>
@@ -376,7 +377,8 @@ static void check_linear(int T, int in, int out)
 
 enum { ROW_PEAKED, ROW_FLAT, ROW_TIED_MAX, ROW_TIED_P, ROW_MID, ROW_NAN, NKIND };
 
-static void check_sample(int V, float temperature, float top_p, int N, int threads)
+static void check_sample(int V, float temperature, float top_p, int N, int threads,
+			 int top_k = 0)
 {
 	std::vector<float> lg((size_t)N * V);
 	for (int i = 0; i < N; i++) {
@@ -407,10 +409,10 @@ static void check_sample(int V, float temperature, float top_p, int N, int threa
 	char *wk = (char *)(((uintptr_t)work.data() + 15) & ~(uintptr_t)15);
 	emu_launch(emu_dim3(nb), threads, [&]() {
 		sample2_kernel<1024>(ids.data(), lg.data(), rows.data(), keys.data(), ctr.data(), N,
-				     V, temperature, top_p, wk, per);
+				     V, temperature, top_k, top_p, wk, per);
 	});
 	bk_sample_work *sw = bk_sample_work_new(V);
-	bk_sample_params sp = {temperature, top_p};
+	bk_sample_params sp = {temperature, top_p, top_k};
 	int bad = 0, first = -1;
 	int32_t fw = 0;
 	for (int i = 0; i < N; i++) {
@@ -428,8 +430,8 @@ static void check_sample(int V, float temperature, float top_p, int N, int threa
 		}
 	}
 	bk_sample_work_free(sw);
-	verdict(!bad, "sample2 V=%d temperature=%g top_p=%g draws=%d threads=%d: %d differ%s", V,
-		temperature, top_p, N, threads, bad,
+	verdict(!bad, "sample2 V=%d temperature=%g top_k=%d top_p=%g draws=%d threads=%d: %d differ%s",
+		V, temperature, top_k, top_p, N, threads, bad,
 		first >= 0 ? " (see the first below)" : "");
 	if (first >= 0)
 		printf("  first: draw %d (row kind %d) got %d, host %d\n", first, rows[first] % NKIND,
@@ -460,6 +462,15 @@ int main(int argc, char **argv)
 	check_sample(777, 1.0f, 1.0f, 6, 64);     // top-p 1: the whole row
 	check_sample(500, 0.7f, 0.0001f, 6, 64);  // the first token only
 	check_sample(3000, 2.0f, 0.95f, 6, 128);  // flat: a nucleus of thousands
+	// top-k: HF's default 50 (below and above the nucleus), greedy-like 1, ties at the
+	// K-th (the tied rows' few levels), K = V - 1, K >= V (no top-k)
+	check_sample(300, 0.8f, 0.9f, 12, 64, 50);
+	check_sample(1500, 1.0f, 1.0f, 6, 96, 50);
+	check_sample(1500, 1.5f, 0.5f, 6, 64, 1);
+	check_sample(777, 1.0f, 0.98f, 12, 64, 200);
+	check_sample(500, 0.7f, 0.9f, 6, 64, 499);
+	check_sample(500, 0.7f, 0.9f, 6, 64, 500);
+	check_sample(3000, 2.0f, 0.95f, 6, 128, 2000);
 	if (n_fail) {
 		printf("test_decode_emu: %d FAILED\n", n_fail);
 		return 1;

@@ -63,12 +63,12 @@ static uint64_t h_epoch(void) { return 7; }
 static int g_V;
 static bk_sample_work *g_sw;
 static void h_sample(int32_t *ids, const float *logits, const int32_t *rows, const uint64_t *keys,
-		     const int32_t *counters, int N, int V, float temperature, float top_p,
-		     void *work)
+		     const int32_t *counters, int N, int V, float temperature, int top_k,
+		     float top_p, void *work)
 {
 	(void)work;
 	n_sample_calls++;
-	bk_sample_params sp = { temperature, top_p };
+	bk_sample_params sp = { temperature, top_p, top_k };
 	for (int i = 0; i < N; i++) {
 		double u = temperature > 0 ? bk_crng_uniform(keys[i], (uint64_t)counters[i]) : 0;
 		ids[i] = bk_sample_token(logits + (size_t)rows[i] * V, V, &sp, u, g_sw);
