@@ -11,6 +11,7 @@
 
 #include "common/diag.h"
 #include "gpu/host/host_rows.h"
+#include "gpu/host/host_dots.h" /* dots: the attention scores */
 
 /* ---- row-wise matmul ----
  * dot(x, w, n) = 16 lane partial sums (lane j takes elements i = j mod 16, in order of i:
@@ -255,9 +256,8 @@ static void host_kv_store(void *kp, void *vp, int l, int L, const float *k, cons
  * A score is dot(q, k) summed in order of d (one float chain per key), the softmax's
  * sum in order of keys, the output in order of keys: one row's numbers never depend on
  * another's.  The kernel runs KB keys' chains side by side (independent sums, so the
- * same bits as one key at a time) and each query head of a GQA group against the keys
- * of its kv head in turn. */
-enum { KB = 8 };
+ * same bits as one key at a time: dots() of gpu/host/host_dots.h) and each query head of
+ * a GQA group against the keys of its kv head in turn. */
 
 /* the first number of key/value j of kv head kh in layer l, through table row tb */
 static inline const float *kv_at(const float *pool, const int32_t *tb, int j, int l, int L,
@@ -265,25 +265,6 @@ static inline const float *kv_at(const float *pool, const int32_t *tb, int j, in
 {
 	size_t r = ((size_t)tb[j / BK_GEN_BLOCK] * L + l) * BK_GEN_BLOCK + j % BK_GEN_BLOCK;
 	return pool + (r * NKV + kh) * D;
-}
-
-/* s[i] = dot(q, k_i) in order of d, for the n <= KB keys k_i */
-static inline void dots(float *s, const float *q, const float *const *k, int n, int D)
-{
-	float a[KB] = { 0 };
-	if (n == KB) {
-		for (int d = 0; d < D; d++) {
-			float qd = q[d];
-#pragma GCC unroll 8
-			for (int i = 0; i < KB; i++)
-				a[i] += qd * k[i][d];
-		}
-	} else {
-		for (int i = 0; i < n; i++)
-			for (int d = 0; d < D; d++)
-				a[i] += q[d] * k[i][d];
-	}
-	memcpy(s, a, (size_t)n * sizeof(float));
 }
 
 static void host_attend(float *out, const float *q, const int32_t *seq, const int32_t *nkey,

@@ -10,6 +10,7 @@
 
 #include "common/diag.h"
 #include "common/rng.h"
+#include "gpu/host/host_dots.h" /* dotf, dots: the attention scores */
 #include "gpu/optim8.h"
 
 /* ---- memory ---- */
@@ -232,34 +233,6 @@ static void host_rope_backward(float *dx, const int32_t *pos, const float *inv_f
 }
 
 /* ---- attention ---- */
-
-static float dotf(const float *a, const float *b, int n)
-{
-	float s = 0;
-	for (int i = 0; i < n; i++)
-		s += a[i] * b[i];
-	return s;
-}
-
-/* s[i] = dotf(q, k[i], D) for n <= KB keys, their chains side by side (independent
- * sums in order of d: the same bits as dotf, several times the speed) */
-enum { KB = 8 };
-static inline void dots(float *s, const float *q, const float *const *k, int n, int D)
-{
-	float a[KB] = { 0 };
-	if (n == KB) {
-		for (int d = 0; d < D; d++) {
-			float qd = q[d];
-#pragma GCC unroll 8
-			for (int i = 0; i < KB; i++)
-				a[i] += qd * k[i][d];
-		}
-	} else {
-		for (int i = 0; i < n; i++)
-			a[i] = dotf(q, k[i], D);
-	}
-	memcpy(s, a, (size_t)n * sizeof(float));
-}
 
 static void check_seqlens(const int32_t *cu, int S, int T)
 {
