@@ -883,17 +883,8 @@ extern "C" void bk_cuda_attention_tc_backward(float *dq, float *dk, float *dv,
 
 static int tc_selected(void)
 {
-	static int sel = -1;
-	if (sel < 0) {
-		const char *e = getenv("BK_ATTN");
-		if (!e || !*e || !strcmp(e, "fp32"))
-			sel = 0;
-		else if (!strcmp(e, "tc"))
-			sel = 1;
-		else
-			die("BK_ATTN=%s: expected fp32 (the default) or tc", e);
-	}
-	return sel;
+	static int mode; // 0: not read yet; 1: fp32; 2: tc
+	return bk_cuda_env_mode(&mode, "BK_ATTN", "fp32", "tc", 0) == 2;
 }
 
 extern "C" void bk_cuda_attention_forward_sel(float *out, float *lse, const float *q,

@@ -22,6 +22,8 @@ extern const char *bk_prog;
 }
 #define CUDA_BUG(...) bk_bug(__FILE__, __LINE__, __VA_ARGS__)
 
+#include "gpu/cuda/cuda_mode.h" // bk_cuda_env_mode: BK_LINEAR, BK_LOSS, BK_ATTN, BK_DECODE
+
 #define CUDA_CHECK(call)                                                               \
 	do {                                                                           \
 		cudaError_t e_ = (call);                                               \

@@ -1074,16 +1074,7 @@ static int g_loss_mode; // 0: not read yet
 
 extern "C" int bk_cuda_loss_mode(void)
 {
-	if (!g_loss_mode) {
-		const char *e = getenv("BK_LOSS");
-		if (!e || !*e || !strcmp(e, "v1"))
-			g_loss_mode = 1;
-		else if (!strcmp(e, "v2"))
-			g_loss_mode = 2;
-		else
-			die("BK_LOSS=%s: expected v1 (the default) or v2", e);
-	}
-	return g_loss_mode;
+	return bk_cuda_env_mode(&g_loss_mode, "BK_LOSS", "v1", "v2", 0);
 }
 
 extern "C" void bk_cuda_loss_set_mode(int mode)

@@ -711,16 +711,7 @@ static int g_linear_mode; // 0: not read yet; 1 = v1, 2 = v2
 
 extern "C" int bk_cuda_linear_mode(void)
 {
-	if (!g_linear_mode) {
-		const char *e = getenv("BK_LINEAR");
-		if (!e || !*e || !strcmp(e, "v1"))
-			g_linear_mode = 1;
-		else if (!strcmp(e, "v2"))
-			g_linear_mode = 2;
-		else
-			die("BK_LINEAR='%s': expected v1 (the default) or v2", e);
-	}
-	return g_linear_mode;
+	return bk_cuda_env_mode(&g_linear_mode, "BK_LINEAR", "v1", "v2", 1);
 }
 
 extern "C" void bk_cuda_linear_set_mode(int mode)

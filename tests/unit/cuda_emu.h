@@ -45,6 +45,7 @@ extern "C" {
 }
 #define CUDA_BUG(...) bk_bug(__FILE__, __LINE__, __VA_ARGS__)
 #define CUDA_CHECK(call) ((void)(call))
+#include "gpu/cuda/cuda_mode.h" /* bk_cuda_env_mode, as cuda_common.cuh has it */
 
 #define TC_UNROLL /* nvcc's #pragma unroll */
 
