@@ -250,11 +250,7 @@ __global__ void kl_exact_chunk_kernel(const float *us, const float *ut, const fl
 	double acc = 0;
 	for (int j = threadIdx.x; j < cn; j += blockDim.x) {
 		double ls = (double)u[j] - ls0, lt = (double)t[j] - lt0;
-		float q = expf((float)ls), p = expf((float)lt);
-		if (p > 0)
-			acc += p * (lt - ls);
-		float g = wr * (q - p);
-		G[(size_t)r * cn + j] = bk_f32_to_bf16(tc > 0 ? g * cap_slope(u[j], tc) : g);
+		G[(size_t)r * cn + j] = bk_f32_to_bf16(kl_exact_logit(u[j], ls, lt, wr, tc, &acc));
 	}
 	acc = block_reduce(acc, op_sumd(), shd);
 	if (threadIdx.x == 0)
@@ -292,15 +288,7 @@ __global__ void topk_row_kernel(const float *tu, const float *logp, int n, int K
 			mt = t[i];
 	for (int i = 0; i < K && mt > -INFINITY; i++)
 		st += exp(t[i] - mt);
-	double lt = st > 0 ? mt + log(st) : -INFINITY, l;
-	if (lse_rest == -INFINITY)
-		l = lt;
-	else if (lt == -INFINITY)
-		l = lse_rest;
-	else {
-		double mx = lse_rest > lt ? lse_rest : lt;
-		l = mx + log1p(exp(-fabs(lse_rest - lt)));
-	}
+	double lt = st > 0 ? mt + log(st) : -INFINITY, l = log_add_exp(lse_rest, lt);
 	double acc = 0;
 	for (int i = 0; i < K; i++) {
 		double pi = exp((double)lp[i]);
@@ -325,10 +313,7 @@ __global__ void topk_grad_chunk_kernel(const float *us, int cn, const double *ls
 	double l = lse[r], lr = lrest[r], pt = ptot[r], pr = prest[r];
 	float wr = w[r];
 	for (int j = threadIdx.x; j < cn; j += blockDim.x) {
-		double g = pt * expf((float)((double)u[j] - l));
-		if (pr > 0)
-			g -= pr * expf((float)((double)u[j] - lr));
-		float gj = wr * (float)g;
+		float gj = topk_rest_dlogit(u[j], l, lr, pt, pr, wr);
 		G[(size_t)r * cn + j] = bk_f32_to_bf16(tc > 0 ? gj * cap_slope(u[j], tc) : gj);
 	}
 }
@@ -379,31 +364,80 @@ static void scaled_logits(const __nv_bfloat16 *xb, const bk_weight *W, int n, in
 	}
 }
 
-// the row weights on the host (dies on a bad sample index), uploaded into wd [N]
-static void upload_weights(const int32_t *sample_of, int n, int n_samples, float *wd)
+// the host row weights w [n] (dies on a bad sample index), uploaded into wd; the caller
+// frees w
+static float *upload_weights(const int32_t *sample_of, int n, int n_samples, float *wd)
 {
 	float *w = (float *)host_alloc((size_t)n * sizeof(float));
 	bk_loss_row_weights(sample_of, n, n_samples, w);
 	h2d(wd, w, (size_t)n * sizeof(float));
-	free(w);
+	return w;
 }
 
-// loss = sum_r w_r kl_r (host, in row order as loss.c); row_kl gets the kl_r
-static double finish_loss(const int32_t *sample_of, int n, int n_samples, const double *kl_d,
-			  float *row_kl)
+// one copy back: kl [n] (v2: and the validation flag behind it, into *flag when flag is
+// not NULL); loss = sum_r w_r kl_r (host, in row order as loss.c); row_kl gets the kl_r
+static double finish_loss(const float *w, int n, const double *kl_d /* [n] (+ flag) */,
+			  float *row_kl, unsigned long long *flag)
 {
-	double *kl = (double *)host_alloc((size_t)n * sizeof(double));
-	float *w = (float *)host_alloc((size_t)n * sizeof(float));
-	d2h(kl, kl_d, (size_t)n * sizeof(double));
-	bk_loss_row_weights(sample_of, n, n_samples, w);
+	size_t nd = (size_t)n + (flag ? 1 : 0);
+	double *kl = (double *)host_alloc(nd * sizeof(double));
+	d2h(kl, kl_d, nd * sizeof(double));
+	if (flag)
+		memcpy(flag, kl + n, sizeof *flag);
 	double loss = 0;
 	for (int r = 0; r < n; r++) {
 		loss += w[r] * kl[r];
 		if (row_kl)
 			row_kl[r] = (float)kl[r];
 	}
-	free(kl), free(w);
+	free(kl);
 	return loss;
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+	return (x > y) - (x < y);
+}
+
+// loss.c's checks of the top-k teacher fields on host copies, in its order (every
+// row's ids first, then every row's rest and log-probs), dying with its message; prest
+// and ptot (if not NULL) get rest as used and P = sum p + rest.  Returns when all pass.
+// v1 runs it on every call; v2 when K > VALIDATE_MAX_K or the device flagged a field.
+static void topk_check_host(const int32_t *ids_d, const float *logp_d, const float *rest_d,
+			    int n, int k, int V, double *prest, double *ptot)
+{
+	size_t nk = (size_t)n * k;
+	int32_t *ids = (int32_t *)host_alloc(nk * sizeof(int32_t));
+	float *lp = (float *)host_alloc(nk * sizeof(float)), *rs = (float *)host_alloc((size_t)n * 4);
+	d2h(ids, ids_d, nk * sizeof(int32_t));
+	d2h(lp, logp_d, nk * sizeof(float));
+	d2h(rs, rest_d, (size_t)n * sizeof(float));
+	for (int r = 0; r < n; r++) {
+		int32_t *id = ids + (size_t)r * k;
+		for (int i = 0; i < k; i++)
+			if (id[i] < 0 || id[i] >= V)
+				die("sparse loss: row %d: top-k id %d is not in [0, %d)", r, (int)id[i], V);
+		qsort(id, (size_t)k, sizeof(int32_t), cmp_i32); // ids is a scratch copy
+		for (int i = 1; i < k; i++)
+			if (id[i] == id[i - 1])
+				die("sparse loss: row %d: top-k id %d appears twice", r, (int)id[i]);
+	}
+	for (int r = 0; r < n; r++) {
+		double pr = rs[r];
+		if (!(pr >= -1e-4 && pr <= 1 + 1e-4))
+			die("sparse loss: row %d: teacher rest mass %g is not in [0, 1]", r, pr);
+		double p0 = (k == V || pr < 0) ? 0.0 : pr > 1 ? 1.0 : pr, sum = p0;
+		for (int i = 0; i < k; i++) {
+			double l = lp[(size_t)r * k + i];
+			if (isnan(l) || l > 1e-4)
+				die("sparse loss: row %d: teacher log-prob %g is not <= 0", r, l);
+			sum += exp(l);
+		}
+		if (prest)
+			prest[r] = p0, ptot[r] = sum;
+	}
+	free(ids), free(lp), free(rs);
 }
 
 static double bk_cuda_kl_exact_v1(const float *hidden, const bk_weight *lm_head,
@@ -435,7 +469,7 @@ static double bk_cuda_kl_exact_v1(const float *hidden, const bk_weight *lm_head,
 	double *mt = (double *)carve_take(&c3, (size_t)n * 8), *stt = (double *)carve_take(&c3, (size_t)n * 8);
 	double *kl = (double *)carve_take(&c3, (size_t)n * 8);
 	float *wd = (float *)carve_take(&c3, (size_t)n * 4);
-	upload_weights(sample_of, n, n_samples, wd);
+	float *w = upload_weights(sample_of, n, n_samples, wd);
 	to_bf16(xb, hidden, nh);
 	if (teacher_hidden)
 		to_bf16(tb, teacher_hidden, nh);
@@ -479,13 +513,9 @@ static double bk_cuda_kl_exact_v1(const float *hidden, const bk_weight *lm_head,
 		if (d_hidden)
 			backward_gemm(gb, lm_head, n, c, cn, alpha, c == 0, d_hidden);
 	}
-	return finish_loss(sample_of, n, n_samples, kl, row_kl);
-}
-
-static int cmp_i32(const void *a, const void *b)
-{
-	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-	return (x > y) - (x < y);
+	double loss = finish_loss(w, n, kl, row_kl, NULL);
+	free(w);
+	return loss;
 }
 
 static double bk_cuda_kl_topk_v1(const float *hidden, const bk_weight *lm_head,
@@ -504,34 +534,8 @@ static double bk_cuda_kl_topk_v1(const float *hidden, const bk_weight *lm_head,
 	size_t nk = (size_t)n * k;
 
 	// the teacher arrays on the host: the checks of loss.c, prest and P = sum p + prest
-	int32_t *ids = (int32_t *)host_alloc(nk * sizeof(int32_t));
-	float *lp = (float *)host_alloc(nk * sizeof(float)), *rs = (float *)host_alloc((size_t)n * 4);
 	double *prest = (double *)host_alloc((size_t)n * 8), *ptot = (double *)host_alloc((size_t)n * 8);
-	d2h(ids, topk_ids, nk * sizeof(int32_t));
-	d2h(lp, topk_logp, nk * sizeof(float));
-	d2h(rs, rest, (size_t)n * sizeof(float));
-	for (int r = 0; r < n; r++) {
-		int32_t *id = ids + (size_t)r * k;
-		for (int i = 0; i < k; i++)
-			if (id[i] < 0 || id[i] >= V)
-				die("sparse loss: row %d: top-k id %d is not in [0, %d)", r, (int)id[i], V);
-		qsort(id, (size_t)k, sizeof(int32_t), cmp_i32); // ids is a scratch copy
-		for (int i = 1; i < k; i++)
-			if (id[i] == id[i - 1])
-				die("sparse loss: row %d: top-k id %d appears twice", r, (int)id[i]);
-		double pr = rs[r];
-		if (!(pr >= -1e-4 && pr <= 1 + 1e-4))
-			die("sparse loss: row %d: teacher rest mass %g is not in [0, 1]", r, pr);
-		prest[r] = (k == V || pr < 0) ? 0.0 : pr > 1 ? 1.0 : pr;
-		double sum = prest[r];
-		for (int i = 0; i < k; i++) {
-			double l = lp[(size_t)r * k + i];
-			if (isnan(l) || l > 1e-4)
-				die("sparse loss: row %d: teacher log-prob %g is not <= 0", r, l);
-			sum += exp(l);
-		}
-		ptot[r] = sum;
-	}
+	topk_check_host(topk_ids, topk_logp, rest, n, k, V, prest, ptot);
 
 	int C = chunk < V ? chunk : V;
 	size_t nh = (size_t)n * H, nc = (size_t)n * C;
@@ -549,10 +553,10 @@ static double bk_cuda_kl_topk_v1(const float *hidden, const bk_weight *lm_head,
 	double *prest_d = (double *)carve_take(&c3, (size_t)n * 8);
 	double *ptot_d = (double *)carve_take(&c3, (size_t)n * 8);
 	float *wd = (float *)carve_take(&c3, (size_t)n * 4);
-	upload_weights(sample_of, n, n_samples, wd);
+	float *w = upload_weights(sample_of, n, n_samples, wd);
 	h2d(prest_d, prest, (size_t)n * 8);
 	h2d(ptot_d, ptot, (size_t)n * 8);
-	free(ids), free(lp), free(rs), free(prest), free(ptot);
+	free(prest), free(ptot);
 	to_bf16(xb, hidden, nh);
 	unsigned rb = bk_cuda_blocks((size_t)n, 256);
 	fill_rows_kernel<<<rb, 256, 0, st>>>(m, s, -INFINITY, n);
@@ -590,7 +594,9 @@ static double bk_cuda_kl_topk_v1(const float *hidden, const bk_weight *lm_head,
 			backward_gemm(gb, lm_head, n, c, cn, alpha, c == 0, d_hidden);
 		}
 	}
-	return finish_loss(sample_of, n, n_samples, kl, row_kl);
+	double loss = finish_loss(w, n, kl, row_kl, NULL);
+	free(w);
+	return loss;
 }
 
 // ---------------------------------------------------------------------------------
@@ -882,71 +888,6 @@ static int v2_rows(int n, int V, int sides)
 	return nb > (size_t)n ? n : (int)nb;
 }
 
-// loss.c's checks of the top-k teacher fields on host copies, in its order (every
-// row's ids first, then every row's rest and log-probs), dying with its message; prest
-// and ptot (if not NULL) get rest as used and P = sum p + rest.  Returns when all pass.
-static void topk_check_host(const int32_t *ids_d, const float *logp_d, const float *rest_d,
-			    int n, int k, int V, double *prest, double *ptot)
-{
-	size_t nk = (size_t)n * k;
-	int32_t *ids = (int32_t *)host_alloc(nk * sizeof(int32_t));
-	float *lp = (float *)host_alloc(nk * sizeof(float)), *rs = (float *)host_alloc((size_t)n * 4);
-	d2h(ids, ids_d, nk * sizeof(int32_t));
-	d2h(lp, logp_d, nk * sizeof(float));
-	d2h(rs, rest_d, (size_t)n * sizeof(float));
-	for (int r = 0; r < n; r++) {
-		int32_t *id = ids + (size_t)r * k;
-		for (int i = 0; i < k; i++)
-			if (id[i] < 0 || id[i] >= V)
-				die("sparse loss: row %d: top-k id %d is not in [0, %d)", r, (int)id[i], V);
-		qsort(id, (size_t)k, sizeof(int32_t), cmp_i32);
-		for (int i = 1; i < k; i++)
-			if (id[i] == id[i - 1])
-				die("sparse loss: row %d: top-k id %d appears twice", r, (int)id[i]);
-	}
-	for (int r = 0; r < n; r++) {
-		double pr = rs[r];
-		if (!(pr >= -1e-4 && pr <= 1 + 1e-4))
-			die("sparse loss: row %d: teacher rest mass %g is not in [0, 1]", r, pr);
-		double p0 = (k == V || pr < 0) ? 0.0 : pr > 1 ? 1.0 : pr, sum = p0;
-		for (int i = 0; i < k; i++) {
-			double l = lp[(size_t)r * k + i];
-			if (isnan(l) || l > 1e-4)
-				die("sparse loss: row %d: teacher log-prob %g is not <= 0", r, l);
-			sum += exp(l);
-		}
-		if (prest)
-			prest[r] = p0, ptot[r] = sum;
-	}
-	free(ids), free(lp), free(rs);
-}
-
-// the host row weights w [n] (dies on a bad sample index), uploaded into wd
-static float *v2_weights(const int32_t *sample_of, int n, int n_samples, float *wd)
-{
-	float *w = (float *)host_alloc((size_t)n * sizeof(float));
-	bk_loss_row_weights(sample_of, n, n_samples, w);
-	h2d(wd, w, (size_t)n * sizeof(float));
-	return w;
-}
-
-// one copy back: kl [n] and the validation flag behind it; loss = sum_r w_r kl_r
-static double v2_finish(const float *w, int n, const double *kl_d /* [n] + flag */,
-			float *row_kl, unsigned long long *flag)
-{
-	double *kl = (double *)host_alloc(((size_t)n + 1) * sizeof(double));
-	d2h(kl, kl_d, ((size_t)n + 1) * sizeof(double));
-	memcpy(flag, kl + n, sizeof *flag);
-	double loss = 0;
-	for (int r = 0; r < n; r++) {
-		loss += w[r] * kl[r];
-		if (row_kl)
-			row_kl[r] = (float)kl[r];
-	}
-	free(kl);
-	return loss;
-}
-
 static double bk_cuda_kl_exact_v2(const float *hidden, const bk_weight *lm_head,
 				  const float *teacher_hidden, const float *teacher_logp,
 				  const int32_t *sample_of, int n, int n_samples, int chunk,
@@ -973,7 +914,7 @@ static double bk_cuda_kl_exact_v2(const float *hidden, const bk_weight *lm_head,
 						       carve_size((size_t)n * 4));
 	double *kl = (double *)carve_take(&c3, ((size_t)n + 1) * 8); // [N] + the flag
 	float *wd = (float *)carve_take(&c3, (size_t)n * 4);
-	float *w = v2_weights(sample_of, n, n_samples, wd);
+	float *w = upload_weights(sample_of, n, n_samples, wd);
 	CUDA_CHECK(cudaMemsetAsync(kl + n, 0, 8, st));
 	to_bf16(xb, hidden, nh);
 	if (teacher_hidden)
@@ -994,7 +935,7 @@ static double bk_cuda_kl_exact_v2(const float *hidden, const bk_weight *lm_head,
 				      d_hidden + (size_t)r0 * H);
 	}
 	unsigned long long flag;
-	double loss = v2_finish(w, n, kl, row_kl, &flag);
+	double loss = finish_loss(w, n, kl, row_kl, &flag);
 	free(w);
 	return loss;
 }
@@ -1027,7 +968,7 @@ static double bk_cuda_kl_topk_v2(const float *hidden, const bk_weight *lm_head,
 	double *prest = (double *)carve_take(&c3, (size_t)n * 8);
 	double *ptot = (double *)carve_take(&c3, (size_t)n * 8);
 	float *wd = (float *)carve_take(&c3, (size_t)n * 4);
-	float *w = v2_weights(sample_of, n, n_samples, wd);
+	float *w = upload_weights(sample_of, n, n_samples, wd);
 	unsigned long long *flag_d = (unsigned long long *)(kl + n);
 	CUDA_CHECK(cudaMemsetAsync(flag_d, 0, 8, st));
 	if (k <= VALIDATE_MAX_K) {
@@ -1058,7 +999,7 @@ static double bk_cuda_kl_topk_v2(const float *hidden, const bk_weight *lm_head,
 				      d_hidden + (size_t)r0 * H);
 	}
 	unsigned long long flag;
-	double loss = v2_finish(w, n, kl, row_kl, &flag);
+	double loss = finish_loss(w, n, kl, row_kl, &flag);
 	free(w);
 	if (flag) { // the device found a bad field: the host names the first one
 		topk_check_host(topk_ids, topk_logp, rest, n, k, V, NULL, NULL);

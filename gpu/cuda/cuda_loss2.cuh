@@ -48,6 +48,44 @@ __device__ __forceinline__ float cap_slope(float u, float tc)
 	return 1.0f - t * t;
 }
 
+// ---- per-logit arithmetic of v1's chunk kernels (cuda_loss.cu) and the v2 row kernels ----
+
+// exact loss at a scaled logit u with student and teacher log-probs ls, lt:
+// acc += p (lt - ls); returns the dlogit w (q - p) times the cap's slope at u when
+// tc > 0 (q = e^ls, p = e^lt in fp32)
+__device__ __forceinline__ float kl_exact_logit(float u, double ls, double lt, float wr,
+						float tc, double *acc)
+{
+	float q = expf((float)ls), p = expf((float)lt);
+	if (p > 0)
+		*acc += p * (lt - ls);
+	float g = wr * (q - p);
+	return tc > 0 ? g * cap_slope(u, tc) : g;
+}
+
+// log(e^a + e^b) of two log-sum-exps, either of them -inf
+__device__ __forceinline__ double log_add_exp(double a, double b)
+{
+	if (a == -INFINITY)
+		return b;
+	if (b == -INFINITY)
+		return a;
+	double mx = a > b ? a : b;
+	return mx + log1p(exp(-fabs(a - b)));
+}
+
+// top-k loss at a logit u outside the ids: w (P q - prest q / q_rest), q = e^(u - l),
+// q / q_rest = e^(u - lr) (l: log-sum-exp of the row, lr: of the logits outside the ids),
+// before the cap's slope
+__device__ __forceinline__ float topk_rest_dlogit(float u, double l, double lr, double pt,
+						  double pr, float wr)
+{
+	double g = pt * expf((float)((double)u - l));
+	if (pr > 0)
+		g -= pr * expf((float)((double)u - lr));
+	return wr * (float)g;
+}
+
 // ---- the v2 row kernels (cuda_loss.cu has the host side) ----
 
 // One row of a block per CUDA block: log-sum-exp of the student u and of the teacher
@@ -86,13 +124,9 @@ kl_exact_row_kernel(const float *us /* [nb,V] */, const float *ut /* [nb,V] or N
 	double acc = 0;
 	for (int j = threadIdx.x; j < V; j += blockDim.x) {
 		double ls = (double)u[j] - lse_s, lt = (double)t[j] - lse_t;
-		float q = expf((float)ls), p = expf((float)lt);
-		if (p > 0)
-			acc += p * (lt - ls);
-		if (G) {
-			float g = wr * (q - p);
-			G[(size_t)r * V + j] = bk_f32_to_bf16(tc > 0 ? g * cap_slope(u[j], tc) : g);
-		}
+		float g = kl_exact_logit(u[j], ls, lt, wr, tc, &acc);
+		if (G)
+			G[(size_t)r * V + j] = bk_f32_to_bf16(g);
 	}
 	acc = block_reduce(acc, op_sumd(), shd);
 	if (threadIdx.x == 0)
@@ -142,13 +176,7 @@ kl_topk_row_kernel(float *us /* [nb,V] */, int V, const int32_t *ids /* [nb,K] *
 	s = block_reduce(s, op_sumd(), shd);
 	sk = block_reduce(sk, op_sumd(), shd);
 	double lr = s > 0 ? (double)m + log(s) : -INFINITY;
-	double lk = sk > 0 ? (double)mk + log(sk) : -INFINITY, l;
-	if (lr == -INFINITY)
-		l = lk;
-	else if (lk == -INFINITY)
-		l = lr;
-	else
-		l = fmax(lr, lk) + log1p(exp(-fabs(lr - lk)));
+	double lk = sk > 0 ? (double)mk + log(sk) : -INFINITY, l = log_add_exp(lr, lk);
 	double acc = 0;
 	for (int i = threadIdx.x; i < K; i += blockDim.x) {
 		double pi = exp((double)lp[i]);
@@ -164,11 +192,7 @@ kl_topk_row_kernel(float *us /* [nb,V] */, int V, const int32_t *ids /* [nb,K] *
 	float wr = w[r];
 	__nv_bfloat16 *g = G + (size_t)r * V;
 	for (int j = threadIdx.x; j < V; j += blockDim.x) {
-		float uj = u[j];
-		double gd = pt * expf((float)((double)uj - l));
-		if (pr > 0)
-			gd -= pr * expf((float)((double)uj - lr));
-		float gj = wr * (float)gd;
+		float uj = u[j], gj = topk_rest_dlogit(uj, l, lr, pt, pr, wr);
 		g[j] = bk_f32_to_bf16(tc > 0 && gj != 0.0f ? gj * cap_slope(uj, tc) : gj);
 	}
 	__syncthreads();
