@@ -35,13 +35,12 @@
 #include "gpu/cuda/cuda.h"
 #include "gpu/host/loss.h"
 #include "gpu/ops.h"
+#include "tests/gpu/gpu_check.h"
 
 #ifndef BK_HAVE_CUDA
 #error "check_attention needs a CUDA build (BK_HAVE_CUDA)"
 #endif
 
-#define PAD 16
-#define SENTINEL 12345.625f
 #define TOL_ATT 1e-4
 #define TOL_LSE 1e-4
 #define TOL_LOSS 2e-3
@@ -52,81 +51,6 @@
 static const bk_ops *H = &bk_ops_host, *G = &bk_ops_cuda;
 static bk_rng rng;
 static int n_fail, n_lines;
-
-static float *hrand(size_t n, float scale)
-{
-	float *x = xmalloc((n ? n : 1) * sizeof(float));
-	for (size_t i = 0; i < n; i++)
-		x[i] = scale * (float)(2 * bk_rng_uniform(&rng) - 1);
-	return x;
-}
-
-/* nearest bf16, ties to even, as the GPU's weight upload rounds */
-static float bf16_round(float f) { return bk_bf16_to_f32(bk_f32_to_bf16(f)); }
-
-static float *hrand_bf16(size_t n, float scale)
-{
-	float *x = hrand(n, scale);
-	for (size_t i = 0; i < n; i++)
-		x[i] = bf16_round(x[i]);
-	return x;
-}
-
-/* device copy of h [n] fenced by sentinels; h NULL: NaN */
-static float *put(const float *h, size_t n)
-{
-	float *tmp = xmalloc((n + 2 * PAD) * sizeof(float));
-	for (size_t i = 0; i < PAD; i++)
-		tmp[i] = tmp[n + PAD + i] = SENTINEL;
-	for (size_t i = 0; i < n; i++)
-		tmp[PAD + i] = h ? h[i] : NAN;
-	float *d = G->alloc((n + 2 * PAD) * sizeof(float));
-	G->upload(d, tmp, (n + 2 * PAD) * sizeof(float));
-	free(tmp);
-	return d + PAD;
-}
-
-/* h [n] = device d [n]; returns the number of damaged sentinels */
-static int get(float *h, const float *d, size_t n)
-{
-	float *tmp = xmalloc((n + 2 * PAD) * sizeof(float));
-	G->download(tmp, d - PAD, (n + 2 * PAD) * sizeof(float));
-	int bad = 0;
-	for (size_t i = 0; i < PAD; i++)
-		bad += tmp[i] != SENTINEL || tmp[n + PAD + i] != SENTINEL;
-	memcpy(h, tmp + PAD, n * sizeof(float));
-	free(tmp);
-	return bad;
-}
-
-static void drop(float *d)
-{
-	if (d)
-		G->free(d - PAD);
-}
-
-static int32_t *put_i(const int32_t *h, size_t n)
-{
-	int32_t *d = G->alloc((n ? n : 1) * sizeof(int32_t));
-	G->upload(d, h, n * sizeof(int32_t));
-	return d;
-}
-
-/* max|a-b| / max(max|b|, floor) (NaN anywhere: inf); absolute when floor < 0 */
-static double err_of(const float *a, const float *b, size_t n, double floor)
-{
-	double md = 0, mb = 0;
-	for (size_t i = 0; i < n; i++) {
-		double d = fabs((double)a[i] - b[i]);
-		if (isnan(a[i]) || isnan(b[i]) || isnan(d))
-			return INFINITY;
-		md = d > md ? d : md;
-		mb = fabs(b[i]) > mb ? fabs(b[i]) : mb;
-	}
-	if (floor < 0)
-		return md;
-	return md / (mb > floor ? mb : floor);
-}
 
 static void report(const char *op, const char *size, const char *what, double err, double tol,
 		   int damage)
@@ -154,54 +78,60 @@ static void check_attention_p(const int *lens, int S, int NH, int NKV, int D, in
 	char size[96];
 	snprintf(size, sizeof size, "T=%d S=%d NH=%d NKV=%d D=%d P=%d s%.3g c%g W%d", T, S, NH,
 		 NKV, D, P, (double)ap->scale, (double)ap->softcap, ap->window);
-	float *q = hrand(nq, 1.5f), *k = hrand(nk, 1.5f), *v = hrand(nk, 1.0f);
-	float *pk = hrand(np, 1.5f), *pv = hrand(np, 1.0f);
+	float *q = gc_rand(&rng, nq, 1.5f), *k = gc_rand(&rng, nk, 1.5f),
+	      *v = gc_rand(&rng, nk, 1.0f);
+	float *pk = gc_rand(&rng, np, 1.5f), *pv = gc_rand(&rng, np, 1.0f);
 	float *out_h = xmalloc((nq + 1) * 4), *lse_h = xmalloc((nl + 1) * 4);
 	float *out_g = xmalloc((nq + 1) * 4), *lse_g = xmalloc((nl + 1) * 4);
 	H->attention_forward(out_h, lse_h, q, k, v, cu, S, T, NH, NKV, D, P ? pk : NULL,
 			     P ? pv : NULL, P, ap);
-	float *dq_ = put(q, nq), *dk_ = put(k, nk), *dv_ = put(v, nk);
-	float *dpk = put(pk, np), *dpv = put(pv, np);
-	float *dout = put(NULL, nq), *dlse = put(NULL, nl);
-	int32_t *dcu = put_i(cu, (size_t)S + 1);
+	float *dq_ = gc_put(G, q, nq), *dk_ = gc_put(G, k, nk), *dv_ = gc_put(G, v, nk);
+	float *dpk = gc_put(G, pk, np), *dpv = gc_put(G, pv, np);
+	float *dout = gc_put(G, NULL, nq), *dlse = gc_put(G, NULL, nl);
+	int32_t *dcu = gc_put_i(G, cu, (size_t)S + 1);
 	bk_cuda_attention_forward(dout, dlse, dq_, dk_, dv_, dcu, S, T, NH, NKV, D,
 				  P ? dpk : NULL, P ? dpv : NULL, P, ap);
-	int dmg = get(out_g, dout, nq);
-	report("attention fwd", size, "out", err_of(out_g, out_h, nq, 1e-3), TOL_ATT, dmg);
-	dmg = get(lse_g, dlse, nl);
-	report("attention fwd", size, "lse", err_of(lse_g, lse_h, nl, -1), TOL_LSE, dmg);
+	int dmg = gc_get(G, out_g, dout, nq);
+	report("attention fwd", size, "out", gc_relerr(out_g, out_h, nq, 1e-3), TOL_ATT, dmg);
+	dmg = gc_get(G, lse_g, dlse, nl);
+	report("attention fwd", size, "lse", gc_relerr(lse_g, lse_h, nl, -1), TOL_LSE, dmg);
 
 	if (!P) { /* backward (no prefix: ops.h) from the host's out and lse on both sides */
-		float *go = hrand(nq, 1.0f);
-		float *dq0 = hrand(nq, 0.5f), *dk0 = hrand(nk, 0.5f), *dv0 = hrand(nk, 0.5f);
+		float *go = gc_rand(&rng, nq, 1.0f);
+		float *dq0 = gc_rand(&rng, nq, 0.5f), *dk0 = gc_rand(&rng, nk, 0.5f),
+		      *dv0 = gc_rand(&rng, nk, 0.5f);
 		float *dq_h = xmalloc(nq * 4), *dk_h = xmalloc(nk * 4), *dv_h = xmalloc(nk * 4);
 		memcpy(dq_h, dq0, nq * 4), memcpy(dk_h, dk0, nk * 4), memcpy(dv_h, dv0, nk * 4);
 		H->attention_backward(dq_h, dk_h, dv_h, go, q, k, v, out_h, lse_h, cu, S, T, NH, NKV,
 				      D, ap);
-		float *dgo = put(go, nq), *dout_h = put(out_h, nq), *dlse_h = put(lse_h, nl);
-		float *ddq = put(dq0, nq), *ddk = put(dk0, nk), *ddv = put(dv0, nk);
+		float *dgo = gc_put(G, go, nq), *dout_h = gc_put(G, out_h, nq),
+		      *dlse_h = gc_put(G, lse_h, nl);
+		float *ddq = gc_put(G, dq0, nq), *ddk = gc_put(G, dk0, nk),
+		      *ddv = gc_put(G, dv0, nk);
 		bk_cuda_attention_backward(ddq, ddk, ddv, dgo, dq_, dk_, dv_, dout_h, dlse_h, dcu, S,
 					   T, NH, NKV, D, ap);
 		float *g = xmalloc(nq * 4);
-		dmg = get(g, ddq, nq);
-		report("attention bwd", size, "dq", err_of(g, dq_h, nq, 1e-3), TOL_ATT, dmg);
-		dmg = get(g, ddk, nk);
-		report("attention bwd", size, "dk", err_of(g, dk_h, nk, 1e-3), TOL_ATT, dmg);
-		dmg = get(g, ddv, nk);
-		report("attention bwd", size, "dv", err_of(g, dv_h, nk, 1e-3), TOL_ATT, dmg);
+		dmg = gc_get(G, g, ddq, nq);
+		report("attention bwd", size, "dq", gc_relerr(g, dq_h, nq, 1e-3), TOL_ATT, dmg);
+		dmg = gc_get(G, g, ddk, nk);
+		report("attention bwd", size, "dk", gc_relerr(g, dk_h, nk, 1e-3), TOL_ATT, dmg);
+		dmg = gc_get(G, g, ddv, nk);
+		report("attention bwd", size, "dv", gc_relerr(g, dv_h, nk, 1e-3), TOL_ATT, dmg);
 		/* the gradient part alone (dq0 removed), so += of a zero is not what passes */
 		for (size_t i = 0; i < nk; i++)
 			dk_h[i] -= dk0[i];
-		get(g, ddk, nk);
+		gc_get(G, g, ddk, nk);
 		for (size_t i = 0; i < nk; i++)
 			g[i] -= dk0[i];
-		report("attention bwd", size, "dk-only", err_of(g, dk_h, nk, 1e-3), 1e-3, 0);
+		report("attention bwd", size, "dk-only", gc_relerr(g, dk_h, nk, 1e-3), 1e-3, 0);
 		free(g), free(go), free(dq0), free(dk0), free(dv0), free(dq_h), free(dk_h), free(dv_h);
-		drop(dgo), drop(dout_h), drop(dlse_h), drop(ddq), drop(ddk), drop(ddv);
+		gc_drop(G, dgo), gc_drop(G, dout_h), gc_drop(G, dlse_h), gc_drop(G, ddq),
+			gc_drop(G, ddk), gc_drop(G, ddv);
 	}
 	free(q), free(k), free(v), free(pk), free(pv), free(out_h), free(lse_h), free(out_g);
 	free(lse_g);
-	drop(dq_), drop(dk_), drop(dv_), drop(dpk), drop(dpv), drop(dout), drop(dlse);
+	gc_drop(G, dq_), gc_drop(G, dk_), gc_drop(G, dv_), gc_drop(G, dpk), gc_drop(G, dpv),
+		gc_drop(G, dout), gc_drop(G, dlse);
 	G->free(dcu);
 }
 
@@ -216,28 +146,28 @@ static void check_attention(const int *lens, int S, int NH, int NKV, int D, int 
 static void check_rows(void)
 {
 	enum { T = 301, Hd = 96, N = 37 };
-	float *src = hrand((size_t)T * Hd, 1), *base = hrand((size_t)T * Hd, 1);
+	float *src = gc_rand(&rng, (size_t)T * Hd, 1), *base = gc_rand(&rng, (size_t)T * Hd, 1);
 	int32_t rows[N];
 	for (int r = 0; r < N; r++)
 		rows[r] = (r * 97 + 5) % T; /* distinct: 97 and 301 are coprime */
 	float *want = xmalloc((size_t)N * Hd * 4), *got = xmalloc((size_t)T * Hd * 4);
 	H->gather_rows(want, src, rows, N, T, Hd);
-	float *ds = put(src, (size_t)T * Hd), *dd = put(NULL, (size_t)N * Hd);
-	int32_t *dr = put_i(rows, N);
+	float *ds = gc_put(G, src, (size_t)T * Hd), *dd = gc_put(G, NULL, (size_t)N * Hd);
+	int32_t *dr = gc_put_i(G, rows, N);
 	bk_cuda_gather_rows(dd, ds, dr, N, T, Hd);
-	int dmg = get(got, dd, (size_t)N * Hd);
-	report("gather_rows", "T=301 H=96 N=37", "rows", err_of(got, want, (size_t)N * Hd, -1), 0,
-	       dmg);
+	int dmg = gc_get(G, got, dd, (size_t)N * Hd);
+	report("gather_rows", "T=301 H=96 N=37", "rows",
+	       gc_relerr(got, want, (size_t)N * Hd, -1), 0, dmg);
 	float *acc = xmalloc((size_t)T * Hd * 4);
 	memcpy(acc, base, (size_t)T * Hd * 4);
 	H->scatter_rows(acc, want, rows, N, T, Hd);
-	float *db = put(base, (size_t)T * Hd);
+	float *db = gc_put(G, base, (size_t)T * Hd);
 	bk_cuda_scatter_rows(db, dd, dr, N, T, Hd);
-	dmg = get(got, db, (size_t)T * Hd);
-	report("scatter_rows", "T=301 H=96 N=37", "dst", err_of(got, acc, (size_t)T * Hd, -1), 0,
-	       dmg);
+	dmg = gc_get(G, got, db, (size_t)T * Hd);
+	report("scatter_rows", "T=301 H=96 N=37", "dst",
+	       gc_relerr(got, acc, (size_t)T * Hd, -1), 0, dmg);
 	free(src), free(base), free(want), free(got), free(acc);
-	drop(ds), drop(dd), drop(db);
+	gc_drop(G, ds), gc_drop(G, dd), gc_drop(G, db);
 	G->free(dr);
 }
 
@@ -246,45 +176,49 @@ static void check_loss(int n, int h, int v, int chunk, float temp, int k)
 	char size[96];
 	snprintf(size, sizeof size, "N=%d H=%d V=%d C=%d T=%g K=%d", n, h, v, chunk, (double)temp, k);
 	size_t nh = (size_t)n * h, nv = (size_t)n * v, nk = (size_t)n * k;
-	float *head = hrand_bf16((size_t)v * h, 1.0f);
-	float *hs = hrand_bf16(nh, 3.0f / sqrtf((float)h) * 1.7f);
-	float *ht = hrand_bf16(nh, 3.0f / sqrtf((float)h) * 1.7f);
+	float *head = gc_rand_bf16(&rng, (size_t)v * h, 1.0f);
+	float *hs = gc_rand_bf16(&rng, nh, 3.0f / sqrtf((float)h) * 1.7f);
+	float *ht = gc_rand_bf16(&rng, nh, 3.0f / sqrtf((float)h) * 1.7f);
 	int32_t *so = xmalloc((size_t)n * 4);
 	for (int r = 0; r < n; r++)
 		so[r] = r % 3 == 2 ? 1 : r % 5 == 0 ? 3 : 0; /* 4 samples of different sizes */
 	int ns = 4;
 	bk_weight *wh = H->weight_upload(head, v, h), *wg = G->weight_upload(head, v, h);
-	float *dhs = put(hs, nh), *dht = put(ht, nh);
+	float *dhs = gc_put(G, hs, nh), *dht = gc_put(G, ht, nh);
 	float *dref = xmalloc(nh * 4), *dgot = xmalloc(nh * 4);
 	float *klr = xmalloc((size_t)n * 4), *klg = xmalloc((size_t)n * 4);
 	int dmg;
 
 	/* exact, teacher hidden */
-	float *dd = put(NULL, nh);
+	float *dd = gc_put(G, NULL, nh);
 	double lr = H->kl_exact(hs, wh, ht, NULL, so, n, ns, chunk, temp, 0.0f, dref, klr);
 	for (int r = 0; r < n; r++)
 		klg[r] = NAN;
 	double lg = bk_cuda_kl_exact(dhs, wg, dht, NULL, so, n, ns, chunk, temp, 0.0f, dd, klg);
 	report("kl_exact hidden", size, "loss", fabs(lg - lr) / fabs(lr), TOL_LOSS, 0);
-	report("kl_exact hidden", size, "row_kl", err_of(klg, klr, (size_t)n, 1e-3), TOL_ROWKL, 0);
-	dmg = get(dgot, dd, nh);
-	report("kl_exact hidden", size, "d_hidden", err_of(dgot, dref, nh, 1e-12), TOL_DHID, dmg);
+	report("kl_exact hidden", size, "row_kl", gc_relerr(klg, klr, (size_t)n, 1e-3),
+	       TOL_ROWKL, 0);
+	dmg = gc_get(G, dgot, dd, nh);
+	report("kl_exact hidden", size, "d_hidden", gc_relerr(dgot, dref, nh, 1e-12), TOL_DHID,
+	       dmg);
 
 	/* teacher log-probs */
-	float *tl = xmalloc(nv * 4), *tlg = xmalloc(nv * 4), *dtl = put(NULL, nv);
+	float *tl = xmalloc(nv * 4), *tlg = xmalloc(nv * 4), *dtl = gc_put(G, NULL, nv);
 	H->teacher_logprobs(ht, wh, n, chunk, temp, 0.0f, tl);
 	bk_cuda_teacher_logprobs(dht, wg, n, chunk, temp, 0.0f, dtl);
-	dmg = get(tlg, dtl, nv);
-	report("teacher_logprobs", size, "logp", err_of(tlg, tl, nv, -1), TOL_LOGP, dmg);
+	dmg = gc_get(G, tlg, dtl, nv);
+	report("teacher_logprobs", size, "logp", gc_relerr(tlg, tl, nv, -1), TOL_LOGP, dmg);
 	G->upload(dtl, tl, nv * 4); /* the host's log-probs as the teacher on both sides */
-	drop(dd);
-	dd = put(NULL, nh);
+	gc_drop(G, dd);
+	dd = gc_put(G, NULL, nh);
 	lr = H->kl_exact(hs, wh, NULL, tl, so, n, ns, chunk, temp, 0.0f, dref, klr);
 	lg = bk_cuda_kl_exact(dhs, wg, NULL, dtl, so, n, ns, chunk, temp, 0.0f, dd, klg);
 	report("kl_exact logp", size, "loss", fabs(lg - lr) / fabs(lr), TOL_LOSS, 0);
-	report("kl_exact logp", size, "row_kl", err_of(klg, klr, (size_t)n, 1e-3), TOL_ROWKL, 0);
-	dmg = get(dgot, dd, nh);
-	report("kl_exact logp", size, "d_hidden", err_of(dgot, dref, nh, 1e-12), TOL_DHID, dmg);
+	report("kl_exact logp", size, "row_kl", gc_relerr(klg, klr, (size_t)n, 1e-3), TOL_ROWKL,
+	       0);
+	dmg = gc_get(G, dgot, dd, nh);
+	report("kl_exact logp", size, "d_hidden", gc_relerr(dgot, dref, nh, 1e-12), TOL_DHID,
+	       dmg);
 
 	/* teacher top-k: validity against the host's full log-probs */
 	int32_t *idh = xmalloc(nk * 4), *idg = xmalloc(nk * 4);
@@ -298,11 +232,11 @@ static void check_loss(int n, int h, int v, int chunk, float temp, int k)
 		G->upload(did, m1, nk * 4);
 		free(m1);
 	}
-	float *dlp = put(NULL, nk), *drs = put(NULL, (size_t)n);
+	float *dlp = gc_put(G, NULL, nk), *drs = gc_put(G, NULL, (size_t)n);
 	bk_cuda_teacher_topk(dht, wg, n, chunk, temp, 0.0f, k, did, dlp, drs);
 	G->download(idg, did, nk * 4);
-	dmg = get(lpg, dlp, nk) + get(rsg, drs, (size_t)n);
-	double e_lp = 0, e_set = 0, e_rest = err_of(rsg, rsh, (size_t)n, -1);
+	dmg = gc_get(G, lpg, dlp, nk) + gc_get(G, rsg, drs, (size_t)n);
+	double e_lp = 0, e_set = 0, e_rest = gc_relerr(rsg, rsh, (size_t)n, -1);
 	int bad_ids = 0, same_rows = 0;
 	char *seen = xcalloc((size_t)v, 1);
 	for (int r = 0; r < n; r++) {
@@ -340,20 +274,21 @@ static void check_loss(int n, int h, int v, int chunk, float temp, int k)
 	G->upload(did, idh, nk * 4);
 	G->upload(dlp, lph, nk * 4);
 	G->upload(drs, rsh, (size_t)n * 4);
-	drop(dd);
-	dd = put(NULL, nh);
+	gc_drop(G, dd);
+	dd = gc_put(G, NULL, nh);
 	lr = H->kl_topk(hs, wh, idh, lph, rsh, so, n, ns, k, chunk, temp, 0.0f, dref, klr);
 	lg = bk_cuda_kl_topk(dhs, wg, did, dlp, drs, so, n, ns, k, chunk, temp, 0.0f, dd, klg);
 	report("kl_topk", size, "loss", fabs(lg - lr) / fabs(lr), TOL_LOSS, 0);
-	report("kl_topk", size, "row_kl", err_of(klg, klr, (size_t)n, 1e-3), TOL_ROWKL, 0);
-	dmg = get(dgot, dd, nh);
-	report("kl_topk", size, "d_hidden", err_of(dgot, dref, nh, 1e-12), TOL_DHID, dmg);
+	report("kl_topk", size, "row_kl", gc_relerr(klg, klr, (size_t)n, 1e-3), TOL_ROWKL, 0);
+	dmg = gc_get(G, dgot, dd, nh);
+	report("kl_topk", size, "d_hidden", gc_relerr(dgot, dref, nh, 1e-12), TOL_DHID, dmg);
 
 	H->weight_free(wh), G->weight_free(wg);
 	free(head), free(hs), free(ht), free(so), free(dref), free(dgot), free(klr), free(klg);
 	free(tl), free(tlg), free(idh), free(idg), free(lph), free(lpg), free(rsh), free(rsg);
 	free(seen);
-	drop(dhs), drop(dht), drop(dd), drop(dtl), drop(dlp), drop(drs);
+	gc_drop(G, dhs), gc_drop(G, dht), gc_drop(G, dd), gc_drop(G, dtl), gc_drop(G, dlp),
+		gc_drop(G, drs);
 	G->free(did);
 }
 
@@ -374,11 +309,13 @@ static void bench(void)
 	for (int s = 0; s <= S; s++)
 		cu[s] = s * L;
 	size_t nq = (size_t)T * NH * D, nk = (size_t)T * NKV * D;
-	float *hq = hrand(nq, 1), *hk = hrand(nk, 1);
-	float *q = put(hq, nq), *k = put(hk, nk), *v = put(hk, nk), *o = put(NULL, nq);
-	float *go = put(hq, nq), *dq = put(hq, nq), *dk = put(hk, nk), *dv = put(hk, nk);
-	float *lse = put(NULL, (size_t)NH * T);
-	int32_t *dcu = put_i(cu, S + 1);
+	float *hq = gc_rand(&rng, nq, 1), *hk = gc_rand(&rng, nk, 1);
+	float *q = gc_put(G, hq, nq), *k = gc_put(G, hk, nk), *v = gc_put(G, hk, nk),
+	      *o = gc_put(G, NULL, nq);
+	float *go = gc_put(G, hq, nq), *dq = gc_put(G, hq, nq), *dk = gc_put(G, hk, nk),
+	      *dv = gc_put(G, hk, nk);
+	float *lse = gc_put(G, NULL, (size_t)NH * T);
+	int32_t *dcu = gc_put_i(G, cu, S + 1);
 	double flops = 4.0 * D * ((double)L * (L + 1) / 2) * S * NH;
 	bk_attn ap = bk_attn_default(D);
 	bk_cuda_attention_forward(o, lse, q, k, v, dcu, S, T, NH, NKV, D, NULL, NULL, 0, &ap);
@@ -400,7 +337,8 @@ static void bench(void)
 	       "backward %.3f ms %.2f TFLOP/s\n", S, L, NH, NKV, D, tf * 1e3, flops / tf * 1e-12,
 	       tb * 1e3, 2.5 * flops / tb * 1e-12);
 	free(hq), free(hk);
-	drop(q), drop(k), drop(v), drop(o), drop(go), drop(dq), drop(dk), drop(dv), drop(lse);
+	gc_drop(G, q), gc_drop(G, k), gc_drop(G, v), gc_drop(G, o), gc_drop(G, go),
+		gc_drop(G, dq), gc_drop(G, dk), gc_drop(G, dv), gc_drop(G, lse);
 	G->free(dcu);
 }
 

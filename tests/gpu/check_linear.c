@@ -47,13 +47,12 @@
 #include "common/rng.h"
 #include "formats/safetensors.h"
 #include "gpu/ops.h"
+#include "tests/gpu/gpu_check.h"
 #ifdef BK_HAVE_CUDA
 #include "gpu/cuda/cuda.h"
 #include "gpu/cuda/cuda_attention_tc.h" /* bk_cuda_time_ms */
 #endif
 
-#define PAD 16
-#define SENTINEL 12345.625f
 #define U_BF16 0x1p-8
 #define V_TF32 0x1p-10
 
@@ -62,14 +61,6 @@ static bk_rng rng;
 static int n_fail, n_lines, host_mode;
 
 static double gam(double K) { return (K + 2) * 0x1p-23; }
-
-static float *hrand(size_t n, float scale)
-{
-	float *x = xmalloc((n ? n : 1) * sizeof(float));
-	for (size_t i = 0; i < n; i++)
-		x[i] = scale * (float)(2 * bk_rng_uniform(&rng) - 1);
-	return x;
-}
 
 static float *habs(const float *x, size_t n, float mul)
 {
@@ -89,39 +80,6 @@ static float *hround(const float *x, size_t n)
 
 /* the implementation under test: the device, or (--host) the host twin itself */
 static const bk_ops *D(void) { return host_mode ? H : G; }
-
-/* device copy of h [n] fenced by sentinels; h NULL: NaN */
-static float *put(const float *h, size_t n)
-{
-	float *tmp = xmalloc((n + 2 * PAD) * sizeof(float));
-	for (size_t i = 0; i < PAD; i++)
-		tmp[i] = tmp[n + PAD + i] = SENTINEL;
-	for (size_t i = 0; i < n; i++)
-		tmp[PAD + i] = h ? h[i] : NAN;
-	float *d = D()->alloc((n + 2 * PAD) * sizeof(float));
-	D()->upload(d, tmp, (n + 2 * PAD) * sizeof(float));
-	free(tmp);
-	return d + PAD;
-}
-
-/* h [n] = device d [n]; returns the number of damaged sentinels */
-static int get(float *h, const float *d, size_t n)
-{
-	float *tmp = xmalloc((n + 2 * PAD) * sizeof(float));
-	D()->download(tmp, d - PAD, (n + 2 * PAD) * sizeof(float));
-	int bad = 0;
-	for (size_t i = 0; i < PAD; i++)
-		bad += tmp[i] != SENTINEL || tmp[n + PAD + i] != SENTINEL;
-	memcpy(h, tmp + PAD, n * sizeof(float));
-	free(tmp);
-	return bad;
-}
-
-static void drop_(float *d)
-{
-	if (d)
-		D()->free(d - PAD);
-}
 
 /* got vs want [n] against the elementwise bound b [n] (b NULL: exact); one line.
  * expect_fail: a sensitivity line, which passes when the comparison FAILS. */
@@ -196,40 +154,43 @@ static int run_ops(const bk_ops *ops, proj_fwd_fn fwd, proj_bwd_fn bwd, const gc
 	for (int j = 0; j < n; j++) {
 		int out = g->outs[j], lo = g->lora[j] && !base;
 		w[j] = ops->weight_upload(W[j], out, in);
-		y_d[j] = put(NULL, (size_t)T * out);
-		dy_d[j] = put(dy[j], (size_t)T * out);
+		y_d[j] = gc_put(D(), NULL, (size_t)T * out);
+		dy_d[j] = gc_put(D(), dy[j], (size_t)T * out);
 		if (lo) {
-			A_d[j] = put(A[j], (size_t)R * in), B_d[j] = put(B[j], (size_t)out * R);
-			dA_d[j] = put(dA0[j], (size_t)R * in), dB_d[j] = put(dB0[j], (size_t)out * R);
+			A_d[j] = gc_put(D(), A[j], (size_t)R * in),
+			B_d[j] = gc_put(D(), B[j], (size_t)out * R);
+			dA_d[j] = gc_put(D(), dA0[j], (size_t)R * in),
+			dB_d[j] = gc_put(D(), dB0[j], (size_t)out * R);
 		}
 		p[j] = (bk_proj){ .W = w[j], .A = A_d[j], .B = B_d[j],
 				  .key = 0x1234 + 77 * (uint64_t)j, .y = y_d[j], .dy = dy_d[j],
 				  .dA = dA_d[j], .dB = dB_d[j] };
 	}
-	float *x_d = put(x, (size_t)T * in), *dx_d = put(dx0, (size_t)T * in);
-	float *xa_d = put(NULL, (size_t)n * T * (R ? R : 1));
-	float *sc_d = put(NULL, (size_t)T * (in + R));
+	float *x_d = gc_put(D(), x, (size_t)T * in), *dx_d = gc_put(D(), dx0, (size_t)T * in);
+	float *xa_d = gc_put(D(), NULL, (size_t)n * T * (R ? R : 1));
+	float *sc_d = gc_put(D(), NULL, (size_t)T * (in + R));
 	(fwd ? fwd : ops->proj_forward)(p, n, x_d, xa_d, T, in, R, g->scale, g->drop, sc_d);
 	(bwd ? bwd : ops->proj_backward)(dx_d, p, n, x_d, xa_d, T, in, R, g->scale, g->drop,
 					 sc_d);
 	*dx = xmalloc((size_t)T * in * sizeof(float));
-	dmg += get(*dx, dx_d, (size_t)T * in);
+	dmg += gc_get(D(), *dx, dx_d, (size_t)T * in);
 	for (int j = 0; j < n; j++) {
 		int out = g->outs[j];
 		y[j] = xmalloc((size_t)T * out * sizeof(float));
-		dmg += get(y[j], y_d[j], (size_t)T * out);
+		dmg += gc_get(D(), y[j], y_d[j], (size_t)T * out);
 		dA[j] = dB[j] = NULL;
 		if (A_d[j]) {
 			dA[j] = xmalloc((size_t)R * in * sizeof(float));
 			dB[j] = xmalloc((size_t)out * R * sizeof(float));
-			dmg += get(dA[j], dA_d[j], (size_t)R * in);
-			dmg += get(dB[j], dB_d[j], (size_t)out * R);
+			dmg += gc_get(D(), dA[j], dA_d[j], (size_t)R * in);
+			dmg += gc_get(D(), dB[j], dB_d[j], (size_t)out * R);
 		}
-		drop_(y_d[j]), drop_(dy_d[j]), drop_(A_d[j]), drop_(B_d[j]), drop_(dA_d[j]);
-		drop_(dB_d[j]);
+		gc_drop(D(), y_d[j]), gc_drop(D(), dy_d[j]), gc_drop(D(), A_d[j]),
+			gc_drop(D(), B_d[j]), gc_drop(D(), dA_d[j]);
+		gc_drop(D(), dB_d[j]);
 		ops->weight_free(w[j]);
 	}
-	drop_(x_d), drop_(dx_d), drop_(xa_d), drop_(sc_d);
+	gc_drop(D(), x_d), gc_drop(D(), dx_d), gc_drop(D(), xa_d), gc_drop(D(), sc_d);
 	host_mode = hm;
 	return dmg;
 }
@@ -247,16 +208,16 @@ static void make_data(gdata *d, const gcase *g)
 	memset(d, 0, sizeof(*d));
 	d->g = g;
 	float ws = 1.0f / sqrtf((float)in);
-	d->x = hrand((size_t)T * in, 1.0f);
-	d->dx0 = hrand((size_t)T * in, 0.5f);
+	d->x = gc_rand(&rng, (size_t)T * in, 1.0f);
+	d->dx0 = gc_rand(&rng, (size_t)T * in, 0.5f);
 	for (int j = 0; j < n; j++) {
 		int out = g->outs[j];
-		d->W[j] = hrand((size_t)out * in, ws);
-		d->dy[j] = hrand((size_t)T * out, 1.0f);
-		d->A[j] = hrand((size_t)R * in, ws);
-		d->B[j] = hrand((size_t)out * R, 1.0f);
-		d->dA0[j] = hrand((size_t)R * in, 0.5f);
-		d->dB0[j] = hrand((size_t)out * R, 0.5f);
+		d->W[j] = gc_rand(&rng, (size_t)out * in, ws);
+		d->dy[j] = gc_rand(&rng, (size_t)T * out, 1.0f);
+		d->A[j] = gc_rand(&rng, (size_t)R * in, ws);
+		d->B[j] = gc_rand(&rng, (size_t)out * R, 1.0f);
+		d->dA0[j] = gc_rand(&rng, (size_t)R * in, 0.5f);
+		d->dB0[j] = gc_rand(&rng, (size_t)out * R, 0.5f);
 	}
 	/* the host's results, with and without LoRA */
 	float *dAb[BK_PROJ_MAX], *dBb[BK_PROJ_MAX];
@@ -479,7 +440,7 @@ static void bench_group(const char *name, int T, int in, int n, const int *outs,
 		size_t m = (size_t)outs[j] * in;
 		if (m > hwn) {
 			free(hw);
-			hw = hrand(m, 1.0f / sqrtf((float)in));
+			hw = gc_rand(&rng, m, 1.0f / sqrtf((float)in));
 			hwn = m;
 		}
 		w[j] = G->weight_upload(hw, outs[j], in);

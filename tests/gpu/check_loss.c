@@ -42,13 +42,12 @@
 #include "gpu/cuda/cuda.h"
 #include "gpu/host/loss.h"
 #include "gpu/ops.h"
+#include "tests/gpu/gpu_check.h"
 
 #ifndef BK_HAVE_CUDA
 #error "check_loss needs a CUDA build (BK_HAVE_CUDA)"
 #endif
 
-#define PAD 16
-#define SENTINEL 12345.625f
 #define TOL_LOSS 2e-3
 #define TOL_ROWKL 2e-3
 #define TOL_DHID 1e-2
@@ -57,61 +56,6 @@
 static const bk_ops *H = &bk_ops_host, *G = &bk_ops_cuda;
 static bk_rng rng;
 static int n_fail, n_lines;
-
-static float *hrand_bf16(size_t n, float scale)
-{
-	float *x = xmalloc((n ? n : 1) * sizeof(float));
-	for (size_t i = 0; i < n; i++)
-		x[i] = bk_bf16_to_f32(bk_f32_to_bf16(scale * (float)(2 * bk_rng_uniform(&rng) - 1)));
-	return x;
-}
-
-/* device copy of h [n] (h NULL: NaN) fenced by sentinels */
-static float *put(const float *h, size_t n)
-{
-	float *tmp = xmalloc((n + 2 * PAD) * sizeof(float));
-	for (size_t i = 0; i < PAD; i++)
-		tmp[i] = tmp[n + PAD + i] = SENTINEL;
-	for (size_t i = 0; i < n; i++)
-		tmp[PAD + i] = h ? h[i] : NAN;
-	float *d = G->alloc((n + 2 * PAD) * sizeof(float));
-	G->upload(d, tmp, (n + 2 * PAD) * sizeof(float));
-	free(tmp);
-	return d + PAD;
-}
-
-/* h [n] = device d [n]; returns the number of damaged sentinels */
-static int get(float *h, const float *d, size_t n)
-{
-	float *tmp = xmalloc((n + 2 * PAD) * sizeof(float));
-	G->download(tmp, d - PAD, (n + 2 * PAD) * sizeof(float));
-	int bad = 0;
-	for (size_t i = 0; i < PAD; i++)
-		bad += tmp[i] != SENTINEL || tmp[n + PAD + i] != SENTINEL;
-	memcpy(h, tmp + PAD, n * sizeof(float));
-	free(tmp);
-	return bad;
-}
-
-static void drop(float *d)
-{
-	if (d)
-		G->free(d - PAD);
-}
-
-/* max|a-b| / max(max|b|, floor) (NaN anywhere: inf); absolute when floor < 0 */
-static double err_of(const float *a, const float *b, size_t n, double floor)
-{
-	double md = 0, mb = 0;
-	for (size_t i = 0; i < n; i++) {
-		double d = fabs((double)a[i] - b[i]);
-		if (isnan(a[i]) || isnan(b[i]) || isnan(d))
-			return INFINITY;
-		md = d > md ? d : md;
-		mb = fabs(b[i]) > mb ? fabs(b[i]) : mb;
-	}
-	return floor < 0 ? md : md / (mb > floor ? mb : floor);
-}
 
 static void report(const char *op, const char *size, const char *what, double err, double tol,
 		   int damage)
@@ -129,9 +73,9 @@ static void judge(const char *op, const char *size, double lg, double lr, const 
 {
 	float *dgot = xmalloc(nh * sizeof(float));
 	report(op, size, "loss", fabs(lg - lr) / fabs(lr), TOL_LOSS, 0);
-	report(op, size, "row_kl", err_of(klg, klr, (size_t)n, 1e-3), TOL_ROWKL, 0);
-	int dmg = get(dgot, dd, nh);
-	report(op, size, "d_hidden", err_of(dgot, dref, nh, 1e-12), TOL_DHID, dmg);
+	report(op, size, "row_kl", gc_relerr(klg, klr, (size_t)n, 1e-3), TOL_ROWKL, 0);
+	int dmg = gc_get(G, dgot, dd, nh);
+	report(op, size, "d_hidden", gc_relerr(dgot, dref, nh, 1e-12), TOL_DHID, dmg);
 	free(dgot);
 }
 
@@ -142,35 +86,36 @@ static void check_case(int mode, int n, int h, int v, int chunk, float temp, int
 		 chunk, (double)temp, k, (double)cap);
 	bk_cuda_loss_set_mode(mode);
 	size_t nh = (size_t)n * h, nv = (size_t)n * v, nk = (size_t)n * k;
-	float *head = hrand_bf16((size_t)v * h, 1.0f);
-	float *hs = hrand_bf16(nh, 5.0f / sqrtf((float)h)), *ht = hrand_bf16(nh, 5.0f / sqrtf((float)h));
+	float *head = gc_rand_bf16(&rng, (size_t)v * h, 1.0f);
+	float *hs = gc_rand_bf16(&rng, nh, 5.0f / sqrtf((float)h)),
+	      *ht = gc_rand_bf16(&rng, nh, 5.0f / sqrtf((float)h));
 	int32_t *so = xmalloc((size_t)n * 4);
 	for (int r = 0; r < n; r++)
 		so[r] = r % 3 == 2 ? 1 : r % 5 == 0 ? 3 : 0; /* 4 samples of different sizes */
 	int ns = 4;
 	bk_weight *wh = H->weight_upload(head, v, h), *wg = G->weight_upload(head, v, h);
-	float *dhs = put(hs, nh), *dht = put(ht, nh);
+	float *dhs = gc_put(G, hs, nh), *dht = gc_put(G, ht, nh);
 	float *dref = xmalloc(nh * 4), *klr = xmalloc((size_t)n * 4), *klg = xmalloc((size_t)n * 4);
 
 	/* exact, teacher hidden */
-	float *dd = put(NULL, nh);
+	float *dd = gc_put(G, NULL, nh);
 	double lr = H->kl_exact(hs, wh, ht, NULL, so, n, ns, chunk, temp, cap, dref, klr);
 	double lg = G->kl_exact(dhs, wg, dht, NULL, so, n, ns, chunk, temp, cap, dd, klg);
 	judge("kl_exact hidden", size, lg, lr, klg, klr, n, dd, dref, nh);
-	drop(dd);
+	gc_drop(G, dd);
 
 	/* teacher log-probs (one version of the teacher ops: both modes share them) */
-	float *tl = xmalloc(nv * 4), *tlg = xmalloc(nv * 4), *dtl = put(NULL, nv);
+	float *tl = xmalloc(nv * 4), *tlg = xmalloc(nv * 4), *dtl = gc_put(G, NULL, nv);
 	H->teacher_logprobs(ht, wh, n, chunk, temp, cap, tl);
 	G->teacher_logprobs(dht, wg, n, chunk, temp, cap, dtl);
-	int dmg = get(tlg, dtl, nv);
-	report("teacher_logprobs", size, "logp", err_of(tlg, tl, nv, -1), TOL_LOGP, dmg);
+	int dmg = gc_get(G, tlg, dtl, nv);
+	report("teacher_logprobs", size, "logp", gc_relerr(tlg, tl, nv, -1), TOL_LOGP, dmg);
 	G->upload(dtl, tl, nv * 4); /* the host's log-probs as the teacher on both sides */
-	dd = put(NULL, nh);
+	dd = gc_put(G, NULL, nh);
 	lr = H->kl_exact(hs, wh, NULL, tl, so, n, ns, chunk, temp, cap, dref, klr);
 	lg = G->kl_exact(dhs, wg, NULL, dtl, so, n, ns, chunk, temp, cap, dd, klg);
 	judge("kl_exact logp", size, lg, lr, klg, klr, n, dd, dref, nh);
-	drop(dd);
+	gc_drop(G, dd);
 
 	/* teacher top-k on the GPU, judged against the host's full log-probs; then the
 	 * sparse loss on the host's top-k */
@@ -179,10 +124,10 @@ static void check_case(int mode, int n, int h, int v, int chunk, float temp, int
 	float *rsg = xmalloc((size_t)n * 4);
 	H->teacher_topk(ht, wh, n, chunk, temp, cap, k, idh, lph, rsh);
 	int32_t *did = G->alloc(nk * 4);
-	float *dlp = put(NULL, nk), *drs = put(NULL, (size_t)n);
+	float *dlp = gc_put(G, NULL, nk), *drs = gc_put(G, NULL, (size_t)n);
 	G->teacher_topk(dht, wg, n, chunk, temp, cap, k, did, dlp, drs);
 	G->download(idg, did, nk * 4);
-	dmg = get(lpg, dlp, nk) + get(rsg, drs, (size_t)n);
+	dmg = gc_get(G, lpg, dlp, nk) + gc_get(G, rsg, drs, (size_t)n);
 	double e_lp = 0, e_rest = 0, e_set = 0;
 	int bad_ids = 0;
 	for (int r = 0; r < n; r++) {
@@ -208,14 +153,14 @@ static void check_case(int mode, int n, int h, int v, int chunk, float temp, int
 	G->upload(did, idh, nk * 4);
 	G->upload(dlp, lph, nk * 4);
 	G->upload(drs, rsh, (size_t)n * 4);
-	dd = put(NULL, nh);
+	dd = gc_put(G, NULL, nh);
 	lr = H->kl_topk(hs, wh, idh, lph, rsh, so, n, ns, k, chunk, temp, cap, dref, klr);
 	lg = G->kl_topk(dhs, wg, did, dlp, drs, so, n, ns, k, chunk, temp, cap, dd, klg);
 	judge("kl_topk", size, lg, lr, klg, klr, n, dd, dref, nh);
-	drop(dd);
+	gc_drop(G, dd);
 
 	H->weight_free(wh), G->weight_free(wg);
-	drop(dhs), drop(dht), drop(dtl), drop(dlp), drop(drs);
+	gc_drop(G, dhs), gc_drop(G, dht), gc_drop(G, dtl), gc_drop(G, dlp), gc_drop(G, drs);
 	G->free(did);
 	free(head), free(hs), free(ht), free(so), free(dref), free(klr), free(klg), free(tl);
 	free(tlg), free(idh), free(idg), free(lph), free(lpg), free(rsh), free(rsg);
@@ -236,7 +181,8 @@ static int run_bad(int which)
 {
 	enum { N = 4, Hd = 8, V = 50, K = 3 };
 	bk_cuda_loss_set_mode(2);
-	float *head = hrand_bf16((size_t)V * Hd, 1.0f), *hs = hrand_bf16((size_t)N * Hd, 1.0f);
+	float *head = gc_rand_bf16(&rng, (size_t)V * Hd, 1.0f),
+	      *hs = gc_rand_bf16(&rng, (size_t)N * Hd, 1.0f);
 	int32_t ids[N * K], so[N] = {0, 0, 1, 1};
 	float lp[N * K], rest[N];
 	for (int r = 0; r < N; r++) {
@@ -253,8 +199,9 @@ static int run_bad(int which)
 	else
 		lp[0 * K + 2] = 0.5f;
 	bk_weight *w = G->weight_upload(head, V, Hd);
-	float *dhs = put(hs, (size_t)N * Hd), *dlp = put(lp, N * K), *drs = put(rest, N);
-	float *dd = put(NULL, (size_t)N * Hd);
+	float *dhs = gc_put(G, hs, (size_t)N * Hd), *dlp = gc_put(G, lp, N * K),
+	      *drs = gc_put(G, rest, N);
+	float *dd = gc_put(G, NULL, (size_t)N * Hd);
 	int32_t *did = G->alloc(sizeof ids);
 	G->upload(did, ids, sizeof ids);
 	G->kl_topk(dhs, w, did, dlp, drs, so, N, 2, K, 16, 1.0f, 0.0f, dd, NULL);
@@ -301,8 +248,9 @@ static int cmp_d(const void *a, const void *b)
 static void bench(int n, int h, int v, int k, const char *name)
 {
 	size_t nh = (size_t)n * h, nk = (size_t)n * k;
-	float *head = hrand_bf16((size_t)v * h, 1.0f), *hs = hrand_bf16(nh, 5.0f / sqrtf((float)h));
-	float *ht = hrand_bf16(nh, 5.0f / sqrtf((float)h));
+	float *head = gc_rand_bf16(&rng, (size_t)v * h, 1.0f),
+	      *hs = gc_rand_bf16(&rng, nh, 5.0f / sqrtf((float)h));
+	float *ht = gc_rand_bf16(&rng, nh, 5.0f / sqrtf((float)h));
 	int32_t *so = xmalloc((size_t)n * 4);
 	for (int r = 0; r < n; r++)
 		so[r] = r / 64; /* samples of 64 rows */

@@ -24,6 +24,7 @@
 #include "formats/safetensors.h"
 #include "gpu/cuda/cuda.h"
 #include "gpu/ops.h"
+#include "tests/gpu/gpu_check.h"
 
 #ifndef BK_HAVE_CUDA
 #error "check_sizes needs a CUDA build (BK_HAVE_CUDA)"
@@ -32,17 +33,6 @@
 static const bk_ops *Hs = &bk_ops_host, *G = &bk_ops_cuda;
 static bk_rng rng;
 static int n_fail, n_lines;
-
-static float *hrand(size_t n, float scale, int bf16)
-{
-	float *x = xmalloc((n ? n : 1) * sizeof(float));
-	for (size_t i = 0; i < n; i++) {
-		x[i] = scale * (float)(2 * bk_rng_uniform(&rng) - 1);
-		if (bf16)
-			x[i] = bk_bf16_to_f32(bk_f32_to_bf16(x[i]));
-	}
-	return x;
-}
 
 /* device copy of h [n]; h NULL: NaN everywhere */
 static float *put(const float *h, size_t n)
@@ -67,20 +57,6 @@ static float *get(const float *d, size_t n)
 	return h;
 }
 
-/* max|a-b| / max(max|b|, floor) (NaN anywhere: inf); absolute when floor < 0 */
-static double err_of(const float *a, const float *b, size_t n, double floor)
-{
-	double md = 0, mb = 0;
-	for (size_t i = 0; i < n; i++) {
-		double d = fabs((double)a[i] - b[i]);
-		if (isnan(a[i]) || isnan(b[i]) || isnan(d))
-			return INFINITY;
-		md = d > md ? d : md;
-		mb = fabs(b[i]) > mb ? fabs(b[i]) : mb;
-	}
-	return floor < 0 ? md : md / (mb > floor ? mb : floor);
-}
-
 static void report(const char *op, const char *size, const char *what, double err, double tol)
 {
 	int ok = err <= tol; /* NaN / inf fails */
@@ -96,8 +72,9 @@ static void check_loss(int n, int h, int v, int chunk)
 	char size[96];
 	snprintf(size, sizeof size, "N=%d H=%d V=%d C=%d", n, h, v, chunk);
 	size_t nh = (size_t)n * h, nv = (size_t)n * v;
-	float *head = hrand((size_t)v * h, 1.0f, 1);
-	float *hs = hrand(nh, 5.0f / sqrtf((float)h), 1), *ht = hrand(nh, 5.0f / sqrtf((float)h), 1);
+	float *head = gc_rand_bf16(&rng, (size_t)v * h, 1.0f);
+	float *hs = gc_rand_bf16(&rng, nh, 5.0f / sqrtf((float)h)),
+	      *ht = gc_rand_bf16(&rng, nh, 5.0f / sqrtf((float)h));
 	int32_t *so = xmalloc((size_t)n * 4);
 	for (int r = 0; r < n; r++)
 		so[r] = r < n / 2 ? 0 : r < 3 * n / 4 ? 1 : 2;
@@ -113,7 +90,8 @@ static void check_loss(int n, int h, int v, int chunk)
 			dtl = put(NULL, nv);
 			G->teacher_logprobs(dht, wg, n, chunk, 1.0f, 0.0f, dtl);
 			float *g = get(dtl, nv);
-			report("teacher_logprobs", size, "logp", err_of(g, tl, nv, -1), 1e-3);
+			report("teacher_logprobs", size, "logp", gc_relerr(g, tl, nv, -1),
+			       1e-3);
 			free(g);
 			G->upload(dtl, tl, nv * 4); /* the host's log-probs as the teacher on both sides */
 		}
@@ -124,9 +102,9 @@ static void check_loss(int n, int h, int v, int chunk)
 		double lg = G->kl_exact(dhs, wg, pass ? NULL : dht, dtl, so, n, 3, chunk, 1.0f, 0.0f,
 					dd, klg);
 		report(op, size, "loss", fabs(lg - lr) / fabs(lr), 2e-3);
-		report(op, size, "row_kl", err_of(klg, klr, (size_t)n, 1e-3), 2e-3);
+		report(op, size, "row_kl", gc_relerr(klg, klr, (size_t)n, 1e-3), 2e-3);
 		float *g = get(dd, nh);
-		report(op, size, "d_hidden", err_of(g, dref, nh, 1e-12), 1e-2);
+		report(op, size, "d_hidden", gc_relerr(g, dref, nh, 1e-12), 1e-2);
 		free(g);
 		free(tl);
 		if (dtl)
@@ -146,7 +124,8 @@ static void check_attention(int S, int len, int NH, int NKV, int D)
 	char size[96];
 	snprintf(size, sizeof size, "%d x %d, NH=%d NKV=%d D=%d", S, len, NH, NKV, D);
 	bk_attn ap = bk_attn_default(D);
-	float *q = hrand(nq, 1.5f, 0), *k = hrand(nk, 1.5f, 0), *v = hrand(nk, 1.0f, 0);
+	float *q = gc_rand(&rng, nq, 1.5f), *k = gc_rand(&rng, nk, 1.5f),
+	      *v = gc_rand(&rng, nk, 1.0f);
 	float *out_h = xmalloc(nq * 4), *lse_h = xmalloc(nl * 4);
 	Hs->attention_forward(out_h, lse_h, q, k, v, cu, S, T, NH, NKV, D, NULL, NULL, 0, &ap);
 	float *dq_ = put(q, nq), *dk_ = put(k, nk), *dv_ = put(v, nk);
@@ -155,14 +134,15 @@ static void check_attention(int S, int len, int NH, int NKV, int D)
 	G->upload(dcu, cu, sizeof cu);
 	G->attention_forward(dout, dlse, dq_, dk_, dv_, dcu, S, T, NH, NKV, D, NULL, NULL, 0, &ap);
 	float *g = get(dout, nq);
-	report("attention fwd", size, "out", err_of(g, out_h, nq, 1e-3), 2e-4);
+	report("attention fwd", size, "out", gc_relerr(g, out_h, nq, 1e-3), 2e-4);
 	free(g);
 	g = get(dlse, nl);
-	report("attention fwd", size, "lse", err_of(g, lse_h, nl, -1), 2e-4);
+	report("attention fwd", size, "lse", gc_relerr(g, lse_h, nl, -1), 2e-4);
 	free(g);
 
-	float *go = hrand(nq, 1.0f, 0);
-	float *dq0 = hrand(nq, 0.5f, 0), *dk0 = hrand(nk, 0.5f, 0), *dv0 = hrand(nk, 0.5f, 0);
+	float *go = gc_rand(&rng, nq, 1.0f);
+	float *dq0 = gc_rand(&rng, nq, 0.5f), *dk0 = gc_rand(&rng, nk, 0.5f),
+	      *dv0 = gc_rand(&rng, nk, 0.5f);
 	float *dq_h = xmalloc(nq * 4), *dk_h = xmalloc(nk * 4), *dv_h = xmalloc(nk * 4);
 	memcpy(dq_h, dq0, nq * 4), memcpy(dk_h, dk0, nk * 4), memcpy(dv_h, dv0, nk * 4);
 	Hs->attention_backward(dq_h, dk_h, dv_h, go, q, k, v, out_h, lse_h, cu, S, T, NH, NKV, D,
@@ -184,8 +164,8 @@ static void check_attention(int S, int len, int NH, int NKV, int D)
 			g[j] -= outs[i].start[j];
 			outs[i].host[j] -= outs[i].start[j];
 		}
-		report("attention bwd", size, outs[i].name, err_of(g, outs[i].host, outs[i].n, 1e-3),
-		       2e-4);
+		report("attention bwd", size, outs[i].name,
+		       gc_relerr(g, outs[i].host, outs[i].n, 1e-3), 2e-4);
 		free(g);
 	}
 	free(q), free(k), free(v), free(out_h), free(lse_h), free(go), free(dq0), free(dk0);

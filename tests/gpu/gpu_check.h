@@ -1,8 +1,8 @@
-/* gpu_check.h - helpers of the attention checks, header-only (static inline), so that
+/* gpu_check.h - helpers of the GPU checks, header-only (static inline), so that
  * each check is one translation unit and an unused helper costs nothing:
- *   - error maxima (C and C++): tests/gpu/check_attention_tc.c and the CPU emulation test
- *     tests/unit/test_attention_tc_emu.cc;
- *   - fenced device buffers and bf16-exact random inputs (C only: an op table, the
+ *   - error maxima (C and C++): the check programs of tests/gpu/ and the CPU emulation
+ *     test tests/unit/test_attention_tc_emu.cc;
+ *   - fenced device buffers and (bf16-exact) random inputs (C only: an op table, the
  *     project's rng): the GPU check programs.
  * Not a test framework: each program prints its own lines and counts its failures. */
 #ifndef BK_GPU_CHECK_H
@@ -36,6 +36,21 @@ static inline double gc_maxnorm(const float *x, size_t rows, int D)
 	return sqrt(m);
 }
 
+/* max|a-b| / max(max|b|, floor); absolute (max|a-b|) when floor < 0; INFINITY when an
+ * a_i, a b_i or a difference is NaN (NaN never passes) */
+static inline double gc_relerr(const float *a, const float *b, size_t n, double floor)
+{
+	double md = 0, mb = 0;
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)a[i] - b[i]);
+		if (isnan(a[i]) || isnan(b[i]) || isnan(d))
+			return INFINITY;
+		md = d > md ? d : md;
+		mb = fabs(b[i]) > mb ? fabs(b[i]) : mb;
+	}
+	return floor < 0 ? md : md / (mb > floor ? mb : floor);
+}
+
 /* max |got_i - want_i|; INFINITY when a got_i or a difference is NaN (NaN never passes) */
 static inline double gc_maxerr(const float *got, const float *want, size_t n)
 {
@@ -58,12 +73,24 @@ static inline double gc_maxerr(const float *got, const float *want, size_t n)
 #define GC_PAD 16               /* sentinel floats on each side of a device buffer */
 #define GC_SENTINEL 12345.625f
 
-/* uniform in [-scale, scale), rounded to bf16 (round to nearest even) */
-static inline float *gc_rand_bf16(bk_rng *rng, size_t n, float scale)
+/* uniform in [-scale, scale) */
+static inline float *gc_rand(bk_rng *rng, size_t n, float scale)
 {
 	float *x = xmalloc((n ? n : 1) * sizeof(float));
 	for (size_t i = 0; i < n; i++)
-		x[i] = bk_bf16_to_f32(bk_f32_to_bf16(scale * (float)(2 * bk_rng_uniform(rng) - 1)));
+		x[i] = scale * (float)(2 * bk_rng_uniform(rng) - 1);
+	return x;
+}
+
+/* nearest bf16, ties to even (__float2bfloat16_rn, the device's weight upload) */
+static inline float gc_bf16(float f) { return bk_bf16_to_f32(bk_f32_to_bf16(f)); }
+
+/* uniform in [-scale, scale), rounded to bf16 (the same draws as gc_rand) */
+static inline float *gc_rand_bf16(bk_rng *rng, size_t n, float scale)
+{
+	float *x = gc_rand(rng, n, scale);
+	for (size_t i = 0; i < n; i++)
+		x[i] = gc_bf16(x[i]);
 	return x;
 }
 
@@ -99,6 +126,14 @@ static inline void gc_drop(const bk_ops *o, float *d)
 {
 	if (d)
 		o->free(d - GC_PAD);
+}
+
+/* a copy of h [n] int32 in o's memory (no fence) */
+static inline int32_t *gc_put_i(const bk_ops *o, const int32_t *h, size_t n)
+{
+	int32_t *d = o->alloc((n ? n : 1) * sizeof(int32_t));
+	o->upload(d, h, n * sizeof(int32_t));
+	return d;
 }
 #endif /* !__cplusplus */
 

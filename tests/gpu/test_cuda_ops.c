@@ -27,9 +27,8 @@
 #include "common/rng.h"
 #include "gpu/cuda/cuda.h"
 #include "gpu/ops.h"
+#include "tests/gpu/gpu_check.h"
 
-#define PAD 16
-#define SENTINEL 12345.625f
 #define FLOOR 1e-3
 
 #define TOL_EXACT 0.0
@@ -42,65 +41,7 @@ static const bk_ops *ref, *dut; /* reference (host twin), device under test */
 static bk_rng rng;
 static int n_fail, n_lines;
 
-static float urand(void) { return (float)(2 * bk_rng_uniform(&rng) - 1); }
-static float *hrand(size_t n, float scale)
-{
-	float *x = xmalloc((n ? n : 1) * sizeof(float));
-	for (size_t i = 0; i < n; i++)
-		x[i] = scale * urand();
-	return x;
-}
-
-/* round to the nearest bf16, ties to even, as __float2bfloat16_rn */
-static float bf16_round(float f) { return bk_bf16_to_f32(bk_f32_to_bf16(f)); }
-static float *hrand_bf16(size_t n, float scale)
-{
-	float *x = hrand(n, scale);
-	for (size_t i = 0; i < n; i++)
-		x[i] = bf16_round(x[i]);
-	return x;
-}
-
 /* ---- device buffers fenced by sentinels; h == NULL poisons with NaN ---- */
-
-static float *put(const bk_ops *o, const float *h, size_t n)
-{
-	float *tmp = xmalloc((n + 2 * PAD) * sizeof(float));
-	for (size_t i = 0; i < PAD; i++)
-		tmp[i] = tmp[n + PAD + i] = SENTINEL;
-	for (size_t i = 0; i < n; i++)
-		tmp[PAD + i] = h ? h[i] : NAN;
-	float *d = o->alloc((n + 2 * PAD) * sizeof(float));
-	o->upload(d, tmp, (n + 2 * PAD) * sizeof(float));
-	free(tmp);
-	return d + PAD;
-}
-
-/* downloads n floats; returns the number of damaged sentinels */
-static int get(const bk_ops *o, float *h, const float *d, size_t n)
-{
-	float *tmp = xmalloc((n + 2 * PAD) * sizeof(float));
-	o->download(tmp, d - PAD, (n + 2 * PAD) * sizeof(float));
-	int bad = 0;
-	for (size_t i = 0; i < PAD; i++)
-		bad += tmp[i] != SENTINEL || tmp[n + PAD + i] != SENTINEL;
-	memcpy(h, tmp + PAD, n * sizeof(float));
-	free(tmp);
-	return bad;
-}
-
-static void drop(const bk_ops *o, float *d)
-{
-	if (d)
-		o->free(d - PAD);
-}
-
-static int32_t *put_i(const bk_ops *o, const int32_t *h, size_t n)
-{
-	int32_t *d = o->alloc((n ? n : 1) * sizeof(int32_t));
-	o->upload(d, h, n * sizeof(int32_t));
-	return d;
-}
 
 /* ---- comparison: one line per (op, size, output) ---- */
 
@@ -135,8 +76,8 @@ static void compare(const char *op, const char *size, const char *what, float *d
 		    size_t n, double tol)
 {
 	float *a = xmalloc((n ? n : 1) * sizeof(float)), *b = xmalloc((n ? n : 1) * sizeof(float));
-	int bad = get(ref, a, dr, n);
-	bad += get(dut, b, dd, n);
+	int bad = gc_get(ref, a, dr, n);
+	bad += gc_get(dut, b, dd, n);
 	report(op, size, what, relerr(b, a, n), tol, bad, 0);
 	free(a);
 	free(b);
@@ -147,11 +88,14 @@ typedef struct {
 	float *r, *d;
 	size_t n;
 } pair;
-static pair pput(const float *h, size_t n) { return (pair){ put(ref, h, n), put(dut, h, n), n }; }
+static pair pput(const float *h, size_t n)
+{
+	return (pair){ gc_put(ref, h, n), gc_put(dut, h, n), n };
+}
 static void pdrop(pair p)
 {
-	drop(ref, p.r);
-	drop(dut, p.d);
+	gc_drop(ref, p.r);
+	gc_drop(dut, p.d);
 }
 static void pcmp(const char *op, const char *size, const char *what, pair p, double tol)
 {
@@ -165,13 +109,13 @@ static void t_embedding(int T, int H)
 	int V = 301;
 	char sz[64];
 	snprintf(sz, sizeof sz, "T=%d H=%d V=%d", T, H, V);
-	float *e = hrand_bf16((size_t)V * H, 1);
+	float *e = gc_rand_bf16(&rng, (size_t)V * H, 1);
 	int32_t *ids = xmalloc((size_t)T * 4);
 	for (int t = 0; t < T; t++)
 		ids[t] = (int32_t)bk_rng_below(&rng, V);
 	ids[0] = V - 1;
 	bk_weight *wr = ref->weight_upload(e, V, H), *wd = dut->weight_upload(e, V, H);
-	int32_t *ir = put_i(ref, ids, T), *id = put_i(dut, ids, T);
+	int32_t *ir = gc_put_i(ref, ids, T), *id = gc_put_i(dut, ids, T);
 	pair x = pput(NULL, (size_t)T * H);
 	ref->embedding_forward(x.r, ir, wr, T);
 	dut->embedding_forward(x.d, id, wd, T);
@@ -187,7 +131,8 @@ static void t_rmsnorm(int T, int H)
 	char sz[64];
 	snprintf(sz, sizeof sz, "T=%d H=%d", T, H);
 	size_t n = (size_t)T * H;
-	float *x = hrand(n, 3), *w = hrand_bf16(H, 1), *dout = hrand(n, 1), *dx0 = hrand(n, 1);
+	float *x = gc_rand(&rng, n, 3), *w = gc_rand_bf16(&rng, H, 1),
+	      *dout = gc_rand(&rng, n, 1), *dx0 = gc_rand(&rng, n, 1);
 	bk_weight *wr = ref->weight_upload(w, 1, H), *wd = dut->weight_upload(w, 1, H);
 	pair px = pput(x, n), out = pput(NULL, n), rstd = pput(NULL, T);
 	ref->rmsnorm_forward(out.r, rstd.r, px.r, wr, T, H, 1e-5f);
@@ -196,7 +141,7 @@ static void t_rmsnorm(int T, int H)
 	pcmp("rmsnorm_forward", sz, "rstd", rstd, TOL_FP32);
 	/* the backward reads the reference's rstd on both sides */
 	float *rs = xmalloc((size_t)T * 4);
-	get(ref, rs, rstd.r, T);
+	gc_get(ref, rs, rstd.r, T);
 	pair rs2 = pput(rs, T), pd = pput(dout, n), dx = pput(dx0, n);
 	ref->rmsnorm_backward(dx.r, pd.r, px.r, wr, rs2.r, T, H);
 	dut->rmsnorm_backward(dx.d, pd.d, px.d, wd, rs2.d, T, H);
@@ -210,8 +155,9 @@ static void t_linear(int T, int in, int out)
 {
 	char sz[64];
 	snprintf(sz, sizeof sz, "T=%d in=%d out=%d", T, in, out);
-	float *W = hrand_bf16((size_t)out * in, 0.1f), *x = hrand((size_t)T * in, 1),
-	      *dy = hrand((size_t)T * out, 1), *dx0 = hrand((size_t)T * in, 1);
+	float *W = gc_rand_bf16(&rng, (size_t)out * in, 0.1f),
+	      *x = gc_rand(&rng, (size_t)T * in, 1), *dy = gc_rand(&rng, (size_t)T * out, 1),
+	      *dx0 = gc_rand(&rng, (size_t)T * in, 1);
 	bk_weight *wr = ref->weight_upload(W, out, in), *wd = dut->weight_upload(W, out, in);
 	pair px = pput(x, (size_t)T * in), y = pput(NULL, (size_t)T * out);
 	ref->linear_forward(y.r, px.r, wr, T);
@@ -231,9 +177,10 @@ static void t_lora(int T, int in, int out, int R, float p)
 	char sz[64];
 	snprintf(sz, sizeof sz, "T=%d in=%d out=%d r=%d p=%g", T, in, out, R, p);
 	size_t nx = (size_t)T * in, ny = (size_t)T * out;
-	float scale = 2.0f, *x = hrand(nx, 1), *A = hrand((size_t)R * in, 0.2f),
-	      *B = hrand((size_t)out * R, 0.2f), *y0 = hrand(ny, 1), *dy = hrand(ny, 1),
-	      *dx0 = hrand(nx, 1), *dA0 = hrand((size_t)R * in, 1), *dB0 = hrand((size_t)out * R, 1);
+	float scale = 2.0f, *x = gc_rand(&rng, nx, 1), *A = gc_rand(&rng, (size_t)R * in, 0.2f),
+	      *B = gc_rand(&rng, (size_t)out * R, 0.2f), *y0 = gc_rand(&rng, ny, 1),
+	      *dy = gc_rand(&rng, ny, 1), *dx0 = gc_rand(&rng, nx, 1),
+	      *dA0 = gc_rand(&rng, (size_t)R * in, 1), *dB0 = gc_rand(&rng, (size_t)out * R, 1);
 	uint64_t key = bk_rng_u64(&rng);
 	pair px = pput(x, nx), pA = pput(A, (size_t)R * in), pB = pput(B, (size_t)out * R);
 	pair y = pput(y0, ny), xa = pput(NULL, (size_t)T * R), sc = pput(NULL, (size_t)T * (in + R));
@@ -243,7 +190,7 @@ static void t_lora(int T, int in, int out, int R, float p)
 	pcmp("lora_forward", sz, "xa", xa, TOL_TF32);
 	/* the backward reads the reference's xa on both sides */
 	float *xah = xmalloc((size_t)T * R * 4);
-	get(ref, xah, xa.r, (size_t)T * R);
+	gc_get(ref, xah, xa.r, (size_t)T * R);
 	pair xa2 = pput(xah, (size_t)T * R), pdy = pput(dy, ny), dx = pput(dx0, nx),
 	     dA = pput(dA0, (size_t)R * in), dB = pput(dB0, (size_t)out * R);
 	pdrop(sc);
@@ -268,7 +215,8 @@ static void t_lora(int T, int in, int out, int R, float p)
 		/* x*inv exactly: TF32 rounds x, so compare the zero pattern through a bound
 		 * below the smallest kept |x| relative error: exact zeros or TF32 values */
 		float *a = xmalloc((size_t)T * R * 4), *b = xmalloc((size_t)T * R * 4);
-		int bad = get(ref, a, xa3.r, (size_t)T * R) + get(dut, b, xa3.d, (size_t)T * R);
+		int bad = gc_get(ref, a, xa3.r, (size_t)T * R) +
+			  gc_get(dut, b, xa3.d, (size_t)T * R);
 		size_t mism = 0;
 		for (size_t i = 0; i < (size_t)T * R; i++)
 			mism += (a[i] == 0) != (b[i] == 0) || !isfinite(b[i]);
@@ -286,13 +234,13 @@ static void t_rope(int T, int n, int D)
 	char sz[64];
 	snprintf(sz, sizeof sz, "T=%d heads=%d D=%d", T, n, D);
 	size_t N = (size_t)T * n * D;
-	float *x = hrand(N, 1), *inv = xmalloc((size_t)D / 2 * 4);
+	float *x = gc_rand(&rng, N, 1), *inv = xmalloc((size_t)D / 2 * 4);
 	for (int i = 0; i < D / 2; i++)
 		inv[i] = (float)pow(10000.0, -2.0 * i / D);
 	int32_t *pos = xmalloc((size_t)T * 4);
 	for (int t = 0; t < T; t++)
 		pos[t] = (int32_t)bk_rng_below(&rng, 4096);
-	int32_t *pr = put_i(ref, pos, T), *pd = put_i(dut, pos, T);
+	int32_t *pr = gc_put_i(ref, pos, T), *pd = gc_put_i(dut, pos, T);
 	pair pinv = pput(inv, D / 2), px = pput(x, N);
 	ref->rope_forward(px.r, pr, pinv.r, T, n, D);
 	dut->rope_forward(px.d, pd, pinv.d, T, n, D);
@@ -311,8 +259,8 @@ static void t_swiglu_residual(int T, int I)
 	char sz[64];
 	snprintf(sz, sizeof sz, "T=%d I=%d", T, I);
 	size_t n = (size_t)T * I;
-	float *g = hrand(n, 6), *u = hrand(n, 2), *dh = hrand(n, 1), *dg0 = hrand(n, 1),
-	      *du0 = hrand(n, 1);
+	float *g = gc_rand(&rng, n, 6), *u = gc_rand(&rng, n, 2), *dh = gc_rand(&rng, n, 1),
+	      *dg0 = gc_rand(&rng, n, 1), *du0 = gc_rand(&rng, n, 1);
 	pair pg = pput(g, n), pu = pput(u, n), h = pput(NULL, n);
 	ref->swiglu_forward(h.r, pg.r, pu.r, n);
 	dut->swiglu_forward(h.d, pg.d, pu.d, n);
@@ -339,8 +287,9 @@ static void t_geglu_bias_softcap(int T, int I)
 	char sz[64];
 	snprintf(sz, sizeof sz, "T=%d I=%d", T, I);
 	size_t n = (size_t)T * I;
-	float *g = hrand(n, 6), *u = hrand(n, 2), *dh = hrand(n, 1), *dg0 = hrand(n, 1),
-	      *du0 = hrand(n, 1), *b = hrand_bf16(I, 1);
+	float *g = gc_rand(&rng, n, 6), *u = gc_rand(&rng, n, 2), *dh = gc_rand(&rng, n, 1),
+	      *dg0 = gc_rand(&rng, n, 1), *du0 = gc_rand(&rng, n, 1),
+	      *b = gc_rand_bf16(&rng, I, 1);
 	pair pg = pput(g, n), pu = pput(u, n), h = pput(NULL, n);
 	ref->geglu_forward(h.r, pg.r, pu.r, n);
 	dut->geglu_forward(h.d, pg.d, pu.d, n);
@@ -388,10 +337,11 @@ static void t_attention_p(int T, int NKV, int ratio, int D, int P, float scale, 
 	for (int s = 1; s < S; s++) /* random cut points, sequences of length >= 0 */
 		cu[s] = cu[s - 1] + (int)bk_rng_below(&rng, (uint64_t)(T - cu[s - 1]) + 1);
 	size_t nq = (size_t)T * NH * D, nk = (size_t)T * NKV * D, npk = (size_t)P * NKV * D;
-	float *q = hrand(nq, 1), *k = hrand(nk, 1), *v = hrand(nk, 1), *dout = hrand(nq, 1),
-	      *pk = hrand(npk, 1), *pv = hrand(npk, 1), *dq0 = hrand(nq, 1), *dk0 = hrand(nk, 1),
-	      *dv0 = hrand(nk, 1);
-	int32_t *cr = put_i(ref, cu, S + 1), *cd = put_i(dut, cu, S + 1);
+	float *q = gc_rand(&rng, nq, 1), *k = gc_rand(&rng, nk, 1), *v = gc_rand(&rng, nk, 1),
+	      *dout = gc_rand(&rng, nq, 1), *pk = gc_rand(&rng, npk, 1),
+	      *pv = gc_rand(&rng, npk, 1), *dq0 = gc_rand(&rng, nq, 1),
+	      *dk0 = gc_rand(&rng, nk, 1), *dv0 = gc_rand(&rng, nk, 1);
+	int32_t *cr = gc_put_i(ref, cu, S + 1), *cd = gc_put_i(dut, cu, S + 1);
 	pair pq = pput(q, nq), pk_ = pput(k, nk), pv_ = pput(v, nk), o = pput(NULL, nq),
 	     lse = pput(NULL, (size_t)NH * T), ppk = pput(pk, npk), ppv = pput(pv, npk);
 	ref->attention_forward(o.r, lse.r, pq.r, pk_.r, pv_.r, cr, S, T, NH, NKV, D,
@@ -402,8 +352,8 @@ static void t_attention_p(int T, int NKV, int ratio, int D, int P, float scale, 
 	pcmp("attention_forward", sz, "lse", lse, TOL_ATTN);
 	if (!P) { /* the backward reads the reference's out and lse on both sides */
 		float *oh = xmalloc(nq * 4), *lh = xmalloc((size_t)NH * T * 4);
-		get(ref, oh, o.r, nq);
-		get(ref, lh, lse.r, (size_t)NH * T);
+		gc_get(ref, oh, o.r, nq);
+		gc_get(ref, lh, lse.r, (size_t)NH * T);
 		pair o2 = pput(oh, nq), l2 = pput(lh, (size_t)NH * T), pdo = pput(dout, nq),
 		     dq = pput(dq0, nq), dk = pput(dk0, nk), dv = pput(dv0, nk);
 		ref->attention_backward(dq.r, dk.r, dv.r, pdo.r, pq.r, pk_.r, pv_.r, o2.r, l2.r, cr,
