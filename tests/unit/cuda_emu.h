@@ -1,8 +1,12 @@
-/* cuda_emu.h - just enough of CUDA to run gpu/cuda/cuda_attention_tc.cu on the CPU (compiled
- * as C++ with BK_TC_EMU): one host thread per CUDA thread of a block, blocks one after
- * another; __syncthreads is a barrier of the block's threads; warp shuffles and
+/* cuda_emu.h - just enough of CUDA to run gpu/cuda/cuda_attention_tc.cu (compiled as C++
+ * with BK_TC_EMU: tests/unit/test_attention_tc_emu.cc) and the v2 loss kernels of
+ * gpu/cuda/cuda_loss2.cuh (tests/unit/test_loss_emu.cc) on the CPU: one host thread per
+ * CUDA thread of a block, blocks one after another (x fastest); __syncthreads (and
+ * __syncthreads_or) is a barrier of the block's threads; warp shuffles and
  * mma.sync m16n8k16 (bf16 in, fp32 accumulate) are warp-collective exchanges through
- * per-warp buffers between two barriers of the warp's 32 threads.  The mma decodes its
+ * per-warp buffers between two barriers of the warp's 32 threads; __shared__ variables
+ * are statics (one block runs at a time).  Header-only (inline definitions): each
+ * emulation test is one translation unit.  The mma decodes its
  * fragments by the PTX ISA layout (g = lane / 4, t = lane % 4):
  *   A: reg r of lane holds rows g + 8 (r & 1), columns 2t + 8 (r >> 1) + {0, 1};
  *   B: reg r holds rows (k) 2t + 8 r + {0, 1}, column (n) g;
@@ -10,7 +14,7 @@
  * lower column / row index in the low 16 bits; ldmatrix .x2 .trans likewise (below).
  * Device memory is host memory.  Slow (a
  * few thousand barriers per tile): for small shapes in tests/unit only.
- * Not a general CUDA emulator: only what that file uses. */
+ * Not a general CUDA emulator: only what those files use. */
 #ifndef BK_CUDA_EMU_H
 #define BK_CUDA_EMU_H
 
@@ -20,6 +24,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <atomic>
 #include <functional>
 #include <vector>
 
@@ -53,14 +58,15 @@ extern "C" {
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(n)
+#define __shared__ static
 
 struct emu_dim3 {
 	unsigned x, y, z;
 	emu_dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
 typedef emu_dim3 dim3;
-extern thread_local emu_dim3 threadIdx, blockIdx;
-extern emu_dim3 gridDim, blockDim;
+inline thread_local emu_dim3 threadIdx, blockIdx;
+inline emu_dim3 gridDim, blockDim;
 
 struct float2 {
 	float x, y;
@@ -107,14 +113,104 @@ static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi)
 	return r;
 }
 
-/* block and warp collectives (emu.cc) */
-void __syncthreads(void);
-float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
-void emu_mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
+/* ---- block and warp collectives ---- */
+
+inline pthread_barrier_t emu_block_bar;
+inline std::vector<pthread_barrier_t> emu_warp_bar;
+struct emu_warp_buf {
+	uint64_t v[32]; /* shuffles */
+	uint32_t a[32][4], b[32][2]; /* mma fragments */
+	const __nv_bfloat16 *row[32]; /* ldmatrix rows */
+};
+inline std::vector<emu_warp_buf> emu_wb;
+inline std::atomic<int> emu_or_flag;
+
+static inline void emu_warp_sync(int w) { pthread_barrier_wait(&emu_warp_bar[w]); }
+
+static inline void __syncthreads(void) { pthread_barrier_wait(&emu_block_bar); }
+
+static inline int __syncthreads_or(int v)
+{
+	pthread_barrier_wait(&emu_block_bar);
+	if (v)
+		emu_or_flag = 1;
+	pthread_barrier_wait(&emu_block_bar);
+	int r = emu_or_flag;
+	pthread_barrier_wait(&emu_block_bar);
+	if (threadIdx.x == 0)
+		emu_or_flag = 0;
+	pthread_barrier_wait(&emu_block_bar);
+	return r;
+}
+
+template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int lane_mask)
+{
+	static_assert(sizeof(T) <= 8, "8 bytes at most");
+	int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+	uint64_t u = 0;
+	memcpy(&u, &v, sizeof(T));
+	emu_wb[w].v[lane] = u;
+	emu_warp_sync(w);
+	u = emu_wb[w].v[lane ^ lane_mask];
+	emu_warp_sync(w);
+	T r;
+	memcpy(&r, &u, sizeof(T));
+	return r;
+}
+
+static inline unsigned long long atomicOr(unsigned long long *p, unsigned long long v)
+{
+	return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST);
+}
+
+static inline float emu_half(uint32_t reg, int half)
+{
+	return emu_bf16_to_f32((uint16_t)(reg >> (16 * half)));
+}
+
+static inline void emu_mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+	int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	emu_warp_buf &B = emu_wb[w];
+	memcpy(B.a[lane], a, sizeof B.a[lane]);
+	B.b[lane][0] = b0, B.b[lane][1] = b1;
+	emu_warp_sync(w);
+	float out[4];
+	for (int e = 0; e < 4; e++) {
+		int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+		float acc = 0.0f;
+		for (int kk = 0; kk < 16; kk++) {
+			// A[row][kk]: lane (row % 8) * 4 + (kk % 8) / 2, reg (row / 8) + 2 (kk / 8)
+			float av = emu_half(B.a[(row % 8) * 4 + (kk % 8) / 2][(row / 8) + 2 * (kk / 8)],
+					    kk % 2);
+			// B[kk][col]: lane col * 4 + (kk % 8) / 2, reg kk / 8
+			float bv = emu_half(B.b[col * 4 + (kk % 8) / 2][kk / 8], kk % 2);
+			acc += av * bv;
+		}
+		out[e] = c[e] + acc;
+	}
+	emu_warp_sync(w);
+	for (int e = 0; e < 4; e++)
+		c[e] = out[e];
+}
+
 /* ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16: lanes 0-7 give the row addresses of
  * matrix 0, lanes 8-15 those of matrix 1 (8 bf16 each); lane (g = lane / 4, t = lane % 4)
  * gets r_i = {M_i[2t][g], M_i[2t+1][g]}, the lower row in the low 16 bits */
-void emu_ldmatrix_x2_trans(uint32_t &r0, uint32_t &r1, const __nv_bfloat16 *row);
+static inline void emu_ldmatrix_x2_trans(uint32_t &r0, uint32_t &r1, const __nv_bfloat16 *row)
+{
+	int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	emu_warp_buf &B = emu_wb[w];
+	B.row[lane] = row;
+	emu_warp_sync(w);
+	uint32_t r[2];
+	for (int m = 0; m < 2; m++) { // matrix m: rows from lanes 8m .. 8m+7
+		uint32_t lo = B.row[8 * m + 2 * t][g].bits, hi = B.row[8 * m + 2 * t + 1][g].bits;
+		r[m] = lo | hi << 16;
+	}
+	emu_warp_sync(w);
+	r0 = r[0], r1 = r[1];
+}
 
 static inline float bk_warp_sum(float v)
 {
@@ -123,13 +219,61 @@ static inline float bk_warp_sum(float v)
 	return v;
 }
 
+/* ---- launches ---- */
+
 /* the block's dynamic shared memory */
-extern unsigned char *emu_smem;
+inline unsigned char *emu_smem;
 #define TC_SHARED(name) unsigned char *name = emu_smem
+
+struct emu_thread_arg {
+	unsigned tid, bx, by, bz;
+	const std::function<void()> *body;
+};
+
+static inline void *emu_thread(void *p)
+{
+	emu_thread_arg *a = (emu_thread_arg *)p;
+	threadIdx = emu_dim3(a->tid);
+	blockIdx = emu_dim3(a->bx, a->by, a->bz);
+	(*a->body)();
+	return NULL;
+}
 
 /* runs body once per thread of every block of grid (threads per block), one block at a
  * time, with smem bytes of shared memory filled with NaN (all-ones bytes) */
-void emu_launch(emu_dim3 grid, int threads, size_t smem, const std::function<void()> &body);
+static inline void emu_launch(emu_dim3 grid, int threads, size_t smem,
+			      const std::function<void()> &body)
+{
+	if (threads % 32)
+		die("emu_launch: %d threads is not whole warps", threads);
+	gridDim = grid;
+	blockDim = emu_dim3((unsigned)threads);
+	std::vector<unsigned char> sm(smem, 0xff); // exact size: ASan sees any overflow
+	emu_smem = smem ? sm.data() : NULL;
+	int nw = threads / 32;
+	emu_warp_bar.resize(nw);
+	emu_wb.resize(nw);
+	std::vector<pthread_t> th(threads);
+	std::vector<emu_thread_arg> args(threads);
+	for (unsigned b = 0; b < grid.x * grid.y * grid.z; b++) { // x fastest, as on a GPU
+		unsigned bx = b % grid.x, by = b / grid.x % grid.y, bz = b / (grid.x * grid.y);
+		if (smem)
+			memset(sm.data(), 0xff, sm.size());
+		pthread_barrier_init(&emu_block_bar, NULL, (unsigned)threads);
+		for (int w = 0; w < nw; w++)
+			pthread_barrier_init(&emu_warp_bar[w], NULL, 32);
+		for (int i = 0; i < threads; i++) {
+			args[i] = {(unsigned)i, bx, by, bz, &body};
+			if (pthread_create(&th[i], NULL, emu_thread, &args[i]))
+				die("emu_launch: pthread_create failed");
+		}
+		for (int i = 0; i < threads; i++)
+			pthread_join(th[i], NULL);
+		pthread_barrier_destroy(&emu_block_bar);
+		for (int w = 0; w < nw; w++)
+			pthread_barrier_destroy(&emu_warp_bar[w]);
+	}
+}
 #define TC_LAUNCH(kernel, grid, threads, smem, ...)                                   \
 	emu_launch(emu_dim3(grid), threads, smem, [&]() { kernel(__VA_ARGS__); })
 

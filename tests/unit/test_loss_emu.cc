@@ -1,9 +1,9 @@
 /* test_loss_emu.cc - the v2 loss kernels (BK_LOSS=v2) of gpu/cuda/cuda_loss2.cuh, their own
- * source compiled for the CPU under a small emulation of CUDA: one host thread per CUDA
- * thread of a block, blocks one after another; __syncthreads a barrier of the block;
- * warp shuffles an exchange through a per-warp buffer between two barriers of the warp;
- * __shared__ variables are statics (one block runs at a time); device memory is host
- * memory.  The logits the cuBLAS GEMM would give are computed here (double dot products
+ * source compiled for the CPU under the emulation of CUDA in tests/unit/cuda_emu.h: one
+ * host thread per CUDA thread of a block, blocks one after another; __syncthreads a
+ * barrier of the block; warp shuffles an exchange through a per-warp buffer between two
+ * barriers of the warp; __shared__ variables are statics (one block runs at a time);
+ * device memory is host memory.  The logits the cuBLAS GEMM would give are computed here (double dot products
  * rounded to float, then capped and divided by T as loss.c does), and d_hidden = G W / T
  * from the kernels' bf16 dlogits in double.
  *
@@ -35,128 +35,15 @@ extern "C" {
 void bk_diag_init(const char *argv0);
 }
 
-// ---- the emulator ----
+// ---- the emulator: tests/unit/cuda_emu.h, and what cuda_loss2.cuh needs besides ----
 
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(n)
-#define __shared__ static
+#include "tests/unit/cuda_emu.h"
+#include "tests/gpu/gpu_check.h"
 
-struct emu_dim3 {
-	unsigned x, y, z;
-	emu_dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
-};
-static thread_local emu_dim3 threadIdx, blockIdx;
-static emu_dim3 gridDim, blockDim;
+#define BK_LOSS_DYN_SMEM(T, name) T *name = (T *)emu_smem
 
-struct __nv_bfloat16 {
-	uint16_t bits;
-};
-static float bf16_to_float(__nv_bfloat16 b)
-{
-	uint32_t u = (uint32_t)b.bits << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-static __nv_bfloat16 bk_f32_to_bf16(float f) // round to nearest even, NaN stays NaN
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	__nv_bfloat16 b;
-	b.bits = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40)
-						 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-	return b;
-}
-
-static pthread_barrier_t block_bar;
-static std::vector<pthread_barrier_t> warp_bar;
-static std::vector<std::vector<uint64_t>> warp_slot; // [warp][lane]
-static std::atomic<int> or_flag;
-static std::vector<char> dyn_smem;
-#define BK_LOSS_DYN_SMEM(T, name) T *name = (T *)dyn_smem.data()
-
-static void __syncthreads(void) { pthread_barrier_wait(&block_bar); }
-
-static int __syncthreads_or(int v)
-{
-	pthread_barrier_wait(&block_bar);
-	if (v)
-		or_flag = 1;
-	pthread_barrier_wait(&block_bar);
-	int r = or_flag;
-	pthread_barrier_wait(&block_bar);
-	if (threadIdx.x == 0)
-		or_flag = 0;
-	pthread_barrier_wait(&block_bar);
-	return r;
-}
-
-template <typename T> static T __shfl_xor_sync(unsigned, T v, int lane_mask)
-{
-	static_assert(sizeof(T) <= 8, "8 bytes at most");
-	unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32;
-	uint64_t u = 0;
-	memcpy(&u, &v, sizeof(T));
-	warp_slot[w][lane] = u;
-	pthread_barrier_wait(&warp_bar[w]);
-	u = warp_slot[w][lane ^ (unsigned)lane_mask];
-	pthread_barrier_wait(&warp_bar[w]);
-	T r;
-	memcpy(&r, &u, sizeof(T));
-	return r;
-}
-
-static unsigned long long atomicOr(unsigned long long *p, unsigned long long v)
-{
-	return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST);
-}
-
-struct emu_arg {
-	unsigned tid, bx;
-	const std::function<void()> *body;
-};
-
-static void *emu_thread(void *p)
-{
-	emu_arg *a = (emu_arg *)p;
-	threadIdx = emu_dim3(a->tid);
-	blockIdx = emu_dim3(a->bx);
-	(*a->body)();
-	return NULL;
-}
-
-// grid blocks of `threads` threads each, one block after another; smem: dynamic bytes
-static void emu_launch(unsigned grid, unsigned threads, size_t smem,
-		       const std::function<void()> &body)
-{
-	gridDim = emu_dim3(grid);
-	blockDim = emu_dim3(threads);
-	unsigned nw = threads / 32;
-	warp_bar.resize(nw);
-	warp_slot.assign(nw, std::vector<uint64_t>(32));
-	std::vector<pthread_t> th(threads);
-	std::vector<emu_arg> args(threads);
-	for (unsigned b = 0; b < grid; b++) {
-		dyn_smem.assign(smem ? smem : 1, (char)0xA5); // garbage, as on a GPU
-		pthread_barrier_init(&block_bar, NULL, threads);
-		for (unsigned w = 0; w < nw; w++)
-			pthread_barrier_init(&warp_bar[w], NULL, 32);
-		for (unsigned i = 0; i < threads; i++) {
-			args[i] = {i, b, &body};
-			if (pthread_create(&th[i], NULL, emu_thread, &args[i])) {
-				fprintf(stderr, "emu_launch: pthread_create failed\n");
-				exit(2);
-			}
-		}
-		for (unsigned i = 0; i < threads; i++)
-			pthread_join(th[i], NULL);
-		pthread_barrier_destroy(&block_bar);
-		for (unsigned w = 0; w < nw; w++)
-			pthread_barrier_destroy(&warp_bar[w]);
-	}
-}
+static float bf16_to_float(__nv_bfloat16 b) { return emu_bf16_to_f32(b.bits); }
+static __nv_bfloat16 bk_f32_to_bf16(float f) { return __float2bfloat16_rn(f); }
 
 #include "gpu/cuda/cuda_loss2.cuh"
 
@@ -174,20 +61,6 @@ static void check(bool ok, const char *what, double err, double bound)
 }
 
 static double relerr(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-12); }
-
-// max|a - b| / max|b| (NaN: inf)
-static double max_err(const float *a, const float *b, size_t n, double floor)
-{
-	double md = 0, mb = floor;
-	for (size_t i = 0; i < n; i++) {
-		double d = fabs((double)a[i] - b[i]);
-		if (isnan(d))
-			return INFINITY;
-		md = fmax(md, d);
-		mb = fmax(mb, fabs(b[i]));
-	}
-	return md / mb;
-}
 
 static bk_rng rng;
 
@@ -252,7 +125,7 @@ static void compare(const char *what, double lg, double lr, const std::vector<do
 		e = fmax(e, fabs(klg[r] - klr[r]) / fmax(fabs(klr[r]), 1e-4));
 	snprintf(name, sizeof name, "%s: row KL", what);
 	check(e < 1e-5, name, e, 1e-5);
-	double de = max_err(dg.data(), dr, (size_t)n * h, 1e-12);
+	double de = gc_relerr(dg.data(), dr, (size_t)n * h, 1e-12);
 	snprintf(name, sizeof name, "%s: d_hidden", what);
 	check(de < 1e-2, name, de, 1e-2);
 }
