@@ -199,16 +199,7 @@ static uint64_t g_gen_epoch = 1; // bumped when a workspace a graph may point in
 
 extern "C" int bk_cuda_decode_mode(void)
 {
-	if (!g_decode_mode) {
-		const char *e = getenv("BK_DECODE");
-		if (!e || !*e || !strcmp(e, "v1"))
-			g_decode_mode = 1;
-		else if (!strcmp(e, "v2"))
-			g_decode_mode = 2;
-		else
-			die("BK_DECODE=%s: expected v1 (the default) or v2", e);
-	}
-	return g_decode_mode;
+	return bk_cuda_env_mode(&g_decode_mode, "BK_DECODE", "v1", "v2", 0);
 }
 
 extern "C" void bk_cuda_decode_set_mode(int mode)
