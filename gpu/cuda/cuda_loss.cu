@@ -445,12 +445,8 @@ static double bk_cuda_kl_exact_v1(const float *hidden, const bk_weight *lm_head,
 				   const int32_t *sample_of, int n, int n_samples, int chunk,
 				   float temperature, float softcap, float *d_hidden, float *row_kl)
 {
+	// n > 0 and the arguments checked (bk_cuda_kl_exact)
 	int H = lm_head->cols, V = lm_head->rows;
-	loss_check_dims("exact loss", n, H, V, chunk, temperature, softcap);
-	if (!teacher_hidden == !teacher_logp)
-		CUDA_BUG("exact loss: give exactly one of teacher hidden rows and teacher log-probs");
-	if (n == 0)
-		return 0.0;
 	cudaStream_t st = bk_cuda_stream();
 	int C = chunk < V ? chunk : V;
 	size_t nh = (size_t)n * H, nc = (size_t)n * C;
@@ -524,12 +520,8 @@ static double bk_cuda_kl_topk_v1(const float *hidden, const bk_weight *lm_head,
 				  int k, int chunk, float temperature, float softcap, float *d_hidden,
 				  float *row_kl)
 {
+	// n > 0 and the arguments checked (bk_cuda_kl_topk)
 	int H = lm_head->cols, V = lm_head->rows;
-	loss_check_dims("sparse loss", n, H, V, chunk, temperature, softcap);
-	if (k < 0 || k > V)
-		die("sparse loss: top-k count %d is not in [0, %d]", k, V);
-	if (n == 0)
-		return 0.0;
 	cudaStream_t st = bk_cuda_stream();
 	size_t nk = (size_t)n * k;
 
@@ -893,12 +885,9 @@ static double bk_cuda_kl_exact_v2(const float *hidden, const bk_weight *lm_head,
 				  const int32_t *sample_of, int n, int n_samples, int chunk,
 				  float temperature, float softcap, float *d_hidden, float *row_kl)
 {
+	(void)chunk; // whole rows: v2 has no vocabulary chunks
+	// n > 0 and the arguments checked (bk_cuda_kl_exact)
 	int H = lm_head->cols, V = lm_head->rows;
-	loss_check_dims("exact loss", n, H, V, chunk, temperature, softcap);
-	if (!teacher_hidden == !teacher_logp)
-		CUDA_BUG("exact loss: give exactly one of teacher hidden rows and teacher log-probs");
-	if (n == 0)
-		return 0.0;
 	cudaStream_t st = bk_cuda_stream();
 	int sides = teacher_hidden ? 2 : 1, nb = v2_rows(n, V, sides);
 	size_t nh = (size_t)n * H, nbv = (size_t)nb * V;
@@ -946,12 +935,9 @@ static double bk_cuda_kl_topk_v2(const float *hidden, const bk_weight *lm_head,
 				 int k, int chunk, float temperature, float softcap,
 				 float *d_hidden, float *row_kl)
 {
+	(void)chunk; // whole rows: v2 has no vocabulary chunks
+	// n > 0 and the arguments checked (bk_cuda_kl_topk)
 	int H = lm_head->cols, V = lm_head->rows;
-	loss_check_dims("sparse loss", n, H, V, chunk, temperature, softcap);
-	if (k < 0 || k > V)
-		die("sparse loss: top-k count %d is not in [0, %d]", k, V);
-	if (n == 0)
-		return 0.0;
 	cudaStream_t st = bk_cuda_stream();
 	int nb = v2_rows(n, V, 1);
 	size_t nh = (size_t)n * H, nbv = (size_t)nb * V, nbk = (size_t)nb * k;
@@ -1030,7 +1016,14 @@ extern "C" double bk_cuda_kl_exact(const float *hidden, const bk_weight *lm_head
 				   const int32_t *sample_of, int n, int n_samples, int chunk,
 				   float temperature, float softcap, float *d_hidden, float *row_kl)
 {
-	return (bk_cuda_loss_mode() == 2 ? bk_cuda_kl_exact_v2 : bk_cuda_kl_exact_v1)(
+	int v2 = bk_cuda_loss_mode() == 2;
+	loss_check_dims("exact loss", n, lm_head->cols, lm_head->rows, chunk, temperature,
+			softcap);
+	if (!teacher_hidden == !teacher_logp)
+		CUDA_BUG("exact loss: give exactly one of teacher hidden rows and teacher log-probs");
+	if (n == 0)
+		return 0.0;
+	return (v2 ? bk_cuda_kl_exact_v2 : bk_cuda_kl_exact_v1)(
 		hidden, lm_head, teacher_hidden, teacher_logp, sample_of, n, n_samples, chunk,
 		temperature, softcap, d_hidden, row_kl);
 }
@@ -1041,7 +1034,14 @@ extern "C" double bk_cuda_kl_topk(const float *hidden, const bk_weight *lm_head,
 				  int k, int chunk, float temperature, float softcap,
 				  float *d_hidden, float *row_kl)
 {
-	return (bk_cuda_loss_mode() == 2 ? bk_cuda_kl_topk_v2 : bk_cuda_kl_topk_v1)(
+	int v2 = bk_cuda_loss_mode() == 2;
+	loss_check_dims("sparse loss", n, lm_head->cols, lm_head->rows, chunk, temperature,
+			softcap);
+	if (k < 0 || k > lm_head->rows)
+		die("sparse loss: top-k count %d is not in [0, %d]", k, lm_head->rows);
+	if (n == 0)
+		return 0.0;
+	return (v2 ? bk_cuda_kl_topk_v2 : bk_cuda_kl_topk_v1)(
 		hidden, lm_head, topk_ids, topk_logp, rest, sample_of, n, n_samples, k, chunk,
 		temperature, softcap, d_hidden, row_kl);
 }
