@@ -37,9 +37,11 @@ void bk_nccl_sum_f32(bk_nccl *c, float *x_device, size_t n);
 /* ncclCommDestroy; NULL is fine. */
 void bk_nccl_close(bk_nccl *c);
 
-/* gpu/cuda/cuda_nccl.cu in a CUDA build (stubs in nccl.c without one): the stream of
- * bk_ops_cuda as a cudaStream_t, and whether all work issued on it has finished:
- * 1 done, 0 still running, -1 failed (*why: the CUDA error). */
+/* gpu/cuda/cuda_nccl.cu in a CUDA build: the stream of bk_ops_cuda as a cudaStream_t,
+ * and whether all work issued on it has finished: 1 done, 0 still running, -1 failed
+ * (*why: the CUDA error).  In a build without CUDA, nccl.c defines them (no stream, a poll
+ * that fails saying so); nothing calls them there: without CUDA, NCCL runs only under the
+ * test hook BK_NCCL_HOST, on host buffers, which uses neither. */
 void *bk_cuda_nccl_stream(void);
 int bk_cuda_nccl_poll(const char **why);
 

@@ -25,6 +25,7 @@
 //    (query at position i sees keys at positions > i - W: own key tiles wholly before
 //    a tile's window are skipped, prefix keys at positions 0..P-1 are masked by it).
 #include "gpu/cuda/cuda_common.cuh"
+#include "gpu/cuda/cuda_attn_dot.cuh"
 
 #include <math.h>
 
@@ -193,23 +194,6 @@ attn_fwd_kernel(float *out /* [T,NH,D] */, float *lse /* [NH,T] */, const float 
 // ---------------------------------------------------------------------------------
 // backward
 
-// Di [NH,T] = sum_d dout[t,h,d] * out[t,h,d]; one warp per (t, h)
-__global__ void attn_bwd_dot_kernel(float *Di, const float *dout, const float *out, int T,
-				    int NH, int D)
-{
-	size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-	int lane = threadIdx.x & 31;
-	if (w >= (size_t)T * NH)
-		return;
-	int t = (int)(w / NH), h = (int)(w % NH);
-	const float *a = dout + w * D, *b = out + w * D;
-	float acc = 0.0f;
-	for (int d = lane; d < D; d += 32)
-		acc = fmaf(a[d], b[d], acc);
-	acc = bk_warp_sum(acc);
-	if (lane == 0)
-		Di[(size_t)h * T + t] = acc;
-}
 
 // dq kernel: Q, dO, dQ, K, V tiles, dS [BT][BT+1], lse, Di, row starts
 static size_t bwd_dq_smem(int BT, int D)
@@ -442,9 +426,9 @@ extern "C" void bk_cuda_attention_backward(float *dq, float *dk, float *dv, cons
 	int W = ap->window;
 	float *Di = (float *)bk_cuda_workspace(3, (size_t)NH * T * sizeof(float)); // [NH,T]
 	size_t warps = (size_t)T * NH;
-	attn_bwd_dot_kernel<<<bk_cuda_blocks(warps * 32, 256), 256, 0, st>>>(Di, dout, out, T, NH,
+	bk_attn_dot_kernel<<<bk_cuda_blocks(warps * 32, 256), 256, 0, st>>>(Di, dout, out, T, NH,
 									    D);
-	CUDA_LAUNCH_CHECK("attn_bwd_dot_kernel");
+	CUDA_LAUNCH_CHECK("bk_attn_dot_kernel");
 
 	int bq = att_tile(bwd_dq_smem, D, "backward dq");
 	att_smem_optin((const void *)attn_bwd_dq_kernel, &optin_dq);

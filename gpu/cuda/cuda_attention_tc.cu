@@ -56,6 +56,7 @@
 #include "tests/unit/cuda_emu.h"
 #endif
 #include "gpu/cuda/cuda_attention_tc.h"
+#include "gpu/cuda/cuda_attn_dot.cuh"
 
 #include <math.h>
 #include <stdio.h>
@@ -431,23 +432,6 @@ TC_UNROLL
 // ---------------------------------------------------------------------------------
 // backward
 
-// Di [NH,T] = sum_d dout[t,h,d] * out[t,h,d] (fp32); one warp per (t, h)
-__global__ void tc_bwd_dot_kernel(float *Di, const float *dout, const float *out, int T, int NH,
-				  int D)
-{
-	size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-	int lane = threadIdx.x & 31;
-	if (w >= (size_t)T * NH)
-		return;
-	int t = (int)(w / NH), h = (int)(w % NH);
-	const float *a = dout + w * D, *b = out + w * D;
-	float acc = 0.0f;
-	for (int d = lane; d < D; d += 32)
-		acc = fmaf(a[d], b[d], acc);
-	acc = bk_warp_sum(acc);
-	if (lane == 0)
-		Di[(size_t)h * T + t] = acc;
-}
 
 // s = A1 B1^T and dp = A2 B2^T over the D columns: the warp's 16 rows r0.. of A1, A2
 // against rows 0 .. 8 NN - 1 of B1, B2 (all row-major [*][LD] bf16).  The backward's S
@@ -868,7 +852,7 @@ extern "C" void bk_cuda_attention_tc_backward(float *dq, float *dk, float *dv,
 		return;
 	float *Di = (float *)bk_cuda_workspace(3, (size_t)NH * T * sizeof(float)); // [NH,T]
 	size_t warps = (size_t)T * NH;
-	TC_LAUNCH(tc_bwd_dot_kernel, bk_cuda_blocks(warps * 32, 256), 256, 0, Di, dout, out, T, NH,
+	TC_LAUNCH(bk_attn_dot_kernel, bk_cuda_blocks(warps * 32, 256), 256, 0, Di, dout, out, T, NH,
 		  D);
 	if (D == 64)
 		tc_backward<64>(dq, dk, dv, dout, q, k, v, Di, lse, cu_seqlens, S, T, NH, NKV, ap);
