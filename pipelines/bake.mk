@@ -7,8 +7,10 @@
 #   runs/NAME/adapter-H/     bk-step (final/ = the adapter; metrics-H.bk its metrics)
 #   runs/NAME/results-H.json bk-eval (when EVAL, HELD_OUT or KL_PROMPTS is set)
 #   runs/NAME/loss-H.txt     bk-plot (and loss-H.png with gnuplot)
-# Changing LR re-runs only bk-step; SAMPLING_TEMPERATURE re-runs from bk-gen; deleting
-# gen-*.bk re-runs from bk-gen.  make -j runs evaluation and plotting side by side.
+# Changing LR re-runs only bk-step; SAMPLING_TEMPERATURE or SAMPLING_TOP_K (bk-gen's
+# --top-k, default 50 as in HF generate and bk-bake; TOP_K is the teacher's) re-runs from
+# bk-gen; deleting gen-*.bk re-runs from bk-gen.  make -j runs evaluation and plotting
+# side by side.
 # SHARDS=N runs bk-gen and bk-teach as N independent shard targets
 #   runs/NAME/gen-H.IofN.bk, teach-H.IofN.bk  (make -j N, or one cluster job each:
 #   make -f pipelines/bake.mk SHARDS=N runs/NAME/teach-H.IofN.bk)
@@ -45,6 +47,7 @@ MAX_SEQ_LENGTH       ?= 0
 NUM_TRAJECTORIES     ?= 4
 SAMPLING_TEMPERATURE ?= 0.8
 TOP_P                ?= 0.9
+SAMPLING_TOP_K       ?= 50
 MAX_NEW_TOKENS       ?= 48
 EPOCHS               ?= 2
 TOP_K                ?= 64
@@ -105,7 +108,7 @@ TOK_OPTS   = --model $(MODEL) $(if $(TEMPLATE),--template $(TEMPLATE)) $(SYS_ARG
              --max-seq-length $(MAX_SEQ_LENGTH)
 LENS_OPTS  = --max-tokens 0 --max-batch $(BATCH_SIZE) --window 1048576 --seed $(SEED) -q
 GEN_OPTS   = --num-trajectories $(NUM_TRAJECTORIES) --temperature $(SAMPLING_TEMPERATURE) \
-             --top-p $(TOP_P) --max-new-tokens $(MAX_NEW_TOKENS) --epochs $(EPOCHS) --seed $(SEED)
+             --top-k $(SAMPLING_TOP_K) --top-p $(TOP_P) --max-new-tokens $(MAX_NEW_TOKENS) --epochs $(EPOCHS) --seed $(SEED)
 TEACH_OPTS = --top-k $(TOP_K) --temperature $(KL_TEMPERATURE)
 STEP_OPTS  = --batch-size $(shell echo $$(( $(BATCH_SIZE) * $(NUM_TRAJECTORIES) ))) \
              --grad-accum $(GRAD_ACCUM) --lr $(LR) --schedule $(SCHEDULE) \

@@ -30,6 +30,12 @@ test_expect_success 'changing the sampling temperature re-runs from bk-gen' '
 	test "$(ran out)" = "bk-gen bk-plot bk-step bk-teach " && grep -q "bk-gen .*--temperature 0.5" out
 '
 
+test_expect_success 'bk-gen samples with top-k 50 (HF and bk-bake); SAMPLING_TOP_K re-runs from bk-gen' '
+	$MK -n SAMPLING_TEMPERATURE=0.6 >plan 2>&1 && grep -q "^bk-gen .*--top-k 50 --top-p 0.9" plan &&
+	$MK SAMPLING_TEMPERATURE=0.5 SAMPLING_TOP_K=0 >out 2>&1 && cat out &&
+	test "$(ran out)" = "bk-gen bk-plot bk-step bk-teach " && grep -q "^bk-gen .*--top-k 0 " out
+'
+
 test_expect_success 'deleting gen-*.bk re-runs from bk-gen, not bk-tokenize' '
 	rm runs/t/gen-*.bk &&
 	$MK SAMPLING_TEMPERATURE=0.5 >out 2>&1 && cat out &&

@@ -10,6 +10,7 @@ NUM_TRAJECTORIES     = 4
 MAX_NEW_TOKENS       = 48
 SAMPLING_TEMPERATURE = 0.8
 TOP_P                = 0.9
+SAMPLING_TOP_K       = 50
 EPOCHS               = 2
 BATCH_SIZE           = 4
 GRAD_ACCUM           = 1
