@@ -40,6 +40,7 @@
 #include "gpu/cuda/cuda.h"
 #include "gpu/device.h"
 #include "gpu/gen.h"
+#include "tests/gpu/gpu_check.h"
 #include "tests/harness.h"
 
 static const bk_ops *D_;
@@ -55,29 +56,9 @@ static double now(void)
 
 static float urand(void) { return (float)(2 * bk_rng_uniform(&rng) - 1); }
 
-static float bf16r(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	u &= 0xffff0000u;
-	memcpy(&f, &u, 4);
-	return f;
-}
-
 static float *hrand(size_t n, float scale, int round)
 {
-	float *x = xmalloc((n ? n : 1) * sizeof(float));
-	for (size_t i = 0; i < n; i++)
-		x[i] = round ? bf16r(scale * urand()) : scale * urand();
-	return x;
-}
-
-static void *dup_dev(const void *h, size_t bytes)
-{
-	void *d = D_->alloc(bytes);
-	D_->upload(d, h, bytes);
-	return d;
+	return round ? gc_rand_bf16(&rng, n, scale) : gc_rand(&rng, n, scale);
 }
 
 static float *fetch(const void *d, size_t n)
@@ -100,11 +81,11 @@ static void check_linear(const bk_gen_ops *G, int T, int in, int out)
 	float *x = hrand((size_t)T * in, 1, 0), *w = hrand((size_t)out * in, 0.05f, 1);
 	float *xr = xmalloc((size_t)T * in * sizeof(float)), *yh = xmalloc((size_t)T * out * 4);
 	for (size_t i = 0; i < (size_t)T * in; i++)
-		xr[i] = bf16r(x[i]);
+		xr[i] = gc_bf16(x[i]);
 	bk_weight wh = { out, in, w };
 	bk_gen_ops_host.linear(yh, xr, &wh, T);
 	bk_weight *wd = D_->weight_upload(w, out, in);
-	float *xd = dup_dev(x, (size_t)T * in * 4), *yd = D_->alloc((size_t)T * out * 4);
+	float *xd = gc_dup(D_, x, (size_t)T * in * 4), *yd = D_->alloc((size_t)T * out * 4);
 	G->linear(yd, xd, wd, T);
 	float *y = fetch(yd, (size_t)T * out);
 	double err = bk_max_relerr(y, yh, (size_t)T * out, 1e-3);
@@ -156,9 +137,9 @@ static void check_sample(const bk_gen_ops *G, int V, float temperature, float to
 		keys[i] = bk_rng_u64(&rng);
 		ctr[i] = (int32_t)bk_rng_below(&rng, 500);
 	}
-	float *lgd = dup_dev(lg, (size_t)N * V * 4);
-	int32_t *rowsd = dup_dev(rows, (size_t)N * 4), *ctrd = dup_dev(ctr, (size_t)N * 4);
-	uint64_t *keysd = dup_dev(keys, (size_t)N * 8);
+	float *lgd = gc_dup(D_, lg, (size_t)N * V * 4);
+	int32_t *rowsd = gc_dup(D_, rows, (size_t)N * 4), *ctrd = gc_dup(D_, ctr, (size_t)N * 4);
+	uint64_t *keysd = gc_dup(D_, keys, (size_t)N * 8);
 	int32_t *idsd = D_->alloc((size_t)N * 4);
 	void *work = D_->alloc(G->sample_work_bytes(N, V));
 	int32_t *ids = xmalloc((size_t)N * 4), *ids2 = xmalloc((size_t)N * 4);

@@ -34,6 +34,7 @@
 #include "gpu/device.h"
 #include "gpu/gen.h"
 #include "gpu/load.h"
+#include "tests/gpu/gpu_check.h"
 #include "tests/harness.h"
 
 static const bk_ops *D_;
@@ -42,29 +43,9 @@ static bk_rng rng;
 
 static float urand(void) { return (float)(2 * bk_rng_uniform(&rng) - 1); }
 
-static float bf16r(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	u &= 0xffff0000u;
-	memcpy(&f, &u, 4);
-	return f;
-}
-
 static float *hrand(size_t n, float scale, int round)
 {
-	float *x = xmalloc((n ? n : 1) * sizeof(float));
-	for (size_t i = 0; i < n; i++)
-		x[i] = round ? bf16r(scale * urand()) : scale * urand();
-	return x;
-}
-
-static void *dup_dev(const void *h, size_t bytes)
-{
-	void *d = D_->alloc(bytes);
-	D_->upload(d, h, bytes);
-	return d;
+	return round ? gc_rand_bf16(&rng, n, scale) : gc_rand(&rng, n, scale);
 }
 
 static void poison(void *d, size_t bytes)
@@ -100,10 +81,10 @@ static void check_linear(int T, int in, int out)
 	/* the host reference sees the same bf16 activations as the tensor cores */
 	float *xr = xmalloc((size_t)T * in * sizeof(float));
 	for (size_t i = 0; i < (size_t)T * in; i++)
-		xr[i] = bf16r(x[i]);
+		xr[i] = gc_bf16(x[i]);
 	bk_gen_ops_host.linear(yh, xr, &wh, T);
 	bk_weight *wd = D_->weight_upload(w, out, in);
-	float *xd = dup_dev(x, (size_t)T * in * 4), *yd = D_->alloc((size_t)T * out * 4);
+	float *xd = gc_dup(D_, x, (size_t)T * in * 4), *yd = D_->alloc((size_t)T * out * 4);
 	poison(yd, (size_t)T * out * 4);
 	G->linear(yd, xd, wd, T);
 	float *y = fetch(yd, (size_t)T * out);
@@ -137,8 +118,8 @@ static void check_lora(int T, int in, int out, int R)
 	float *yh = xmalloc((size_t)T * out * 4), *xa = xmalloc((size_t)T * R * 4);
 	memcpy(yh, y0, (size_t)T * out * 4);
 	bk_gen_ops_host.lora(yh, x, A, B, T, in, out, R, 2.0f, xa);
-	float *xd = dup_dev(x, (size_t)T * in * 4), *Ad = dup_dev(A, (size_t)R * in * 4);
-	float *Bd = dup_dev(B, (size_t)out * R * 4), *yd = dup_dev(y0, (size_t)T * out * 4);
+	float *xd = gc_dup(D_, x, (size_t)T * in * 4), *Ad = gc_dup(D_, A, (size_t)R * in * 4);
+	float *Bd = gc_dup(D_, B, (size_t)out * R * 4), *yd = gc_dup(D_, y0, (size_t)T * out * 4);
 	float *xad = D_->alloc((size_t)T * R * 4);
 	poison(xad, (size_t)T * R * 4);
 	G->lora(yd, xd, Ad, Bd, T, in, out, R, 2.0f, xad);
@@ -199,8 +180,8 @@ static void check_attend_p(int NH, int NKV, int Dh, const int *lens, int S, int 
 		kph[i] = vph[i] = NAN; /* unwritten rows must never be read */
 	bk_gen_ops_host.kv_store(kph, vph, l, L, k, v, slot, T, NKV, Dh);
 	void *kpd = D_->alloc(pool_n * 2), *vpd = D_->alloc(pool_n * 2); /* 0xff: NaN bf16 */
-	float *kd = dup_dev(k, (size_t)T * kvw * 4), *vd = dup_dev(v, (size_t)T * kvw * 4);
-	int32_t *slotd = dup_dev(slot, (size_t)T * 4), *tabd = dup_dev(table, (size_t)S * W * 4);
+	float *kd = gc_dup(D_, k, (size_t)T * kvw * 4), *vd = gc_dup(D_, v, (size_t)T * kvw * 4);
+	int32_t *slotd = gc_dup(D_, slot, (size_t)T * 4), *tabd = gc_dup(D_, table, (size_t)S * W * 4);
 	G->kv_store(kpd, vpd, l, L, kd, vd, slotd, T, NKV, Dh);
 	/* queries: the last qper positions of each sequence (qper 1: a decode step) */
 	int Q = 0;
@@ -215,8 +196,8 @@ static void check_attend_p(int NH, int NKV, int Dh, const int *lens, int S, int 
 	size_t qn = (size_t)Q * NH * Dh;
 	float *q = hrand(qn, 1, 0), *oh = xmalloc(qn * 4);
 	bk_gen_ops_host.attend(oh, q, seq, nkey, Q, NH, NKV, Dh, kph, vph, l, L, table, W, &ap);
-	float *qd = dup_dev(q, qn * 4), *od = D_->alloc(qn * 4);
-	int32_t *seqd = dup_dev(seq, (size_t)Q * 4), *nkeyd = dup_dev(nkey, (size_t)Q * 4);
+	float *qd = gc_dup(D_, q, qn * 4), *od = D_->alloc(qn * 4);
+	int32_t *seqd = gc_dup(D_, seq, (size_t)Q * 4), *nkeyd = gc_dup(D_, nkey, (size_t)Q * 4);
 	poison(od, qn * 4);
 	G->attend(od, qd, seqd, nkeyd, Q, NH, NKV, Dh, kpd, vpd, l, L, tabd, W, &ap);
 	float *o = fetch(od, qn);
@@ -270,9 +251,9 @@ static void check_sample(int V, float temperature, float top_p, int N, int top_k
 		keys[i] = bk_rng_u64(&rng);
 		ctr[i] = (int32_t)bk_rng_below(&rng, 200);
 	}
-	float *lgd = dup_dev(lg, (size_t)N * V * 4);
-	int32_t *rowsd = dup_dev(rows, (size_t)N * 4), *ctrd = dup_dev(ctr, (size_t)N * 4);
-	uint64_t *keysd = dup_dev(keys, (size_t)N * 8);
+	float *lgd = gc_dup(D_, lg, (size_t)N * V * 4);
+	int32_t *rowsd = gc_dup(D_, rows, (size_t)N * 4), *ctrd = gc_dup(D_, ctr, (size_t)N * 4);
+	uint64_t *keysd = gc_dup(D_, keys, (size_t)N * 8);
 	int32_t *idsd = D_->alloc((size_t)N * 4);
 	void *work = D_->alloc(G->sample_work_bytes(N, V));
 	poison(idsd, (size_t)N * 4);

@@ -128,12 +128,18 @@ static inline void gc_drop(const bk_ops *o, float *d)
 		o->free(d - GC_PAD);
 }
 
+/* a copy of h [bytes] in o's memory (no fence) */
+static inline void *gc_dup(const bk_ops *o, const void *h, size_t bytes)
+{
+	void *d = o->alloc(bytes ? bytes : 1);
+	o->upload(d, h, bytes);
+	return d;
+}
+
 /* a copy of h [n] int32 in o's memory (no fence) */
 static inline int32_t *gc_put_i(const bk_ops *o, const int32_t *h, size_t n)
 {
-	int32_t *d = o->alloc((n ? n : 1) * sizeof(int32_t));
-	o->upload(d, h, n * sizeof(int32_t));
-	return d;
+	return gc_dup(o, h, n * sizeof(int32_t));
 }
 #endif /* !__cplusplus */
 
