@@ -1,6 +1,7 @@
 /* cuda_emu.h - just enough of CUDA to run gpu/cuda/cuda_attention_tc.cu (compiled as C++
  * with BK_TC_EMU: tests/unit/test_attention_tc_emu.cc) and the v2 loss kernels of
- * gpu/cuda/cuda_loss2.cuh (tests/unit/test_loss_emu.cc) on the CPU: one host thread per
+ * gpu/cuda/cuda_loss2.cuh (tests/unit/test_loss_emu.cc) and, with a few additions there,
+ * the v2 decode kernels (tests/unit/test_decode_emu.cc) on the CPU: one host thread per
  * CUDA thread of a block, blocks one after another (x fastest); __syncthreads (and
  * __syncthreads_or) is a barrier of the block's threads; warp shuffles and
  * mma.sync m16n8k16 (bf16 in, fp32 accumulate) are warp-collective exchanges through
@@ -68,13 +69,14 @@ typedef emu_dim3 dim3;
 inline thread_local emu_dim3 threadIdx, blockIdx;
 inline emu_dim3 gridDim, blockDim;
 
-struct float2 {
+/* CUDA's alignment; may_alias: the kernels load them through reinterpret_cast */
+struct __attribute__((may_alias, aligned(8))) float2 {
 	float x, y;
 };
-struct float4 {
+struct __attribute__((may_alias, aligned(16))) float4 {
 	float x, y, z, w;
 };
-struct uint2 {
+struct __attribute__((may_alias, aligned(8))) uint2 {
 	uint32_t x, y;
 };
 static inline float2 make_float2(float x, float y) { return {x, y}; }

@@ -1,11 +1,12 @@
 /* test_decode_emu.cc - the v2 decode kernels (BK_DECODE=v2) of gpu/cuda/cuda_linear2.cuh
  * (the split-K decode linear and the tiled prefill linear) and gpu/cuda/cuda_sample2.cuh
- * (the bounded top-p sampler), their own source compiled for the CPU under a small
- * emulation of CUDA defined here: one host thread per CUDA thread of a block, blocks one
- * after another (x fastest); __syncthreads a barrier of the block; warp shuffles, match
- * and mma.sync m16n8k16 (bf16 in, fp32 accumulate, fragments decoded by the PTX layout)
- * exchanges between two barriers of the warp's 32 threads; __shared__ variables are
- * statics (one block runs at a time); device memory is host memory.
+ * (the bounded top-p sampler), their own source compiled for the CPU under the
+ * emulation of CUDA in tests/unit/cuda_emu.h (and a few additions here): one host
+ * thread per CUDA thread of a block, blocks one after another (x fastest);
+ * __syncthreads a barrier of the block; warp shuffles, match and mma.sync m16n8k16 (bf16
+ * in, fp32 accumulate, fragments decoded by the PTX layout) exchanges between two
+ * barriers of the warp's 32 threads; __shared__ variables are statics (one block runs at
+ * a time); device memory is host memory.
  *
  * Checked: the linear against a double reference on bf16-rounded inputs (bound 1e-4 of
  * max|y|: the emulated mma adds its 16 products in fp32, a wrong index is off by O(1));
@@ -38,53 +39,22 @@ extern "C" {
 void bk_diag_init(const char *argv0);
 }
 
-// ---- the emulator ----
+// ---- the emulator: tests/unit/cuda_emu.h, plus what the decode kernels use beyond it ----
 
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(n)
-#define __shared__ static
+#include "tests/unit/cuda_emu.h"
+
 #define __align__(n) __attribute__((aligned(n)))
-
-struct emu_dim3 {
-	unsigned x, y, z;
-	emu_dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
-};
-typedef emu_dim3 dim3;
-static thread_local emu_dim3 threadIdx, blockIdx;
-static emu_dim3 gridDim, blockDim;
 
 struct __attribute__((may_alias, aligned(16))) uint4 {
 	uint32_t x, y, z, w;
-};
-struct __attribute__((may_alias, aligned(8))) float2 {
-	float x, y;
 };
 static inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w)
 {
 	return {x, y, z, w};
 }
-static inline int min(int a, int b) { return a < b ? a : b; }
 
-struct __nv_bfloat16 {
-	uint16_t bits;
-};
-static inline uint16_t bf16_bits(float f) // round to nearest even
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((u >> 16) | 0x40);
-	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-static inline float bf16_float(uint16_t b)
-{
-	uint32_t u = (uint32_t)b << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
+static inline uint16_t bf16_bits(float f) { return __float2bfloat16_rn(f).bits; }
+static inline float bf16_float(uint16_t b) { return emu_bf16_to_f32(b); }
 static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.bits; }
 static inline uint32_t pack_bf16(float a, float b)
 {
@@ -123,46 +93,6 @@ static inline double bk_crng_uniform_dev(uint64_t key, uint64_t counter)
 	return bk_crng_uniform(key, counter);
 }
 
-static pthread_barrier_t emu_block_bar;
-static std::vector<pthread_barrier_t> emu_warp_bar;
-struct emu_warp_buf {
-	uint64_t v[32];
-	uint32_t a[32][4], b[32][2];
-};
-static std::vector<emu_warp_buf> emu_wb;
-static std::atomic<int> emu_or;
-
-static void emu_warp_sync(int w) { pthread_barrier_wait(&emu_warp_bar[w]); }
-static void __syncthreads(void) { pthread_barrier_wait(&emu_block_bar); }
-static int __syncthreads_or(int v)
-{
-	pthread_barrier_wait(&emu_block_bar);
-	if (v)
-		emu_or = 1;
-	pthread_barrier_wait(&emu_block_bar);
-	int r = emu_or;
-	pthread_barrier_wait(&emu_block_bar);
-	if (threadIdx.x == 0)
-		emu_or = 0;
-	pthread_barrier_wait(&emu_block_bar);
-	return r;
-}
-
-template <typename T> static T __shfl_xor_sync(unsigned, T v, int lane_mask)
-{
-	static_assert(sizeof(T) <= 8, "8 bytes at most");
-	int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-	uint64_t u = 0;
-	memcpy(&u, &v, sizeof(T));
-	emu_wb[w].v[lane] = u;
-	emu_warp_sync(w);
-	u = emu_wb[w].v[lane ^ lane_mask];
-	emu_warp_sync(w);
-	T r;
-	memcpy(&r, &u, sizeof(T));
-	return r;
-}
-
 static unsigned __match_any_sync(unsigned, int v)
 {
 	int w = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -176,81 +106,12 @@ static unsigned __match_any_sync(unsigned, int v)
 	return m;
 }
 
-static float emu_half(uint32_t reg, int half) { return bf16_float((uint16_t)(reg >> (16 * half))); }
-
-// mma.sync m16n8k16 row.col bf16 -> f32, d = A B + d.  PTX fragments (g = lane / 4,
-// t = lane % 4): A reg r: row g + 8 (r & 1), cols 2t + 8 (r >> 1) + {0,1}; B reg r: rows
-// 2t + 8 r + {0,1}, col g; C: c0, c1 row g cols 2t, 2t+1; c2, c3 row g + 8
+// cuda_gen.cu's mma_bf16 (d = A B + d, m16n8k16 bf16 -> f32), on the emulated mma
 static void mma_bf16(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
 		     uint32_t b0, uint32_t b1)
 {
-	int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-	emu_warp_buf &B = emu_wb[w];
-	B.a[lane][0] = a0, B.a[lane][1] = a1, B.a[lane][2] = a2, B.a[lane][3] = a3;
-	B.b[lane][0] = b0, B.b[lane][1] = b1;
-	emu_warp_sync(w);
-	float out[4];
-	for (int e = 0; e < 4; e++) {
-		int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
-		float acc = 0.0f;
-		for (int kk = 0; kk < 16; kk++) {
-			int ka = (kk % 8) / 2, half = kk % 2, hi = kk / 8;
-			float av = emu_half(B.a[(row % 8) * 4 + ka][(row / 8) + 2 * hi], half);
-			float bv = emu_half(B.b[col * 4 + ka][hi], half);
-			acc += av * bv;
-		}
-		out[e] = d[e] + acc;
-	}
-	emu_warp_sync(w);
-	for (int e = 0; e < 4; e++)
-		d[e] = out[e];
-}
-
-struct emu_arg {
-	unsigned tid, bx, by, bz;
-	const std::function<void()> *body;
-};
-
-static void *emu_thread(void *p)
-{
-	emu_arg *a = (emu_arg *)p;
-	threadIdx = emu_dim3(a->tid);
-	blockIdx = emu_dim3(a->bx, a->by, a->bz);
-	(*a->body)();
-	return NULL;
-}
-
-static void emu_launch(emu_dim3 grid, int threads, const std::function<void()> &body)
-{
-	if (threads % 32) {
-		fprintf(stderr, "emu_launch: %d threads is not whole warps\n", threads);
-		exit(2);
-	}
-	gridDim = grid;
-	blockDim = emu_dim3((unsigned)threads);
-	int nw = threads / 32;
-	emu_warp_bar.resize(nw);
-	emu_wb.resize(nw);
-	std::vector<pthread_t> th(threads);
-	std::vector<emu_arg> args(threads);
-	for (unsigned b = 0; b < grid.x * grid.y * grid.z; b++) {
-		unsigned bx = b % grid.x, by = b / grid.x % grid.y, bz = b / (grid.x * grid.y);
-		pthread_barrier_init(&emu_block_bar, NULL, (unsigned)threads);
-		for (int w = 0; w < nw; w++)
-			pthread_barrier_init(&emu_warp_bar[w], NULL, 32);
-		for (int i = 0; i < threads; i++) {
-			args[i] = {(unsigned)i, bx, by, bz, &body};
-			if (pthread_create(&th[i], NULL, emu_thread, &args[i])) {
-				fprintf(stderr, "emu_launch: pthread_create failed\n");
-				exit(2);
-			}
-		}
-		for (int i = 0; i < threads; i++)
-			pthread_join(th[i], NULL);
-		pthread_barrier_destroy(&emu_block_bar);
-		for (int w = 0; w < nw; w++)
-			pthread_barrier_destroy(&emu_warp_bar[w]);
-	}
+	const uint32_t a[4] = {a0, a1, a2, a3};
+	emu_mma_m16n8k16(d, a, b0, b1);
 }
 
 // the kernels themselves
@@ -273,7 +134,7 @@ static void linear2(float *y, const float *x, const __nv_bfloat16 *w, int T, int
 	if (T > 64) {
 		g_prefill_calls++;
 		emu_dim3 grid(bk_cuda_blocks_(out, L2_PRE_NW * 16), bk_cuda_blocks_(T, 64));
-		emu_launch(grid, L2_PRE_NW * 32, [&]() {
+		emu_launch(grid, L2_PRE_NW * 32, 0, [&]() {
 			gen_linear2_prefill_kernel(y, x, w, T, in, out, KS, CPS);
 		});
 		return;
@@ -295,7 +156,7 @@ static void linear2(float *y, const float *x, const __nv_bfloat16 *w, int T, int
 		body = [&]() { gen_linear2_kernel<4>(y, x, w, T, in, out, KS, CPS, part, cnt); };
 	else
 		body = [&]() { gen_linear2_kernel<8>(y, x, w, T, in, out, KS, CPS, part, cnt); };
-	emu_launch(grid, L2_DEC_NW * 32, body);
+	emu_launch(grid, L2_DEC_NW * 32, 0, body);
 }
 
 // ---- the test ----
@@ -407,7 +268,7 @@ static void check_sample(int V, float temperature, float top_p, int N, int threa
 	int nb = N < 5 ? N : 5; // fewer blocks than draws: each block takes several
 	std::vector<char> work(per * nb + 16);
 	char *wk = (char *)(((uintptr_t)work.data() + 15) & ~(uintptr_t)15);
-	emu_launch(emu_dim3(nb), threads, [&]() {
+	emu_launch(emu_dim3(nb), threads, 0, [&]() {
 		sample2_kernel<1024>(ids.data(), lg.data(), rows.data(), keys.data(), ctr.data(), N,
 				     V, temperature, top_k, top_p, wk, per);
 	});
