@@ -158,7 +158,7 @@ char *bk_bake_response_text(const char *answer)
 int64_t bk_bake_prompt_tokens(const char *model_dir, int64_t sp_tokens)
 {
 	char *p = bk_path_join(model_dir, "tokenizer_config.json");
-	json_t *tc = bk_file_exists(p) ? json_load_file(p, 0, NULL) : NULL;
+	json_t *tc = bk_file_exists(p) ? json_load_file(p, JSON_DECODE_INT_AS_REAL, NULL) : NULL;
 	free(p);
 	json_t *b = tc ? json_object_get(tc, "add_bos_token") : NULL;
 	int bos = !b || json_is_true(b);

@@ -221,7 +221,7 @@ struct norm {
 	size_t alen, blen;
 };
 
-enum pre_kind { P_SPLIT_QWEN, P_SPLIT_LLAMA3, P_BYTELEVEL, P_DIGITS, P_METASPACE };
+enum pre_kind { P_SPLIT_QWEN, P_SPLIT_LLAMA3, P_BYTELEVEL, P_DIGITS, P_METASPACE, P_SPLIT_STR };
 enum prepend_scheme { PS_ALWAYS, PS_FIRST, PS_NEVER };
 struct pre {
 	enum pre_kind kind;
@@ -230,8 +230,9 @@ struct pre {
 	int individual;   /* Digits */
 	enum prepend_scheme scheme; /* Metaspace */
 	int split;                  /* Metaspace */
-	char repl[8];               /* Metaspace replacement, UTF-8 */
+	char repl[8];               /* Metaspace replacement; Split: the String pattern */
 	size_t repl_len;
+	int merged_prev;            /* Split of a String: MergedWithPrevious, else Isolated */
 };
 
 typedef BK_VEC(uint16_t) u16vec;
@@ -414,9 +415,24 @@ static void load_pre(bk_bpe *b, json_t *p, prevec *out)
 		return;
 	} else if (!strcmp(type, "Split")) {
 		const char *re = get_str(get(p, "pattern"), "Regex");
+		const char *str = get_str(get(p, "pattern"), "String");
 		const char *beh = get_str(p, "behavior");
+		if (!re && str) { /* Gemma: Split(" ", MergedWithPrevious) */
+			if (!*str || strlen(str) >= sizeof s.repl)
+				bad("pre_tokenizer.pattern", "a String pattern must be 1 to 7 bytes");
+			if (!beh || get_bool(p, "invert", 0) ||
+			    (strcmp(beh, "MergedWithPrevious") && strcmp(beh, "Isolated")))
+				bad("pre_tokenizer.behavior",
+				    "a String pattern needs MergedWithPrevious or Isolated, not inverted");
+			s.kind = P_SPLIT_STR;
+			strcpy(s.repl, str);
+			s.repl_len = strlen(str);
+			s.merged_prev = !strcmp(beh, "MergedWithPrevious");
+			bk_vec_push(out, s);
+			return;
+		}
 		if (!re)
-			bad("pre_tokenizer.pattern", "only a Regex pattern is supported");
+			bad("pre_tokenizer.pattern", "only a Regex or a String pattern is supported");
 		if (!beh || strcmp(beh, "Isolated") || get_bool(p, "invert", 0))
 			bad("pre_tokenizer.behavior", "only Isolated, not inverted, is supported");
 		if (!strcmp(re, qwen_re))
@@ -1242,6 +1258,33 @@ static void pre_step(struct ctx *c, const struct pre *p, const char *buf, cvec *
 			nbuf->n += len;
 			s = nbuf->v + start;
 			base = start;
+		}
+		if (p->kind == P_SPLIT_STR && len) {
+			/* HF's Split of a String: non-overlapping matches left to right; with
+			 * MergedWithPrevious a match joins the piece before it unless that
+			 * piece is a match too (or there is none); Isolated: its own piece */
+			size_t a = 0, i = 0;
+			int prev_match = 0;
+			while (i < len) {
+				if (i + p->repl_len <= len && !memcmp(s + i, p->repl, p->repl_len)) {
+					size_t e = i + p->repl_len;
+					if (p->merged_prev && !prev_match && i > a) {
+						bk_vec_push(&c->sp2, ((span){base + a, e - a}));
+					} else {
+						if (i > a)
+							bk_vec_push(&c->sp2, ((span){base + a, i - a}));
+						bk_vec_push(&c->sp2, ((span){base + i, e - i}));
+					}
+					prev_match = 1;
+					a = i = e;
+				} else {
+					prev_match = 0;
+					i++;
+				}
+			}
+			if (len > a)
+				bk_vec_push(&c->sp2, ((span){base + a, len - a}));
+			continue;
 		}
 		if ((p->kind == P_BYTELEVEL && !p->use_regex) || !len) {
 			if (len)

@@ -230,7 +230,9 @@ int bk_template_detect(const char *model_dir)
 		return BK_TMPL_RAW;
 	}
 	json_error_t err;
-	json_t *root = json_load_file(path, 0, &err);
+	/* integers as reals: model_max_length 1000000000000000019884624838656 (HF's
+	 * VERY_LARGE_INTEGER) does not fit json_int_t; only chat_template is read */
+	json_t *root = json_load_file(path, JSON_DECODE_INT_AS_REAL, &err);
 	if (!root)
 		die("%s: %s", path, bk_json_error(&err));
 	json_t *ct = json_is_object(root) ? json_object_get(root, "chat_template") : NULL;

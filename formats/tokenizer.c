@@ -85,7 +85,9 @@ static void bpe_specials(bk_tok *t)
 	free(dir);
 	if (bk_file_exists(cfg_path)) {
 		json_error_t err;
-		json_t *cfg = json_load_file(cfg_path, 0, &err);
+		/* integers as reals: HF writes model_max_length as 1e30 written out, which
+		 * jansson's json_int_t cannot hold; no integer of this file is read */
+		json_t *cfg = json_load_file(cfg_path, JSON_DECODE_INT_AS_REAL, &err);
 		if (!cfg)
 			die("%s: line %d: %s", cfg_path, err.line, err.text);
 		if (!json_is_object(cfg))

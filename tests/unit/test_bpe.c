@@ -205,6 +205,7 @@ int main(void)
 	test_golden("gpt-2", 46);
 	test_golden("smollm2", 0);
 	test_golden("llama-spm", 0);
+	test_golden("spm-gemma", 0); /* Gemma: Replace normalizer, Split(" ") pre-tokenizer */
 	test_spm_same("llama-spm", "models/llama2-tokenizer/tokenizer.model");
 	char *cmd = xasprintf("rm -rf '%s'", tmpdir);
 	if (system(cmd) != 0)
