@@ -9,7 +9,10 @@
  * Per-phase times (teacher forward, student forward, loss, backward, optimizer) come
  * from CUDA events on the GPU (recorded on the legacy default stream, which orders with
  * the op table's blocking stream), from the wall clock on the host; the first step is a
- * warm-up, phases are the mean of the others, step_s the best.  Prints one line of
+ * warm-up, phases are the mean of the others, step_s the best; cpu_s (the best step's
+ * CPU seconds of the whole process, every thread) and phases_cpu_ms (their means per
+ * phase) are the host's steadier measure on a loaded machine (CUDA: host-side CPU
+ * time, not the GPU's).  Prints one line of
  * key=value pairs for tests/gpu/run.sh: tokens/s, model TFLOP/s, MFU as 6 N FLOPs per
  * token (N = the base model's parameters) over --peak-tflops (the bf16 GEMM rate
  * tests/gpu/gemm_bench measured in the same run), and the allocator's peak memory.
@@ -39,7 +42,7 @@ static const char *const ph_name[NPH] = { "teacher_fwd", "student_fwd", "loss", 
 /* phase marks: CUDA events on the GPU, the wall clock on the host */
 typedef struct {
 	int cuda;
-	double wall[NPH + 1];
+	double wall[NPH + 1], cpu[NPH + 1];
 #ifdef BK_HAVE_CUDA
 	cudaEvent_t ev[NPH + 1];
 #endif
@@ -55,6 +58,14 @@ static double now(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU seconds of the whole process (every thread), for timing on a loaded machine */
+static double cpu_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -95,10 +106,12 @@ static void mark(marks *mk, int i)
 	}
 #endif
 	mk->wall[i] = now();
+	mk->cpu[i] = cpu_now();
 }
 
-/* seconds of each phase of the step just marked (waits for its end) */
-static void marks_read(marks *mk, double *sec)
+/* seconds of each phase of the step just marked (waits for its end); cpu (host only:
+ * else left) the CPU seconds of each */
+static void marks_read(marks *mk, double *sec, double *cpu)
 {
 #ifdef BK_HAVE_CUDA
 	if (mk->cuda) {
@@ -112,8 +125,10 @@ static void marks_read(marks *mk, double *sec)
 		return;
 	}
 #endif
-	for (int i = 0; i < NPH; i++)
+	for (int i = 0; i < NPH; i++) {
 		sec[i] = mk->wall[i + 1] - mk->wall[i];
+		cpu[i] = mk->cpu[i + 1] - mk->cpu[i];
+	}
 }
 
 static void sync_dev(const bk_ops *ops)
@@ -258,10 +273,11 @@ int main(int argc, char **argv)
 #endif
 	marks mk;
 	marks_init(&mk, on_cuda);
-	double best = 1e30, loss = 0, loss0 = 0, gnorm = 0, ph[NPH] = { 0 }, sec[NPH];
+	double best = 1e30, best_cpu = 1e30, loss = 0, loss0 = 0, gnorm = 0, ph[NPH] = { 0 },
+	       phc[NPH] = { 0 }, sec[NPH], cpu[NPH] = { 0 };
 	for (int it = 0; it < steps; it++) {
 		sync_dev(ops);
-		double t0 = now();
+		double t0 = now(), c0 = cpu_now();
 		mark(&mk, PH_TEACHER);
 		bk_model_forward(m, NULL, &bt, NULL, acts, th);
 		ops->gather_rows(trows, th, rows_d, N, T, H);
@@ -283,17 +299,21 @@ int main(int argc, char **argv)
 		ops->adamw_step(lo->flat, gr->flat, mom, var, nf, 1e-4, 0.9, 0.999, 1e-8, 0.0,
 				it + 1);
 		mark(&mk, NPH);
-		marks_read(&mk, sec);
+		marks_read(&mk, sec, cpu);
 		sync_dev(ops);
-		double dt = now() - t0;
+		double dt = now() - t0, dc = cpu_now() - c0;
 		if (it == 0) {
 			loss0 = loss;
 			continue; /* warm-up: first-touch allocations, cuBLAS heuristics, clocks */
 		}
-		for (int p = 0; p < NPH; p++)
+		for (int p = 0; p < NPH; p++) {
 			ph[p] += sec[p] / (steps - 1);
+			phc[p] += cpu[p] / (steps - 1);
+		}
 		if (dt < best)
 			best = dt;
+		if (dc < best_cpu)
+			best_cpu = dc;
 	}
 
 	/* model FLOPs of one step (no recompute counted): linears 2*T*in*out; LoRA
@@ -319,20 +339,24 @@ int main(int argc, char **argv)
 		used = bk_cuda_mem_used();
 	}
 #endif
-	char phs[256];
-	int o = 0;
-	for (int p = 0; p < NPH; p++)
+	char phs[256], phcs[256];
+	int o = 0, oc = 0;
+	for (int p = 0; p < NPH; p++) {
 		o += snprintf(phs + o, sizeof phs - (size_t)o, "%s%s:%.2f", p ? "," : "", ph_name[p],
 			      1e3 * ph[p]);
+		oc += snprintf(phcs + oc, sizeof phcs - (size_t)oc, "%s%s:%.2f", p ? "," : "",
+			       ph_name[p], 1e3 * phc[p]);
+	}
 	char mfus[32] = "?";
 	if (peak_tflops > 0)
 		snprintf(mfus, sizeof mfus, "%.1f%%", 100 * mfu);
 	printf("bench_step device=%s ckpt=%d tokens=%d steps=%d step_s=%.4f tokens_per_s=%.0f "
 	       "tflop=%.3f tflops=%.2f params=%.0f mfu_6n=%s peak_tflops=%.1f phases_ms=%s "
+	       "cpu_s=%.4f phases_cpu_ms=%s "
 	       "peak_bytes=%zu peak_gib=%.2f device_used_bytes=%zu device_used_gib=%.2f "
 	       "load_s=%.2f loss0=%.6f loss=%.6f grad_norm=%.4g\n",
 	       ops->name, ckpt, T, steps, best, tps, flops / 1e12, flops / best / 1e12, nparam, mfus,
-	       peak_tflops, phs, peak, (double)peak / 1073741824.0, used,
+	       peak_tflops, phs, best_cpu, phcs, peak, (double)peak / 1073741824.0, used,
 	       (double)used / 1073741824.0, t_load, loss0, loss, gnorm);
 	(void)cur;
 #ifdef BK_HAVE_CUDA

@@ -14,9 +14,20 @@
 #include <string.h>
 
 #include "common/diag.h"
+#include "gpu/host/host_rows.h" /* bk_host_rows_isa_name: the vector code path */
 
 /* below this many elements per chunk a parallel region costs more than it saves */
 #define PAR_MIN 65536
+
+/* the row-block path's memory budget for full-vocabulary logits (bk_loss_block_bytes) */
+static size_t block_budget = (size_t)256 << 20;
+
+size_t bk_loss_block_bytes(size_t bytes)
+{
+	size_t old = block_budget;
+	block_budget = bytes;
+	return old;
+}
 
 int bk_loss_row_weights(const int32_t *sample_of, int n, int n_samples, float *w)
 {
@@ -147,6 +158,271 @@ static double weighted_loss(const float *w, const double *kl, int n, float *row_
 	return loss;
 }
 
+/* ---- the row-block path ----
+ * Rows in blocks whose full-vocabulary logits ([rows,V] per side) fit the budget
+ * (bk_loss_block_bytes): one sgemm per side gives a block's logits, each row's
+ * log-sum-exp, KL and gradient come from its own logits in memory, then one sgemm
+ * takes the block's gradient to d_hidden.  The exact loss with a teacher's hidden rows
+ * makes 3 LM-head GEMMs (the chunked path 5), the sparse loss 2 (chunked 3).
+ *
+ * Per row the arithmetic is one fixed sequence of float operations on that row alone
+ * (never dependent on the block, the thread count or the code path):
+ *   exp: vexp, a polynomial in float (Cephes expf's range reduction and coefficients,
+ *     not libm's expf, so that it vectorizes): a few ulp from exp (test_loss measures
+ *     it against exp in double), 0 below -87;
+ *   sums: 16 float lanes (lane l takes elements j = l mod 16 in order of j) over spans
+ *     of 256 elements, each span's lanes added into 16 double lanes, folded pairwise
+ *     (l + 8 into l, then + 4, + 2, + 1) at the end of the row;
+ *   KL_r = sum_j p_j (t_j - u_j) + (lse_s - lse_t) sum_j p_j  (the two sums as above,
+ *     p_j = vexp(t_j - lse_t) with lse rounded to float, t the teacher's u or log-prob),
+ *     which is sum p (log p - log q) without the rounding of two large logs per term.
+ * The lane loops are OpenMP simd loops of plain float code, compiled for AVX-512F, AVX2
+ * and SSE2 (the clone bk_host_rows_isa_name() names, as host_decode.c's matmul): each
+ * lane's operations are the same IEEE +, -, *, / (ISO C: no contraction into FMA) at any
+ * vector width, so every clone gives the same bits. */
+enum { VL = 16, SPAN = 256 };
+#define AI static inline __attribute__((always_inline))
+/* no-trapping-math: a lane's float compare-and-select may then become a vector blend (GCC
+ * if-converts only what cannot raise an FP exception otherwise, and the AVX2 and SSE2
+ * clones have no masked operations).  It changes no result: no reassociation, no
+ * contraction, no assumption about NaNs or infinities. */
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+
+/* exp in float: x = k ln2 + r, |r| <= ln2/2 (k rounded by the 1.5 2^23 shift), exp(r)
+ * by Cephes' polynomial, times 2^k built in the exponent bits; x < -87: 0 (also -inf);
+ * x > 88: exp(88); NaN: NaN.  Branch-free, so that a loop of it vectorizes. */
+AI float vexp(float x)
+{
+	float xc = x > 88.0f ? 88.0f : x;
+	xc = (x < -87.0f) | (x != x) ? 0.0f : xc;
+	float kf = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+	float r = (xc - kf * 0.693359375f) - kf * -2.12194440e-4f;
+	float pp = 1.9875691500e-4f;
+	pp = pp * r + 1.3981999507e-3f;
+	pp = pp * r + 8.3334519073e-3f;
+	pp = pp * r + 4.1665795894e-2f;
+	pp = pp * r + 1.6666665459e-1f;
+	pp = pp * r + 5.0000001201e-1f;
+	float e = (pp * r) * r + r + 1.0f;
+	int32_t bits = ((int32_t)kf + 127) * 8388608; /* << 23, k in [-126, 127] */
+	float sc;
+	memcpy(&sc, &bits, sizeof sc);
+	float y = x < -87.0f ? 0.0f : e * sc;
+	return x != x ? x : y;
+}
+
+AI double fold_d(const double *d) /* 16 double lanes, pairwise */
+{
+	double a[8], b[4];
+	for (int i = 0; i < 8; i++)
+		a[i] = d[i] + d[i + 8];
+	for (int i = 0; i < 4; i++)
+		b[i] = a[i] + a[i + 4];
+	return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+AI void span_add(double *d, const float *a)
+{
+	for (int i = 0; i < VL; i++)
+		d[i] += (double)a[i];
+}
+
+/* the largest of u[0..n) (-inf when none is larger; NaNs skipped as a > test does) */
+AI float row_max_i(const float *u, int n)
+{
+	float m[VL];
+	for (int l = 0; l < VL; l++)
+		m[l] = -INFINITY;
+	int j = 0;
+	for (; j + VL <= n; j += VL)
+#pragma omp simd
+		for (int l = 0; l < VL; l++)
+			m[l] = u[j + l] > m[l] ? u[j + l] : m[l];
+	float mx = -INFINITY;
+	for (int l = 0; l < VL; l++)
+		mx = m[l] > mx ? m[l] : mx;
+	for (; j < n; j++)
+		mx = u[j] > mx ? u[j] : mx;
+	return mx;
+}
+
+/* sum_j exp(u[j] - m) (0 when m is -inf) */
+AI double row_sumexp_i(const float *u, int n, float m)
+{
+	if (m == -INFINITY)
+		return 0.0;
+	double d[VL] = { 0 };
+	for (int s = 0; s < n; s += SPAN) {
+		int e = s + SPAN < n ? s + SPAN : n, j = s;
+		float a[VL] = { 0 };
+		for (; j + VL <= e; j += VL)
+#pragma omp simd
+			for (int l = 0; l < VL; l++)
+				a[l] += vexp(u[j + l] - m);
+		for (int l = 0; j + l < e; l++) /* the row's tail: lanes past it add nothing */
+			a[l] += vexp(u[j + l] - m);
+		span_add(d, a);
+	}
+	return fold_d(d);
+}
+
+/* the terms of lane l of row_kl_i at element j (x = u[j], y = t[j]) */
+AI void kl_term(float x, float y, float ls, float lt, float w, float tc, float *a, float *pa,
+		float *g)
+{
+	float p = vexp(y - lt);
+	float d = p > 0 ? y - x : 0.0f; /* p = 0: no term (y may be -inf) */
+	*a += p * d;
+	*pa += p;
+	float gg = w * (vexp(x - ls) - p);
+	*g = tc > 0 ? gg * (1.0f - (x * tc) * (x * tc)) : gg;
+}
+
+/* *A = sum p (t - u), *P = sum p, p = exp(t - lt); with grad, u[j] = w (exp(u - ls) - p)
+ * times the cap's slope 1 - (u tc)^2 when tc > 0 */
+AI void row_kl_i(float *u, const float *t, int n, float ls, float lt, float w, float tc,
+		 int grad, double *A, double *P)
+{
+	double da[VL] = { 0 }, dp[VL] = { 0 };
+	for (int s = 0; s < n; s += SPAN) {
+		int e = s + SPAN < n ? s + SPAN : n, j = s;
+		float a[VL] = { 0 }, pa[VL] = { 0 }, g[VL];
+		for (; j + VL <= e; j += VL) {
+#pragma omp simd
+			for (int l = 0; l < VL; l++)
+				kl_term(u[j + l], t[j + l], ls, lt, w, tc, &a[l], &pa[l], &g[l]);
+			if (grad)
+				memcpy(u + j, g, sizeof g);
+		}
+		for (int l = 0; j + l < e; l++) {
+			kl_term(u[j + l], t[j + l], ls, lt, w, tc, &a[l], &pa[l], &g[l]);
+			if (grad)
+				u[j + l] = g[l];
+		}
+		span_add(da, a);
+		span_add(dp, pa);
+	}
+	*A = fold_d(da);
+	*P = fold_d(dp);
+}
+
+/* u[j] = c exp(u[j] - l) times the cap's slope 1 - (u tc)^2 when tc > 0 */
+AI void row_grad_i(float *u, int n, float c, float l, float tc)
+{
+#pragma omp simd
+	for (int j = 0; j < n; j++) {
+		float x = u[j], g = c * vexp(x - l);
+		u[j] = tc > 0 ? g * (1.0f - (x * tc) * (x * tc)) : g;
+	}
+}
+
+typedef struct {
+	const char *name;
+	float (*max)(const float *u, int n);
+	double (*sumexp)(const float *u, int n, float m);
+	void (*kl)(float *u, const float *t, int n, float ls, float lt, float w, float tc,
+		   int grad, double *A, double *P);
+	void (*grad)(float *u, int n, float c, float l, float tc);
+} row_kern;
+
+#define BK_ROW_KERN(isa, T)                                                                  \
+	T static float isa##_max(const float *u, int n) { return row_max_i(u, n); }          \
+	T static double isa##_sumexp(const float *u, int n, float m)                         \
+	{                                                                                    \
+		return row_sumexp_i(u, n, m);                                                \
+	}                                                                                    \
+	T static void isa##_kl(float *u, const float *t, int n, float ls, float lt, float w,  \
+			       float tc, int grad, double *A, double *P)                     \
+	{                                                                                    \
+		row_kl_i(u, t, n, ls, lt, w, tc, grad, A, P);                                \
+	}                                                                                    \
+	T static void isa##_grad(float *u, int n, float c, float l, float tc)                \
+	{                                                                                    \
+		row_grad_i(u, n, c, l, tc);                                                  \
+	}
+
+BK_ROW_KERN(r512, __attribute__((target("avx512f"))))
+BK_ROW_KERN(r256, __attribute__((target("avx2"))))
+BK_ROW_KERN(r128, )
+#pragma GCC pop_options
+
+static const row_kern row_kerns[] = {
+	{ "avx512", r512_max, r512_sumexp, r512_kl, r512_grad },
+	{ "avx2", r256_max, r256_sumexp, r256_kl, r256_grad },
+	{ "sse2", r128_max, r128_sumexp, r128_kl, r128_grad },
+};
+
+static const row_kern *row_kern_pick(void)
+{
+	const char *isa = bk_host_rows_isa_name();
+	for (size_t i = 0; i < sizeof row_kerns / sizeof row_kerns[0]; i++)
+		if (!strcmp(isa, row_kerns[i].name))
+			return &row_kerns[i];
+	BUG("loss: no row kernels for code path %s", isa);
+}
+
+/* u [n] = cap(u) / T in place (scale_chunk for one row) */
+static void scale_row(float *u, int n, float temperature, float softcap)
+{
+	if (softcap > 0)
+		for (int j = 0; j < n; j++)
+			u[j] = bk_loss_softcap(u[j], softcap) / temperature;
+	else if (temperature != 1.0f)
+		for (int j = 0; j < n; j++)
+			u[j] /= temperature;
+}
+
+/* rows in a block of the row-block path (0: the rows do not fit, take the chunked path) */
+static int block_rows(int n, int v, int sides)
+{
+	size_t per_row = (size_t)v * sizeof(float) * (size_t)sides;
+	size_t nb = block_budget / per_row;
+	return nb < 1 ? 0 : nb < (size_t)n ? (int)nb : n;
+}
+
+/* bk_loss_kl_exact's row-block path: kl [N] out (unweighted), d_hidden overwritten */
+static void kl_exact_rows(const float *hidden, const float *lm_head, const float *teacher_hidden,
+			  const float *teacher_logp, int n, int h, int v, int nb,
+			  float temperature, float softcap, const float *w, float *d_hidden,
+			  double *kl)
+{
+	const row_kern *rk = row_kern_pick();
+	float tc = softcap > 0 ? temperature / softcap : 0.0f;
+	float *us = xmalloc((size_t)nb * v * sizeof(float)); /* [nb,V] student u, then G */
+	float *ut = teacher_hidden ? xmalloc((size_t)nb * v * sizeof(float)) : NULL;
+	for (int r0 = 0; r0 < n; r0 += nb) {
+		int rn = n - r0 < nb ? n - r0 : nb;
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rn, v, h, 1.0f,
+			    hidden + (size_t)r0 * h, h, lm_head, h, 0.0f, us, v);
+		if (ut)
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rn, v, h, 1.0f,
+				    teacher_hidden + (size_t)r0 * h, h, lm_head, h, 0.0f, ut, v);
+#pragma omp parallel for schedule(static) if ((size_t)rn * v > PAR_MIN)
+		for (int r = 0; r < rn; r++) {
+			float *u = us + (size_t)r * v, *tw = ut ? ut + (size_t)r * v : NULL;
+			const float *t = tw ? tw : teacher_logp + (size_t)(r0 + r) * v;
+			scale_row(u, v, temperature, softcap);
+			float mu = rk->max(u, v);
+			double lse_s = lse_value(mu, rk->sumexp(u, v, mu)), lse_t = 0.0;
+			if (tw) {
+				scale_row(tw, v, temperature, softcap);
+				float mt = rk->max(tw, v);
+				lse_t = lse_value(mt, rk->sumexp(tw, v, mt));
+			}
+			double A, P;
+			rk->kl(u, t, v, (float)lse_s, (float)lse_t, w[r0 + r], tc, d_hidden != NULL,
+			       &A, &P);
+			kl[r0 + r] = A + (lse_s - lse_t) * P;
+		}
+		if (d_hidden)
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, h, v,
+				    1.0f / temperature, us, v, lm_head, h, 0.0f,
+				    d_hidden + (size_t)r0 * h, h);
+	}
+	free(us), free(ut);
+}
+
 double bk_loss_kl_exact(const float *hidden, const float *lm_head, const float *teacher_hidden,
 			const float *teacher_logp, const int32_t *sample_of, int n, int n_samples,
 			int h, int v, int chunk, float temperature, float softcap, float *d_hidden,
@@ -159,6 +435,17 @@ double bk_loss_kl_exact(const float *hidden, const float *lm_head, const float *
 		return 0.0;
 	float *w = xmalloc((size_t)n * sizeof(float));
 	bk_loss_row_weights(sample_of, n, n_samples, w);
+	int nb = block_rows(n, v, teacher_hidden ? 2 : 1);
+	if (nb > 0) {
+		double *klr = xmalloc((size_t)n * sizeof(double));
+		kl_exact_rows(hidden, lm_head, teacher_hidden, teacher_logp, n, h, v, nb,
+			      temperature, softcap, w, d_hidden, klr);
+		double loss = weighted_loss(w, klr, n, row_kl);
+		free(w), free(klr);
+		return loss;
+	}
+
+	/* the chunked path: two passes over the vocabulary */
 	int cmax = chunk < v ? chunk : v;
 	float *us = xmalloc((size_t)n * cmax * sizeof(float)); /* [N,C] student u, then G */
 	float *ut = teacher_hidden ? xmalloc((size_t)n * cmax * sizeof(float)) : NULL; /* [N,C] */
@@ -249,6 +536,69 @@ static void topk_order(const int32_t *ids /* [N,K] */, int n, int k, int v,
 	free(tmp);
 }
 
+/* bk_loss_kl_topk's row-block path (the chunked path's arithmetic per row, on the whole
+ * row): the student u at the ids into tu, the log-sum-exp over the other ids, KL, then
+ * dL/du = w (P q - prest q / q_rest) = w q (P - prest e^(l - l_rest)) at the other ids
+ * (one exp each) and w (P q - p) at the ids, times the cap's slope; kl [N] out */
+static void kl_topk_rows(const float *hidden, const float *lm_head, const int32_t *topk_ids,
+			 const float *topk_logp, int n, int h, int v, int k, int nb,
+			 float temperature, float softcap, const float *w, const double *p,
+			 const double *prest, const double *ptot, float *tu, float *d_hidden,
+			 double *kl)
+{
+	const row_kern *rk = row_kern_pick();
+	float tc = softcap > 0 ? temperature / softcap : 0.0f;
+	float *us = xmalloc((size_t)nb * v * sizeof(float)); /* [nb,V] u, then G */
+	for (int r0 = 0; r0 < n; r0 += nb) {
+		int rn = n - r0 < nb ? n - r0 : nb;
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rn, v, h, 1.0f,
+			    hidden + (size_t)r0 * h, h, lm_head, h, 0.0f, us, v);
+#pragma omp parallel for schedule(static) if ((size_t)rn * v > PAR_MIN)
+		for (int rr = 0; rr < rn; rr++) {
+			int r = r0 + rr;
+			float *u = us + (size_t)rr * v, *t = tu + (size_t)r * k;
+			const int32_t *id = topk_ids + (size_t)r * k;
+			scale_row(u, v, temperature, softcap);
+			for (int i = 0; i < k; i++) {
+				t[i] = u[id[i]];
+				u[id[i]] = -INFINITY;
+			}
+			float mr = rk->max(u, v);
+			double lse_rest = lse_value(mr, rk->sumexp(u, v, mr)), mt = -INFINITY, st = 0;
+			for (int i = 0; i < k; i++)
+				if (t[i] > mt)
+					mt = t[i];
+			for (int i = 0; i < k && mt > -INFINITY; i++)
+				st += exp(t[i] - mt);
+			double l = logaddexp(lse_rest, lse_value(mt, st)), acc = 0;
+			for (int i = 0; i < k; i++) {
+				double pi = p[(size_t)r * k + i];
+				if (pi > 0)
+					acc += pi * ((double)topk_logp[(size_t)r * k + i] - (t[i] - l));
+			}
+			if (prest[r] > 0)
+				acc += prest[r] * (log(prest[r]) - (lse_rest - l));
+			kl[r] = acc;
+			if (!d_hidden)
+				continue;
+			double cf = ptot[r];
+			if (prest[r] > 0 && lse_rest > -INFINITY)
+				cf -= prest[r] * exp(l - lse_rest);
+			rk->grad(u, v, (float)(w[r] * cf), (float)l, tc);
+			for (int i = 0; i < k; i++) {
+				double q = exp((double)t[i] - l);
+				float gi = w[r] * (float)(ptot[r] * q - p[(size_t)r * k + i]);
+				u[id[i]] = softcap > 0 ? gi * cap_slope(t[i], tc) : gi;
+			}
+		}
+		if (d_hidden)
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, h, v,
+				    1.0f / temperature, us, v, lm_head, h, 0.0f,
+				    d_hidden + (size_t)r0 * h, h);
+	}
+	free(us);
+}
+
 double bk_loss_kl_topk(const float *hidden, const float *lm_head, const int32_t *topk_ids,
 		       const float *topk_logp, const float *rest, const int32_t *sample_of, int n,
 		       int n_samples, int h, int v, int k, int chunk, float temperature,
@@ -285,6 +635,17 @@ double bk_loss_kl_topk(const float *hidden, const float *lm_head, const int32_t 
 		ptot[r] = sum;
 	}
 
+	int nb = block_rows(n, v, 1);
+	if (nb > 0) {
+		double *klr = xmalloc((size_t)n * sizeof(double));
+		kl_topk_rows(hidden, lm_head, topk_ids, topk_logp, n, h, v, k, nb, temperature,
+			     softcap, w, p, prest, ptot, tu, d_hidden, klr);
+		double loss = weighted_loss(w, klr, n, row_kl);
+		free(w), free(order), free(p), free(tu), free(prest), free(ptot), free(klr);
+		return loss;
+	}
+
+	/* the chunked path: two passes over the vocabulary */
 	int cmax = chunk < v ? chunk : v;
 	float *us = xmalloc((size_t)n * cmax * sizeof(float)); /* [N,C] u, then G */
 	int *cur = xcalloc((size_t)n, sizeof(int));

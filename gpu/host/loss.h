@@ -28,6 +28,7 @@
 #define BK_LOSS_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* the final logit softcap of one logit, the arithmetic of every loss op and of
@@ -39,10 +40,22 @@ static inline float bk_loss_softcap(float z, float c) { return tanhf(z / c) * c;
 int bk_loss_row_weights(const int32_t *sample_of /* [N] in [0, n_samples) */, int n,
 			int n_samples, float *w /* [N] out */);
 
+/* The losses' two paths.  Row blocks: rows in blocks whose full-vocabulary logits
+ * ([rows,V] floats per side: two with teacher hidden rows, else one) fit a memory budget,
+ * each block's logits formed once (one LM-head sgemm per side, one more for d_hidden),
+ * each row's sums in a fixed float/double lane order with a vectorized exp (loss.c);
+ * chunk is not used.  Chunked: when a single row does not fit, two passes over
+ * vocabulary chunks of `chunk` ids, logits formed twice, sums in double.  Both within
+ * float rounding of the definition above (tests/unit/test_loss.c: each against a double
+ * reference and against each other).  bk_loss_block_bytes sets the budget (default
+ * 256 MiB; 0: always chunked) and returns the previous one; not thread-safe (set it
+ * before the losses run; for tests and benchmarks). */
+size_t bk_loss_block_bytes(size_t bytes);
+
 /* Exact (full-vocabulary) teacher.  Exactly one of teacher_hidden (teacher final
- * hidden rows, same LM head; logits / T are formed chunk by chunk) and teacher_logp
- * (precomputed log_softmax(teacher_logits / T), already at temperature T) is non-NULL.
- * Two passes over the vocabulary: log-sum-exp of both sides, then KL and gradient.
+ * hidden rows, same LM head) and teacher_logp (precomputed log_softmax(teacher_logits /
+ * T), already at temperature T) is non-NULL.  Log-sum-exp of both sides, then KL and
+ * gradient, by row blocks or in vocabulary chunks (above).
  * Returns the batch loss; row_kl (if not NULL) gets the unweighted KL_r. */
 double bk_loss_kl_exact(const float *hidden /* [N,H] student */,
 			const float *lm_head /* [V,H] */,

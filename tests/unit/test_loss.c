@@ -5,6 +5,7 @@
  * Not a speed test. */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -12,6 +13,7 @@
 
 #include "common/diag.h"
 #include "common/rng.h"
+#include "gpu/host/host_rows.h" /* bk_host_rows_isa: each code path of the row-block loss */
 #include "gpu/host/loss.h"
 #include "tests/harness.h"
 
@@ -608,6 +610,101 @@ static void test_cap_effect(void)
 	CHECK(bk_relerr(lbig, l0, 1e-9) < 1e-4, "cap 1e4: loss %.9g, uncapped %.9g", lbig, l0);
 }
 
+/* The row-block path (bk_loss_block_bytes) against the chunked one and the double
+ * reference on rows wider than a span (V = 1000: 3 spans of 256 and a tail of 232, 8
+ * lanes of the last vector) with a peaked student (logits up to +-30, so exp reaches far
+ * below 1), in several blocks; the same bits from every code path this CPU runs, and
+ * from one block or several; the errors against the reference are printed. */
+static void test_row_blocks(void)
+{
+	enum { N = 9, H = 16, V = 1000, NS = 3, K = 20 };
+	int32_t so[N] = {0, 0, 0, 0, 1, 1, 2, 2, 2};
+	bk_rng rng;
+	bk_rng_seed(&rng, 11);
+	float *w = malloc((size_t)V * H * sizeof(float)), hs[N * H], ht[N * H];
+	float dh[N * H], dhc[N * H], dhb[N * H], rk[N], rkc[N];
+	fill(&rng, w, (size_t)V * H, 1.0);
+	fill(&rng, hs, N * H, 3.0);
+	fill(&rng, ht, N * H, 3.0);
+	double x[N * H], rkr[N], *tl = malloc((size_t)N * V * sizeof(double));
+	for (int i = 0; i < N * H; i++)
+		x[i] = ht[i];
+	ref_scaled_logits(x, w, N, H, V, 1.0, tl);
+	ref_log_softmax(tl, N, V);
+	ref_case c = {.w = w, .tl = tl, .sample_of = so, .n = N, .ns = NS, .h = H, .v = V, .t = 1.0};
+	for (int i = 0; i < N * H; i++)
+		x[i] = hs[i];
+	double want = ref_loss(&c, x, rkr);
+
+	size_t old = bk_loss_block_bytes(0); /* chunked */
+	double lc = bk_loss_kl_exact(hs, w, ht, NULL, so, N, NS, H, V, 97, 1.0f, CAPF, dhc, rkc);
+	bk_loss_block_bytes((size_t)V * 8 * 2); /* 2 rows a block: 5 blocks */
+	double lb = bk_loss_kl_exact(hs, w, ht, NULL, so, N, NS, H, V, 97, 1.0f, CAPF, dhb, NULL);
+	bk_loss_block_bytes(old); /* one block */
+	double l1 = bk_loss_kl_exact(hs, w, ht, NULL, so, N, NS, H, V, 97, 1.0f, CAPF, dh, rk);
+	double rerr = 0, cerr = 0;
+	for (int r = 0; r < N; r++) {
+		rerr = fmax(rerr, bk_relerr(rk[r], rkr[r], 1e-6));
+		cerr = fmax(cerr, bk_relerr(rkc[r], rkr[r], 1e-6));
+	}
+	CHECK(lb == l1 && !memcmp(dh, dhb, sizeof dh), "row blocks: 5 blocks %.9g, one %.9g", lb, l1);
+	CHECK(bk_relerr(l1, want, 1e-9) < 2e-6, "row blocks: loss %.9g want %.9g", l1, want);
+	CHECK(bk_relerr(lc, want, 1e-9) < 2e-6, "chunked: loss %.9g want %.9g", lc, want);
+	CHECK(rerr < 2e-5, "row blocks: row KL relerr %g", rerr);
+	CHECK(bk_max_relerr(dh, dhc, N * H, 1e-6) < 2e-5, "row blocks vs chunked: d_hidden relerr %g",
+	      bk_max_relerr(dh, dhc, N * H, 1e-6));
+	printf("row blocks (cap %g): loss relerr %.2g (chunked %.2g), row KL %.2g (chunked %.2g), "
+	       "d_hidden vs chunked %.2g\n", g_cap, bk_relerr(l1, want, 1e-9),
+	       bk_relerr(lc, want, 1e-9), rerr, cerr, bk_max_relerr(dh, dhc, N * H, 1e-6));
+
+	/* sparse: rows vs chunked */
+	int32_t ids[N * K];
+	float logp[N * K], rest[N];
+	bk_teacher_topk(ht, w, NULL, N, H, V, 128, 1.0f, CAPF, K, ids, logp, rest);
+	bk_loss_block_bytes(0);
+	double sc = bk_loss_kl_topk(hs, w, ids, logp, rest, so, N, NS, H, V, K, 97, 1.0f, CAPF,
+				    dhc, rkc);
+	bk_loss_block_bytes((size_t)V * 4 * 4); /* 4 rows a block */
+	double sb = bk_loss_kl_topk(hs, w, ids, logp, rest, so, N, NS, H, V, K, 97, 1.0f, CAPF,
+				    dhb, NULL);
+	bk_loss_block_bytes(old);
+	double s1 = bk_loss_kl_topk(hs, w, ids, logp, rest, so, N, NS, H, V, K, 97, 1.0f, CAPF, dh,
+				    rk);
+	double srk = 0;
+	for (int r = 0; r < N; r++)
+		srk = fmax(srk, bk_relerr(rk[r], rkc[r], 1e-6));
+	CHECK(sb == s1 && !memcmp(dh, dhb, sizeof dh), "sparse row blocks: 3 blocks %.9g, one %.9g",
+	      sb, s1);
+	CHECK(bk_relerr(s1, sc, 1e-9) < 2e-6 && srk < 2e-5, "sparse: rows %.9g chunked %.9g (row KL %g)",
+	      s1, sc, srk);
+	CHECK(bk_max_relerr(dh, dhc, N * H, 1e-6) < 2e-5, "sparse rows vs chunked: d_hidden relerr %g",
+	      bk_max_relerr(dh, dhc, N * H, 1e-6));
+
+	/* every code path: the same bits (dh: the exact gradient, dhs the sparse one, of the
+	 * default path) */
+	float dhs[N * H], dhe[N * H];
+	memcpy(dhs, dh, sizeof dh);
+	bk_loss_kl_exact(hs, w, ht, NULL, so, N, NS, H, V, 97, 1.0f, CAPF, dhe, NULL);
+	static const char *const isas[] = {"avx512", "avx2", "sse2"};
+	int paths = 0;
+	for (int i = 0; i < 3; i++) {
+		if (bk_host_rows_isa(isas[i]) < 0)
+			continue;
+		paths++;
+		double li = bk_loss_kl_exact(hs, w, ht, NULL, so, N, NS, H, V, 97, 1.0f, CAPF, dhb,
+					     NULL);
+		CHECK(li == l1 && !memcmp(dhb, dhe, sizeof dhb),
+		      "%s: exact loss %.17g, default path %.17g (or d_hidden differs)", isas[i], li, l1);
+		double si = bk_loss_kl_topk(hs, w, ids, logp, rest, so, N, NS, H, V, K, 97, 1.0f, CAPF,
+					    dhb, NULL);
+		CHECK(si == s1 && !memcmp(dhb, dhs, sizeof dhb),
+		      "%s: sparse loss %.17g, default path %.17g (or d_hidden differs)", isas[i], si, s1);
+	}
+	CHECK(paths >= 1, "no code path runs here");
+	bk_host_rows_isa(NULL);
+	free(w), free(tl);
+}
+
 static void bad_cap(void)
 {
 	float w[4] = {1, 2, 3, 4}, hs[1] = {1};
@@ -618,7 +715,13 @@ static void bad_cap(void)
 int main(void)
 {
 	bk_diag_init("test_loss");
+	/* every case on the row-block path (default budget), on the chunked path (budget 0)
+	 * and in row blocks of a few rows (the exact loss with a teacher's hidden rows of
+	 * V = 37: 3 rows a block, 6 with log-probs; V = 300: none, so chunked) */
+	const size_t budgets[] = {bk_loss_block_bytes(0), 0, 37 * 4 * 6};
+	for (int bi = 0; bi < 3; bi++)
 	for (int ci = 0; ci < 2; ci++) {
+		bk_loss_block_bytes(budgets[bi]);
 		g_cap = ci ? 2.0 : 0.0;
 		int32_t so1[7] = {0, 0, 0, 2, 2, 3, 3}; /* sample 1 empty, sizes 3, 2, 2 */
 		test_exact(7, 8, 37, so1, 4, 1);
@@ -632,6 +735,11 @@ int main(void)
 		test_teacher_topk();
 		test_extreme();
 		test_empty();
+	}
+	bk_loss_block_bytes(budgets[0]);
+	for (int ci = 0; ci < 2; ci++) {
+		g_cap = ci ? 2.0 : 0.0;
+		test_row_blocks();
 	}
 	g_cap = 0;
 	test_cap_effect();
