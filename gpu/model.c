@@ -62,6 +62,14 @@
  *     slot slot(l) = l or 0, whose [T,W] activation starts at slot * max_T * W; lse of
  *     a slot is [NH,T] with row stride T (the current batch's T).  resid always has L+1
  *     slots.
+ *  7. The "act" buffers (ln1, ln2, q, k, v, att, gate, up, hmlp, the prefix K/V) have
+ *     elements of m->act_bytes: 4 (fp32) on the host twin and with BK_ACT=fp32, so every
+ *     op, address and bit is as without this invariant; 2 (bf16) with BK_ACT=bf16 on
+ *     CUDA, where they are written and read only by the ops' *_act variants and their
+ *     addresses are computed in bytes (lay_act).  Design and list: gpu/cuda/cuda_act.cuh.
+ *     In bf16 mode the projections of q/k/v and gate/up write fp32 into the backward's
+ *     dq/dk/dv and dgate/dup (unused during a forward: the backward zeroes them before
+ *     use), from where RoPE, to_act and the GLU store the bf16 activations.
  */
 #include "gpu/model.h"
 
@@ -92,14 +100,15 @@ struct bk_acts {
 	/* saved activations: resid per layer boundary, the rest per slot (stride max_T * width) */
 	float *resid;         /* [L+1][T,H] */
 	float *resid2;        /* [n_slot][T,H] */
-	float *ln1, *ln2;     /* [n_slot][T,H] */
+	int act_bytes;        /* the elements of the act buffers (invariant 7) */
+	void *ln1, *ln2;      /* [n_slot][T,H] act */
 	float *rstd1, *rstd2; /* [n_slot][T] */
 	float *rstdf;         /* [T] */
-	float *q;             /* [n_slot][T,NH*D] after RoPE */
-	float *k, *v;         /* [n_slot][T,NKV*D] k after RoPE */
-	float *att;           /* [n_slot][T,NH*D] attention output (input of o_proj) */
+	void *q;              /* [n_slot][T,NH*D] act, after RoPE */
+	void *k, *v;          /* [n_slot][T,NKV*D] act, k after RoPE */
+	void *att;            /* [n_slot][T,NH*D] act, attention output (input of o_proj) */
 	float *lse;           /* [n_slot][NH,T] */
-	float *gate, *up, *hmlp; /* [n_slot][T,I] */
+	void *gate, *up, *hmlp; /* [n_slot][T,I] act */
 	float *xa;            /* [n_slot][NMOD][T,R] */
 	/* only with cfg.qk_norm: q and k before their norm, and the norms' rstd */
 	float *qraw, *kraw;   /* [n_slot][T,NH*D], [n_slot][T,NKV*D] */
@@ -150,6 +159,13 @@ bk_model *bk_model_create(const bk_ops *ops, const bk_llama_config *cfg,
 	bk_model *m = xcalloc(1, sizeof(*m));
 	m->ops = ops;
 	m->cfg = *cfg;
+	m->act_bytes = ops->act_bytes ? ops->act_bytes() : 4; /* invariant 7 */
+	if (m->act_bytes != 4 &&
+	    (m->act_bytes != 2 || !ops->rmsnorm_forward_act || !ops->rope_forward_act ||
+	     !ops->to_act || !ops->glu_forward_act || !ops->glu_backward_act ||
+	     !ops->attention_forward_act || !ops->attention_backward_act ||
+	     !ops->proj_forward_act || !ops->proj_backward_act))
+		BUG("ops %s: act_bytes %d without every act op", ops->name, m->act_bytes);
 	m->inv_freq_host = xmalloc(c->D / 2 * sizeof(float));
 	memcpy(m->inv_freq_host, cfg->inv_freq, c->D / 2 * sizeof(float));
 	m->cfg.inv_freq = m->inv_freq_host;
@@ -253,6 +269,13 @@ static float *aalloc(const bk_ops *ops, bk_acts *a, size_t n)
 	return falloc(ops, n);
 }
 
+/* an act buffer of n elements of a->act_bytes (invariant 7), counted in a->bytes */
+static void *aalloc_act(const bk_ops *ops, bk_acts *a, size_t n)
+{
+	a->bytes += n * a->act_bytes;
+	return ops->alloc(n * a->act_bytes);
+}
+
 bk_acts *bk_acts_create_ckpt(const bk_model *m, int max_T, int max_r, int checkpoint)
 {
 	const bk_ops *ops = m->ops;
@@ -267,25 +290,26 @@ bk_acts *bk_acts_create_ckpt(const bk_model *m, int max_T, int max_r, int checkp
 	a->max_T = max_T;
 	a->max_r = max_r;
 	a->n_slot = (int)NS;
+	a->act_bytes = m->act_bytes;
 	a->ids = ops->alloc(T * sizeof(int32_t));
 	a->pos = ops->alloc(T * sizeof(int32_t));
 	a->cu = ops->alloc((T + 1) * sizeof(int32_t));
 	a->bytes = (3 * T + 1) * sizeof(int32_t);
 	a->resid = aalloc(ops, a, (L + 1) * T * H);
 	a->resid2 = aalloc(ops, a, NS * T * H);
-	a->ln1 = aalloc(ops, a, NS * T * H);
-	a->ln2 = aalloc(ops, a, NS * T * H);
+	a->ln1 = aalloc_act(ops, a, NS * T * H);
+	a->ln2 = aalloc_act(ops, a, NS * T * H);
 	a->rstd1 = aalloc(ops, a, NS * T);
 	a->rstd2 = aalloc(ops, a, NS * T);
 	a->rstdf = aalloc(ops, a, T);
-	a->q = aalloc(ops, a, NS * T * QD);
-	a->k = aalloc(ops, a, NS * T * KVD);
-	a->v = aalloc(ops, a, NS * T * KVD);
-	a->att = aalloc(ops, a, NS * T * QD);
+	a->q = aalloc_act(ops, a, NS * T * QD);
+	a->k = aalloc_act(ops, a, NS * T * KVD);
+	a->v = aalloc_act(ops, a, NS * T * KVD);
+	a->att = aalloc_act(ops, a, NS * T * QD);
 	a->lse = aalloc(ops, a, NS * c->NH * T);
-	a->gate = aalloc(ops, a, NS * T * I);
-	a->up = aalloc(ops, a, NS * T * I);
-	a->hmlp = aalloc(ops, a, NS * T * I);
+	a->gate = aalloc_act(ops, a, NS * T * I);
+	a->up = aalloc_act(ops, a, NS * T * I);
+	a->hmlp = aalloc_act(ops, a, NS * T * I);
 	a->xa = aalloc(ops, a, NS * BK_LORA_NMOD * T * R);
 	a->tmp = aalloc(ops, a, T * H);
 	a->scratch = aalloc(ops, a, T * (widest + R));
@@ -345,6 +369,12 @@ static int slot(const bk_acts *a, int l) { return a->n_slot == 1 ? 0 : l; }
 static float *lay(const bk_acts *a, float *base, int s, size_t width)
 {
 	return base + (size_t)s * a->max_T * width;
+}
+
+/* slot s of a per-slot [T,width] act buffer (invariants 6 and 7: in bytes) */
+static void *lay_act(const bk_acts *a, void *base, int s, size_t width)
+{
+	return (char *)base + (size_t)s * a->max_T * width * a->act_bytes;
 }
 
 static float *xa_of(const bk_acts *a, int l, int mod)
@@ -471,7 +501,7 @@ static int proj_group(const bk_model *m, const bk_lora *lora, const bk_lora *gra
  * proj_forward (or, on a table without it, linear_forward + lora_forward per member,
  * the same function); the group's xa lives in the slots of its modules */
 static void linear_fwd(const bk_model *m, const bk_lora *lora, bk_acts *a, int l, int mod0,
-		       int n, float *const *y, const float *x, int T)
+		       int n, float *const *y, const void *x /* act */, int T)
 {
 	bk_proj p[BK_PROJ_MAX];
 	int in, out, R = lora ? lora->r : 0;
@@ -479,6 +509,10 @@ static void linear_fwd(const bk_model *m, const bk_lora *lora, bk_acts *a, int l
 	float *xa = any ? xa_of(a, l, mod0) : NULL, sc = lora ? lora->scale : 0;
 	float drop = lora ? lora_p(lora, a) : 0;
 	bk_model_module_dims(&m->cfg, mod0, &in, &out);
+	if (m->act_bytes != 4) { /* bf16 x (invariant 7) */
+		m->ops->proj_forward_act(p, n, x, xa, T, in, R, sc, drop, a->scratch);
+		return;
+	}
 	if (m->ops->proj_forward) {
 		m->ops->proj_forward(p, n, x, xa, T, in, R, sc, drop, a->scratch);
 		return;
@@ -511,7 +545,8 @@ static void check_batch(const bk_model *m, const bk_batch *b, const bk_acts *a, 
 
 /* the per-slot activations of layer l (slot(l)) */
 typedef struct {
-	float *ln1, *rstd1, *q, *k, *v, *att, *lse, *resid2, *ln2, *rstd2, *gate, *up, *hm;
+	void *ln1, *q, *k, *v, *att, *ln2, *gate, *up, *hm; /* act (invariant 7) */
+	float *rstd1, *lse, *resid2, *rstd2;
 	float *qraw, *kraw, *rstdq, *rstdk, *oout, *dout, *rstd3, *rstd4; /* or NULL */
 } layer_acts;
 
@@ -521,12 +556,13 @@ static layer_acts layer_slot(const bk_model *m, const bk_acts *a, int l)
 	size_t H = c->H, I = c->I, QD = (size_t)c->NH * c->D, KVD = (size_t)c->NKV * c->D;
 	int s = slot(a, l);
 	return (layer_acts){
-		.ln1 = lay(a, a->ln1, s, H), .rstd1 = lay(a, a->rstd1, s, 1),
-		.q = lay(a, a->q, s, QD), .k = lay(a, a->k, s, KVD), .v = lay(a, a->v, s, KVD),
-		.att = lay(a, a->att, s, QD), .lse = lay(a, a->lse, s, c->NH),
-		.resid2 = lay(a, a->resid2, s, H), .ln2 = lay(a, a->ln2, s, H),
-		.rstd2 = lay(a, a->rstd2, s, 1), .gate = lay(a, a->gate, s, I),
-		.up = lay(a, a->up, s, I), .hm = lay(a, a->hmlp, s, I),
+		.ln1 = lay_act(a, a->ln1, s, H), .rstd1 = lay(a, a->rstd1, s, 1),
+		.q = lay_act(a, a->q, s, QD), .k = lay_act(a, a->k, s, KVD),
+		.v = lay_act(a, a->v, s, KVD), .att = lay_act(a, a->att, s, QD),
+		.lse = lay(a, a->lse, s, c->NH), .resid2 = lay(a, a->resid2, s, H),
+		.ln2 = lay_act(a, a->ln2, s, H), .rstd2 = lay(a, a->rstd2, s, 1),
+		.gate = lay_act(a, a->gate, s, I), .up = lay_act(a, a->up, s, I),
+		.hm = lay_act(a, a->hmlp, s, I),
 		.qraw = c->qk_norm ? lay(a, a->qraw, s, QD) : NULL,
 		.kraw = c->qk_norm ? lay(a, a->kraw, s, KVD) : NULL,
 		.rstdq = c->qk_norm ? lay(a, a->rstdq, s, c->NH) : NULL,
@@ -543,7 +579,7 @@ static layer_acts layer_slot(const bk_model *m, const bk_acts *a, int l)
  * may alias tmp), saving the layer's activations in its slot.  pk/pv: the layer's
  * prefix K/V [P,NKV,D] or NULL. */
 static void layer_forward(const bk_model *m, const bk_lora *lora, bk_acts *a, int l,
-			  const float *pk, const float *pv, int P, float *out)
+			  const void *pk, const void *pv, int P, float *out)
 {
 	const bk_ops *ops = m->ops;
 	const bk_llama_config *c = &m->cfg;
@@ -553,24 +589,38 @@ static void layer_forward(const bk_model *m, const bk_lora *lora, bk_acts *a, in
 	const float *x = lay(a, a->resid, l, H);
 	layer_acts s = layer_slot(m, a, l);
 	a->slot_layer = l;
+	int act = m->act_bytes != 4; /* bf16 act buffers: the *_act ops (invariant 7) */
 
 	/* attention block */
-	ops->rmsnorm_forward(s.ln1, s.rstd1, x, w->attn_norm, T, c->H, c->rms_eps);
-	float *q = c->qk_norm ? s.qraw : s.q, *k = c->qk_norm ? s.kraw : s.k;
-	linear_fwd(m, lora, a, l, BK_LORA_Q, 3, (float *const[]){ q, k, s.v }, s.ln1, T);
+	if (act)
+		ops->rmsnorm_forward_act(s.ln1, s.rstd1, x, w->attn_norm, T, c->H, c->rms_eps);
+	else
+		ops->rmsnorm_forward(s.ln1, s.rstd1, x, w->attn_norm, T, c->H, c->rms_eps);
+	/* the fp32 q, k, v: the saved buffers, or with act the backward's dq, dk, dv */
+	float *qf = act ? a->dq : s.q, *kf = act ? a->dk : s.k, *v = act ? a->dv : s.v;
+	float *q = c->qk_norm ? s.qraw : qf, *k = c->qk_norm ? s.kraw : kf;
+	linear_fwd(m, lora, a, l, BK_LORA_Q, 3, (float *const[]){ q, k, v }, s.ln1, T);
 	if (c->qkv_bias) {
 		ops->bias_forward(q, w->bq, T);
 		ops->bias_forward(k, w->bk, T);
-		ops->bias_forward(s.v, w->bv, T);
+		ops->bias_forward(v, w->bv, T);
 	}
 	if (c->qk_norm) { /* per head: rows of D */
-		ops->rmsnorm_forward(s.q, s.rstdq, s.qraw, w->q_norm, T * c->NH, c->D, c->rms_eps);
-		ops->rmsnorm_forward(s.k, s.rstdk, s.kraw, w->k_norm, T * c->NKV, c->D, c->rms_eps);
+		ops->rmsnorm_forward(qf, s.rstdq, s.qraw, w->q_norm, T * c->NH, c->D, c->rms_eps);
+		ops->rmsnorm_forward(kf, s.rstdk, s.kraw, w->k_norm, T * c->NKV, c->D, c->rms_eps);
 	}
-	ops->rope_forward(s.q, a->pos, w->inv_freq, T, c->NH, c->D);
-	ops->rope_forward(s.k, a->pos, w->inv_freq, T, c->NKV, c->D);
-	ops->attention_forward(s.att, s.lse, s.q, s.k, s.v, a->cu, a->S, T, c->NH, c->NKV, c->D,
-			       pk, pv, P, &w->attn);
+	if (act) {
+		ops->rope_forward_act(s.q, qf, a->pos, w->inv_freq, T, c->NH, c->D);
+		ops->rope_forward_act(s.k, kf, a->pos, w->inv_freq, T, c->NKV, c->D);
+		ops->to_act(s.v, v, (size_t)T * c->NKV * c->D);
+		ops->attention_forward_act(s.att, s.lse, s.q, s.k, s.v, a->cu, a->S, T, c->NH,
+					   c->NKV, c->D, pk, pv, P, &w->attn);
+	} else {
+		ops->rope_forward(s.q, a->pos, w->inv_freq, T, c->NH, c->D);
+		ops->rope_forward(s.k, a->pos, w->inv_freq, T, c->NKV, c->D);
+		ops->attention_forward(s.att, s.lse, s.q, s.k, s.v, a->cu, a->S, T, c->NH, c->NKV,
+				       c->D, pk, pv, P, &w->attn);
+	}
 	if (c->sandwich) {
 		linear_fwd(m, lora, a, l, BK_LORA_O, 1, &s.oout, s.att, T);
 		ops->rmsnorm_forward(a->tmp, s.rstd3, s.oout, w->post_attn_norm, T, c->H,
@@ -581,12 +631,20 @@ static void layer_forward(const bk_model *m, const bk_lora *lora, bk_acts *a, in
 	ops->residual_forward(s.resid2, x, a->tmp, (size_t)T * H);
 
 	/* MLP block */
-	ops->rmsnorm_forward(s.ln2, s.rstd2, s.resid2, w->mlp_norm, T, c->H, c->rms_eps);
-	linear_fwd(m, lora, a, l, BK_LORA_GATE, 2, (float *const[]){ s.gate, s.up }, s.ln2, T);
-	if (c->geglu)
-		ops->geglu_forward(s.hm, s.gate, s.up, (size_t)T * I);
-	else
-		ops->swiglu_forward(s.hm, s.gate, s.up, (size_t)T * I);
+	if (act) {
+		ops->rmsnorm_forward_act(s.ln2, s.rstd2, s.resid2, w->mlp_norm, T, c->H, c->rms_eps);
+		linear_fwd(m, lora, a, l, BK_LORA_GATE, 2, (float *const[]){ a->dgate, a->dup },
+			   s.ln2, T);
+		ops->glu_forward_act(s.hm, s.gate, s.up, a->dgate, a->dup, (size_t)T * I, c->geglu);
+	} else {
+		ops->rmsnorm_forward(s.ln2, s.rstd2, s.resid2, w->mlp_norm, T, c->H, c->rms_eps);
+		linear_fwd(m, lora, a, l, BK_LORA_GATE, 2, (float *const[]){ s.gate, s.up }, s.ln2,
+			   T);
+		if (c->geglu)
+			ops->geglu_forward(s.hm, s.gate, s.up, (size_t)T * I);
+		else
+			ops->swiglu_forward(s.hm, s.gate, s.up, (size_t)T * I);
+	}
 	if (c->sandwich) {
 		linear_fwd(m, lora, a, l, BK_LORA_DOWN, 1, &s.dout, s.hm, T);
 		ops->rmsnorm_forward(a->tmp, s.rstd4, s.dout, w->post_mlp_norm, T, c->H,
@@ -644,8 +702,8 @@ void bk_model_forward(const bk_model *m, const bk_lora *lora, const bk_batch *b,
 /* dx [T,in] += dy[j] [T,out_j] W_j (+ LoRA backward, adding into grads' A/B of module
  * mod0+j), j < n: the backward of linear_fwd's group, its members in the same order */
 static void linear_bwd(const bk_model *m, const bk_lora *lora, bk_lora *grads, bk_acts *a,
-		       int l, int mod0, int n, float *dx, const float *const *dy, const float *x,
-		       int T)
+		       int l, int mod0, int n, float *dx, const float *const *dy,
+		       const void *x /* act */, int T)
 {
 	bk_proj p[BK_PROJ_MAX];
 	int in, out, R = lora ? lora->r : 0;
@@ -653,6 +711,10 @@ static void linear_bwd(const bk_model *m, const bk_lora *lora, bk_lora *grads, b
 	const float *xa = any ? xa_of(a, l, mod0) : NULL;
 	float sc = lora ? lora->scale : 0, drop = lora ? lora_p(lora, a) : 0;
 	bk_model_module_dims(&m->cfg, mod0, &in, &out);
+	if (m->act_bytes != 4) { /* bf16 x (invariant 7) */
+		m->ops->proj_backward_act(dx, p, n, x, xa, T, in, R, sc, drop, a->scratch);
+		return;
+	}
 	if (m->ops->proj_backward) {
 		m->ops->proj_backward(dx, p, n, x, xa, T, in, R, sc, drop, a->scratch);
 		return;
@@ -691,7 +753,9 @@ static void layer_backward(const bk_model *m, const bk_lora *lora, bk_lora *grad
 	linear_bwd(m, lora, grads, a, l, BK_LORA_DOWN, 1, a->dh, &dy, s.hm, T);
 	ops->zero(a->dgate, fT * I);
 	ops->zero(a->dup, fT * I);
-	if (c->geglu)
+	if (m->act_bytes != 4)
+		ops->glu_backward_act(a->dgate, a->dup, a->dh, s.gate, s.up, (size_t)T * I, c->geglu);
+	else if (c->geglu)
 		ops->geglu_backward(a->dgate, a->dup, a->dh, s.gate, s.up, (size_t)T * I);
 	else
 		ops->swiglu_backward(a->dgate, a->dup, a->dh, s.gate, s.up, (size_t)T * I);
@@ -712,8 +776,12 @@ static void layer_backward(const bk_model *m, const bk_lora *lora, bk_lora *grad
 	ops->zero(a->dq, fT * QD);
 	ops->zero(a->dk, fT * KVD);
 	ops->zero(a->dv, fT * KVD);
-	ops->attention_backward(a->dq, a->dk, a->dv, a->datt, s.q, s.k, s.v, s.att, s.lse, a->cu,
-				a->S, T, c->NH, c->NKV, c->D, &w->attn);
+	if (m->act_bytes != 4)
+		ops->attention_backward_act(a->dq, a->dk, a->dv, a->datt, s.q, s.k, s.v, s.att, s.lse,
+					    a->cu, a->S, T, c->NH, c->NKV, c->D, &w->attn);
+	else
+		ops->attention_backward(a->dq, a->dk, a->dv, a->datt, s.q, s.k, s.v, s.att, s.lse,
+					a->cu, a->S, T, c->NH, c->NKV, c->D, &w->attn);
 	ops->rope_backward(a->dq, a->pos, w->inv_freq, T, c->NH, c->D);
 	ops->rope_backward(a->dk, a->pos, w->inv_freq, T, c->NKV, c->D);
 	float *dq = a->dq, *dk = a->dk;
@@ -786,10 +854,11 @@ bk_prefix *bk_model_prefix_build(const bk_model *m, bk_acts *a, const int32_t *i
 	for (int l = 0; l < c->L; l++) {
 		layer_forward(m, NULL, a, l, NULL, NULL, 0, lay(a, a->resid, l + 1, c->H));
 		layer_acts s = layer_slot(m, a, l);
-		p->k[l] = falloc(ops, P * KVD);
-		p->v[l] = falloc(ops, P * KVD);
-		ops->copy(p->k[l], s.k, P * KVD * sizeof(float));
-		ops->copy(p->v[l], s.v, P * KVD * sizeof(float));
+		size_t bytes = P * KVD * m->act_bytes; /* invariant 7 */
+		p->k[l] = ops->alloc(bytes);
+		p->v[l] = ops->alloc(bytes);
+		ops->copy(p->k[l], s.k, bytes);
+		ops->copy(p->v[l], s.v, bytes);
 	}
 	a->has_forward = 0; /* acts now hold no forward a backward could use */
 	free(pos);

@@ -97,6 +97,9 @@ typedef struct bk_model {
 	bk_weight *final_norm; /* [1,H] */
 	bk_weight *lm_head;   /* [V,H]; == embed when tied */
 	bk_layer *layers;     /* [L] */
+	int act_bytes;        /* element size of the activations that feed GEMMs and attention:
+			       * 4 (fp32; the host twin) or 2 (bf16: the CUDA ops with BK_ACT=bf16,
+			       * gpu/cuda/cuda_act.cuh), from ops->act_bytes at create */
 } bk_model;
 
 /* LoRA adapter (or its gradients: same struct, same shapes).  All trainable numbers
@@ -128,8 +131,8 @@ typedef struct bk_batch {
  * positions 0..P-1, attended to by every sequence of a batch (forward only). */
 typedef struct bk_prefix {
 	int P, L;
-	float **k; /* [L] -> [P,NKV,D] device */
-	float **v; /* [L] -> [P,NKV,D] device */
+	void **k; /* [L] -> [P,NKV,D] device, elements of the model's act_bytes */
+	void **v; /* [L] -> [P,NKV,D] device, elements of the model's act_bytes */
 } bk_prefix;
 
 /* Activations saved by the forward for the backward, plus backward workspace; sized

@@ -266,6 +266,54 @@ typedef struct bk_ops {
 			      const float *x /* [T,in] */, const float *xa /* [n*T*R] */, int T,
 			      int in, int R, float scale, float drop,
 			      float *scratch /* [T,in+R] */);
+
+	/* ---- bf16 activations (BK_ACT=bf16: gpu/cuda/cuda_act.cuh; NULL on the host twin) ----
+	 * act_bytes: the element size of gpu/model.c's "act" buffers, the saved activations
+	 * that feed GEMMs and attention (ln1, ln2, q, k, v after RoPE, att, gate, up, h; a
+	 * shared prefix's K/V).  NULL or 4: they are fp32 and the ops below are never
+	 * called (the host twin, BK_ACT=fp32); 2: they are bf16, and gpu/model.c writes and
+	 * reads them only through the ops below, every other buffer (the residual stream,
+	 * rstd, lse, LoRA xa, every gradient, the loss) staying fp32.  "act" marks a pointer
+	 * to act_bytes-sized elements; the shapes and semantics are those of the fp32 op
+	 * named, with each act output rounded once (round to nearest even) as it is stored.
+	 * The error bounds against the host twin: gpu/cuda/cuda_act.cuh. */
+	int (*act_bytes)(void);
+	/* rmsnorm_forward with the output in act (rstd fp32) */
+	void (*rmsnorm_forward_act)(void *out /* [T,H] act */, float *rstd /* [T] */,
+				    const float *x /* [T,H] */, const bk_weight *w /* [1,H] */,
+				    int T, int H, float eps);
+	/* out = rope_forward(x) into act; x [T,n,D] fp32 is left as it is */
+	void (*rope_forward_act)(void *out /* [T,n,D] act */, const float *x /* [T,n,D] */,
+				 const int32_t *pos /* [T] */, const float *inv_freq /* [D/2] */,
+				 int T, int n, int D);
+	/* dst = src rounded into act (v, which has no RoPE) */
+	void (*to_act)(void *dst /* [n] act */, const float *src /* [n] */, size_t n);
+	/* gate_act, up_act = gate, up rounded into act (saved for the backward); h =
+	 * silu(g) * u (geglu: gelu_tanh(g) * u) of those rounded values, into act */
+	void (*glu_forward_act)(void *h /* [n] act */, void *gate_act /* [n] act */,
+				void *up_act /* [n] act */, const float *gate /* [n] */,
+				const float *up /* [n] */, size_t n, int geglu);
+	void (*glu_backward_act)(float *dgate /* [n] += */, float *dup /* [n] += */,
+				 const float *dh /* [n] */, const void *gate /* [n] act */,
+				 const void *up /* [n] act */, size_t n, int geglu);
+	/* attention_forward / attention_backward with q, k, v, out and the prefix in act */
+	void (*attention_forward_act)(void *out /* [T,NH,D] act */, float *lse /* [NH,T] */,
+				      const void *q, const void *k, const void *v /* act */,
+				      const int32_t *cu_seqlens, int S, int T, int NH, int NKV,
+				      int D, const void *prefix_k, const void *prefix_v /* act */,
+				      int P, const struct bk_attn *ap);
+	void (*attention_backward_act)(float *dq, float *dk, float *dv /* += */,
+				       const float *dout /* [T,NH,D] */, const void *q,
+				       const void *k, const void *v, const void *out /* act */,
+				       const float *lse, const int32_t *cu_seqlens, int S, int T,
+				       int NH, int NKV, int D, const struct bk_attn *ap);
+	/* proj_forward / proj_backward with x in act (y, dy, dx, xa fp32) */
+	void (*proj_forward_act)(const bk_proj *p, int n, const void *x /* [T,in] act */,
+				 float *xa, int T, int in, int R, float scale, float drop,
+				 float *scratch /* [T,in+R] */);
+	void (*proj_backward_act)(float *dx /* [T,in] += */, const bk_proj *p, int n,
+				  const void *x /* [T,in] act */, const float *xa, int T, int in,
+				  int R, float scale, float drop, float *scratch /* [T,in+R] */);
 } bk_ops;
 
 extern const bk_ops bk_ops_host;

@@ -104,6 +104,14 @@ void bk_cuda_decode_set_mode(int mode /* 1 or 2 */);
  * a backward must read the xa of the same path's forward. */
 int bk_cuda_linear_mode(void);
 void bk_cuda_linear_set_mode(int mode /* 1 or 2 */);
+
+/* gpu/cuda/cuda_act.cuh: the activations' element type.  Mode 1 = fp32 (the default;
+ * bk_ops_cuda.act_bytes() is 4), 2 = bf16 (BK_ACT=bf16, act_bytes() 2: the saved
+ * activations that feed GEMMs and attention; cuda_act.cuh has the list).  Read from BK_ACT (fp32, bf16; anything else
+ * dies) on first use; set_mode overrides it.  gpu/model.c reads it in bk_model_create:
+ * a model keeps the mode it was created with (check programs create one per mode). */
+int bk_cuda_act_mode(void);
+void bk_cuda_act_set_mode(int mode /* 1 or 2 */);
 void bk_cuda_proj_forward_v1(const bk_proj *p, int n, const float *x, float *xa, int T,
 			     int in, int R, float scale, float drop, float *scratch);
 void bk_cuda_proj_backward_v1(float *dx, const bk_proj *p, int n, const float *x,

@@ -48,6 +48,9 @@
 //    212-227 registers a thread in the D = 256 kernels (at most 2 blocks an SM by
 //    registers).  Shared memory allows 2 (dq, dk/dv) or 3 (forward) blocks an SM on
 //    sm_90, 1 or 2 on sm_80, 1 on sm_86: few warps to hide latency with, to be measured.
+//  - BK_ACT=bf16 (gpu/cuda/cuda_act.cuh): the same kernels with q, k, v, the prefix and
+//    out in bf16 (template argument TI): staged by a copy, out written as bf16 pairs;
+//    bk_cuda_attention_tc_forward_bf16 / _backward_bf16 below.
 //  - not validated on a GPU yet: BK_ATTN=fp32 stays the default; tests/gpu/
 //    check_attention_tc.c checks both kernels against the host twin and times them.
 #ifndef BK_TC_EMU
@@ -109,6 +112,15 @@ __device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
 __device__ __forceinline__ uint32_t tc_ld32(const tc_bf16 *p)
 {
 	return *reinterpret_cast<const uint32_t *>(p);
+}
+
+__device__ __forceinline__ float tc_bf16_f32(tc_bf16 x)
+{
+#ifndef BK_TC_EMU
+	return __bfloat162float(x);
+#else
+	return emu_bf16_to_f32(x.bits);
+#endif
 }
 
 // c[16x8] += a[16x16] b[16x8]: bf16 inputs, fp32 accumulators.  Fragments (PTX ISA,
@@ -194,6 +206,33 @@ __device__ __forceinline__ void tc_stage(tc_bf16 *dst, int LD, int BR, const flo
 	}
 }
 
+// the same from a bf16 source (BK_ACT=bf16: q/k/v saved in bf16): a copy, no rounding.
+// src 8-byte aligned (rows of D bf16, D a multiple of 64).
+template <int D>
+__device__ __forceinline__ void tc_stage(tc_bf16 *dst, int LD, int BR, const tc_bf16 *src, int r0,
+					 int n, int nh, int h)
+{
+	constexpr int D4 = D / 4;
+	for (int i = threadIdx.x; i < BR * D4; i += blockDim.x) {
+		int r = i / D4, d = (i - r * D4) * 4;
+		uint2 w;
+		w.x = w.y = 0u; // bf16 zeros
+		if (r < n)
+			w = *reinterpret_cast<const uint2 *>(src + ((size_t)(r0 + r) * nh + h) * D + d);
+		*reinterpret_cast<uint2 *>(dst + (size_t)r * LD + d) = w;
+	}
+}
+
+// two adjacent outputs of the forward: fp32, or one bf16 pair (round to nearest even)
+__device__ __forceinline__ void tc_store2(float *p, float a, float b)
+{
+	*reinterpret_cast<float2 *>(p) = make_float2(a, b);
+}
+__device__ __forceinline__ void tc_store2(tc_bf16 *p, float a, float b)
+{
+	*reinterpret_cast<uint32_t *>(p) = tc_pack(a, b);
+}
+
 // the score of raw q.k: cap(acc * scale)
 __device__ __forceinline__ float tc_score(float acc, float scale, float cap)
 {
@@ -268,8 +307,8 @@ template <int D> struct TcFwd {
 };
 
 // one key tile (keys j0..j0+nc-1 of kg/vg [*,NKV,D]) into the warp's running m, l, o
-template <int D>
-__device__ __forceinline__ void tc_fwd_tile(const float *kg, const float *vg, int j0, int nc,
+template <int D, typename TI>
+__device__ __forceinline__ void tc_fwd_tile(const TI *kg, const TI *vg, int j0, int nc,
 					    bool prefix, int NKV, int kh, tc_bf16 *Ks, tc_bf16 *Vs,
 					    const tc_bf16 *Qs, const uint32_t (*qa)[4],
 					    float (*o)[4], float *m,
@@ -363,10 +402,11 @@ TC_UNROLL
 }
 
 // grid (NH, ceil(T/64)): head x, query tile ntiles-1-y (the longest first)
-template <int D>
+// TI: the type of q, k, v, the prefix and out (float, or tc_bf16 with BK_ACT=bf16)
+template <int D, typename TI = float>
 __global__ void __launch_bounds__(TC_THREADS)
-tc_fwd_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
-	      const int32_t *cu, int S, int T, int NH, int NKV, const float *pk, const float *pv,
+tc_fwd_kernel(TI *out, float *lse, const TI *q, const TI *k, const TI *v,
+	      const int32_t *cu, int S, int T, int NH, int NKV, const TI *pk, const TI *pv,
 	      int P, float scale, float cap, int W, const int *order)
 {
 	typedef TcFwd<D> C;
@@ -401,12 +441,12 @@ TC_UNROLL
 	// every prefix tile (its keys masked by the window only), then the own-key tiles from
 	// row 0's sequence start (or row 0's window start) to the last row
 	for (int j0 = 0; j0 < P; j0 += C::BN)
-		tc_fwd_tile<D>(pk, pv, j0, min(C::BN, P - j0), true, NKV, kh, Ks, Vs, Qs, qa, o, m, l,
+		tc_fwd_tile<D, TI>(pk, pv, j0, min(C::BN, P - j0), true, NKV, kh, Ks, Vs, Qs, qa, o, m, l,
 			       trow, srow, vrow, P, scale, cap, W, warp_live, warp_last);
 	const int start0 = cu[tc_seq_of(cu, S, t0)];
 	const int kend = t0 + nr, kfirst = W > 0 ? max(start0, t0 - W + 1) : start0;
 	for (int j0 = kfirst; j0 < kend; j0 += C::BN)
-		tc_fwd_tile<D>(k, v, j0, min(C::BN, kend - j0), false, NKV, kh, Ks, Vs, Qs, qa, o, m, l,
+		tc_fwd_tile<D, TI>(k, v, j0, min(C::BN, kend - j0), false, NKV, kh, Ks, Vs, Qs, qa, o, m, l,
 			       trow, srow, vrow, P, scale, cap, W, warp_live, warp_last);
 TC_UNROLL
 	for (int ri = 0; ri < 2; ri++) {
@@ -418,12 +458,10 @@ TC_UNROLL
 		if (!vrow[ri])
 			continue;
 		float inv = 1.0f / l[ri];
-		float *orow = out + ((size_t)trow[ri] * NH + h) * D;
+		TI *orow = out + ((size_t)trow[ri] * NH + h) * D;
 TC_UNROLL
-		for (int dn = 0; dn < ND; dn++) {
-			float2 w = make_float2(o[dn][2 * ri] * inv, o[dn][2 * ri + 1] * inv);
-			*reinterpret_cast<float2 *>(orow + dn * 8 + 2 * tq) = w;
-		}
+		for (int dn = 0; dn < ND; dn++)
+			tc_store2(orow + dn * 8 + 2 * tq, o[dn][2 * ri] * inv, o[dn][2 * ri + 1] * inv);
 		if (tq == 0)
 			lse[(size_t)h * T + trow[ri]] = m[ri] + logf(l[ri]);
 	}
@@ -481,9 +519,9 @@ template <int D> struct TcDq {
 };
 
 // grid (NH, ceil(T/64)): dq rows of query tile ntiles-1-y, head x, += scale sum_j ds_ij k_j
-template <int D>
+template <int D, typename TI = float>
 __global__ void __launch_bounds__(TC_THREADS)
-tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k, const float *v,
+tc_bwd_dq_kernel(float *dq, const float *dout, const TI *q, const TI *k, const TI *v,
 		 const float *lse, const float *Di, const int32_t *cu, int S, int T, int NH,
 		 int NKV, float scale, float cap, int W, const int *order)
 {
@@ -586,10 +624,10 @@ template <int D> struct TcDkv {
 // query head h = x / NZ, output columns z DO .. z DO + DO - 1 (z = x % NZ).  group == 1:
 // dk/dv += directly (this block owns the rows); else the partials go to wk, wv [NH,T,D]
 // (overwritten) for tc_bwd_reduce_kernel.
-template <int D>
+template <int D, typename TI = float>
 __global__ void __launch_bounds__(TC_THREADS)
 tc_bwd_dkv_kernel(float *dk, float *dv, float *wk, float *wv, const float *dout,
-		  const float *q, const float *k, const float *v, const float *lse,
+		  const TI *q, const TI *k, const TI *v, const float *lse,
 		  const float *Di, const int32_t *cu, int S, int T, int NH, int NKV, float scale,
 		  float cap, int W, const int *order)
 {
@@ -753,25 +791,28 @@ static const int *tc_schedule(int *order, const int32_t *cu, int S, int T, int W
 	return order;
 }
 
-template <int D>
-static void tc_forward(float *out, float *lse, const float *q, const float *k, const float *v,
-		       const int32_t *cu, int S, int T, int NH, int NKV, const float *pk,
-		       const float *pv, int P, const bk_attn *ap)
+template <int D, typename TI = float>
+static void tc_forward(TI *out, float *lse, const TI *q, const TI *k, const TI *v,
+		       const int32_t *cu, int S, int T, int NH, int NKV, const TI *pk,
+		       const TI *pv, int P, const bk_attn *ap)
 {
 	static int optin;
 	typedef TcFwd<D> C;
-	tc_optin(tc_fwd_kernel<D>, C::smem, &optin);
+	void (*const kf)(TI *, float *, const TI *, const TI *, const TI *, const int32_t *, int,
+			 int, int, int, const TI *, const TI *, int, float, float, int,
+			 const int *) = tc_fwd_kernel<D, TI>; // (a name with a comma: not a macro argument)
+	tc_optin(kf, C::smem, &optin);
 	const int n = (T + C::BM - 1) / C::BM;
 	const int *order = tc_schedule((int *)bk_cuda_workspace(0, (size_t)n * sizeof(int)), cu, S,
 				       T, ap->window, 0);
 	dim3 grid((unsigned)NH, (unsigned)n);
-	TC_LAUNCH(tc_fwd_kernel<D>, grid, TC_THREADS, C::smem, out, lse, q, k, v, cu, S, T, NH,
+	TC_LAUNCH(kf, grid, TC_THREADS, C::smem, out, lse, q, k, v, cu, S, T, NH,
 		  NKV, pk, pv, P, ap->scale, ap->softcap, ap->window, order);
 }
 
-template <int D>
-static void tc_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
-			const float *k, const float *v, const float *Di, const float *lse,
+template <int D, typename TI = float>
+static void tc_backward(float *dq, float *dk, float *dv, const float *dout, const TI *q,
+			const TI *k, const TI *v, const float *Di, const float *lse,
 			const int32_t *cu, int S, int T, int NH, int NKV, const bk_attn *ap)
 {
 	static int optin_dq, optin_dkv;
@@ -784,9 +825,12 @@ static void tc_backward(float *dq, float *dk, float *dv, const float *dout, cons
 	int *ws = (int *)bk_cuda_workspace(0, (size_t)2 * n * sizeof(int));
 	const int *qorder = tc_schedule(ws, cu, S, T, W, 0);
 	const int *korder = tc_schedule(ws + n, cu, S, T, W, 1);
-	tc_optin(tc_bwd_dq_kernel<D>, Q::smem, &optin_dq);
+	void (*const kq)(float *, const float *, const TI *, const TI *, const TI *, const float *,
+			 const float *, const int32_t *, int, int, int, int, float, float, int,
+			 const int *) = tc_bwd_dq_kernel<D, TI>;
+	tc_optin(kq, Q::smem, &optin_dq);
 	dim3 gq((unsigned)NH, (unsigned)n);
-	TC_LAUNCH(tc_bwd_dq_kernel<D>, gq, TC_THREADS, Q::smem, dq, dout, q, k, v, lse, Di, cu, S,
+	TC_LAUNCH(kq, gq, TC_THREADS, Q::smem, dq, dout, q, k, v, lse, Di, cu, S,
 		  T, NH, NKV, scale, cap, W, qorder);
 
 	float *wk = NULL, *wv = NULL;
@@ -795,9 +839,12 @@ static void tc_backward(float *dq, float *dk, float *dv, const float *dout, cons
 		wk = (float *)bk_cuda_workspace(1, bytes);
 		wv = (float *)bk_cuda_workspace(2, bytes);
 	}
-	tc_optin(tc_bwd_dkv_kernel<D>, K::smem, &optin_dkv);
+	void (*const kk)(float *, float *, float *, float *, const float *, const TI *, const TI *,
+			 const TI *, const float *, const float *, const int32_t *, int, int, int,
+			 int, float, float, int, const int *) = tc_bwd_dkv_kernel<D, TI>;
+	tc_optin(kk, K::smem, &optin_dkv);
 	dim3 gk((unsigned)(NH * K::NZ), (unsigned)n);
-	TC_LAUNCH(tc_bwd_dkv_kernel<D>, gk, TC_THREADS, K::smem, dk, dv, wk, wv, dout, q, k, v,
+	TC_LAUNCH(kk, gk, TC_THREADS, K::smem, dk, dv, wk, wv, dout, q, k, v,
 		  lse, Di, cu, S, T, NH, NKV, scale, cap, W, korder);
 	if (NH != NKV) {
 		size_t n = (size_t)T * NKV * D;
@@ -863,6 +910,96 @@ extern "C" void bk_cuda_attention_tc_backward(float *dq, float *dk, float *dv,
 }
 
 // ---------------------------------------------------------------------------------
+// bf16 activations (BK_ACT=bf16, gpu/cuda/cuda_act.cuh): q, k, v, the prefix and out are
+// bf16; the kernels above stage them into shared memory by a copy instead of a rounding
+// (the same bf16 tiles as when the fp32 path rounds an fp32 value that was itself
+// bf16), write out as bf16 pairs, and D_i = dout . out reads the bf16 out.  Everything
+// else (lse, D_i, dq/dk/dv, dout) stays fp32.
+
+// Di [NH,T] = sum_d dout[t,h,d] * out[t,h,d], out bf16: bk_attn_dot_kernel's order
+__global__ void tc_dot_bf16_kernel(float *Di, const float *dout, const tc_bf16 *out, int T,
+				   int NH, int D)
+{
+	size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	int lane = threadIdx.x & 31;
+	if (w >= (size_t)T * NH)
+		return;
+	int t = (int)(w / NH), h = (int)(w % NH);
+	const float *a = dout + w * D;
+	const tc_bf16 *b = out + w * D;
+	float acc = 0.0f;
+	for (int d = lane; d < D; d += 32)
+		acc = fmaf(a[d], tc_bf16_f32(b[d]), acc);
+	acc = bk_warp_sum(acc);
+	if (lane == 0)
+		Di[(size_t)h * T + t] = acc;
+}
+
+extern "C" int bk_cuda_attention_tc_bf16_ok(int D, const void *const *bufs, int n)
+{
+	if (!bk_cuda_attention_tc_supports(D))
+		return 0;
+	for (int i = 0; i < n; i++)
+		if (!tc_aligned(bufs[i]))
+			return 0;
+	return 1;
+}
+
+extern "C" void bk_cuda_attention_tc_forward_bf16(void *out, float *lse, const void *q,
+						  const void *k, const void *v,
+						  const int32_t *cu_seqlens, int S, int T, int NH,
+						  int NKV, int D, const void *prefix_k,
+						  const void *prefix_v, int P, const bk_attn *ap)
+{
+	tc_check("forward, bf16", S, T, NH, NKV, D, ap);
+	if (P < 0 || (P > 0 && (!prefix_k || !prefix_v)))
+		CUDA_BUG("cuda tc attention (forward, bf16): prefix of %d tokens without K/V", P);
+	const void *b[] = { out, q, k, v, prefix_k, prefix_v };
+	if (!bk_cuda_attention_tc_bf16_ok(D, b, 6))
+		CUDA_BUG("cuda tc attention (forward, bf16): D=%d or an unaligned buffer", D);
+	if (T == 0)
+		return;
+	typedef tc_bf16 B;
+	B *o = (B *)out;
+	const B *qb = (const B *)q, *kb = (const B *)k, *vb = (const B *)v;
+	const B *pk = (const B *)prefix_k, *pv = (const B *)prefix_v;
+	if (D == 64)
+		tc_forward<64, B>(o, lse, qb, kb, vb, cu_seqlens, S, T, NH, NKV, pk, pv, P, ap);
+	else if (D == 128)
+		tc_forward<128, B>(o, lse, qb, kb, vb, cu_seqlens, S, T, NH, NKV, pk, pv, P, ap);
+	else
+		tc_forward<256, B>(o, lse, qb, kb, vb, cu_seqlens, S, T, NH, NKV, pk, pv, P, ap);
+}
+
+extern "C" void bk_cuda_attention_tc_backward_bf16(float *dq, float *dk, float *dv,
+						   const float *dout, const void *q, const void *k,
+						   const void *v, const void *out, const float *lse,
+						   const int32_t *cu_seqlens, int S, int T, int NH,
+						   int NKV, int D, const bk_attn *ap)
+{
+	tc_check("backward, bf16", S, T, NH, NKV, D, ap);
+	const void *b[] = { dq, dk, dv, dout, q, k, v, out };
+	if (!bk_cuda_attention_tc_bf16_ok(D, b, 8))
+		CUDA_BUG("cuda tc attention (backward, bf16): D=%d or an unaligned buffer", D);
+	if (T == 0)
+		return;
+	typedef tc_bf16 B;
+	const B *qb = (const B *)q, *kb = (const B *)k, *vb = (const B *)v;
+	float *Di = (float *)bk_cuda_workspace(3, (size_t)NH * T * sizeof(float)); // [NH,T]
+	size_t warps = (size_t)T * NH;
+	TC_LAUNCH(tc_dot_bf16_kernel, bk_cuda_blocks(warps * 32, 256), 256, 0, Di, dout,
+		  (const B *)out, T, NH, D);
+	if (D == 64)
+		tc_backward<64, B>(dq, dk, dv, dout, qb, kb, vb, Di, lse, cu_seqlens, S, T, NH, NKV, ap);
+	else if (D == 128)
+		tc_backward<128, B>(dq, dk, dv, dout, qb, kb, vb, Di, lse, cu_seqlens, S, T, NH, NKV,
+				    ap);
+	else
+		tc_backward<256, B>(dq, dk, dv, dout, qb, kb, vb, Di, lse, cu_seqlens, S, T, NH, NKV,
+				    ap);
+}
+
+// ---------------------------------------------------------------------------------
 // BK_ATTN: which kernel the op table runs
 
 static int tc_selected(void)
@@ -870,6 +1007,8 @@ static int tc_selected(void)
 	static int mode; // 0: not read yet; 1: fp32; 2: tc
 	return bk_cuda_env_mode(&mode, "BK_ATTN", "fp32", "tc", 0) == 2;
 }
+
+extern "C" int bk_cuda_attention_tc_selected(void) { return tc_selected(); }
 
 extern "C" void bk_cuda_attention_forward_sel(float *out, float *lse, const float *q,
 					      const float *k, const float *v,

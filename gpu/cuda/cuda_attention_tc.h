@@ -47,6 +47,25 @@ void bk_cuda_attention_backward_sel(float *dq, float *dk, float *dv, const float
 				    const float *out, const float *lse, const int32_t *cu_seqlens,
 				    int S, int T, int NH, int NKV, int D, const bk_attn *ap);
 
+/* 1 when BK_ATTN=tc */
+int bk_cuda_attention_tc_selected(void);
+
+/* BK_ACT=bf16 (gpu/cuda/cuda_act.cuh): the same kernels on bf16 q, k, v, prefix and out
+ * (lse, dout, dq/dk/dv fp32).  _ok: 1 when D is 64/128/256 and the n buffers are 16-byte
+ * aligned (NULL is fine), else the caller widens to fp32 and runs the fp32 op; the two
+ * others BUG on what _ok refuses. */
+int bk_cuda_attention_tc_bf16_ok(int D, const void *const *bufs, int n);
+void bk_cuda_attention_tc_forward_bf16(void *out /* [T,NH,D] bf16 */, float *lse /* [NH,T] */,
+				       const void *q, const void *k, const void *v,
+				       const int32_t *cu_seqlens, int S, int T, int NH, int NKV,
+				       int D, const void *prefix_k, const void *prefix_v, int P,
+				       const bk_attn *ap);
+void bk_cuda_attention_tc_backward_bf16(float *dq, float *dk, float *dv, const float *dout,
+					const void *q, const void *k, const void *v,
+					const void *out, const float *lse,
+					const int32_t *cu_seqlens, int S, int T, int NH, int NKV,
+					int D, const bk_attn *ap);
+
 /* milliseconds per call of fn(arg), CUDA events on the op stream around reps calls
  * (after one untimed warm-up call) */
 double bk_cuda_time_ms(void (*fn)(void *arg), void *arg, int reps);

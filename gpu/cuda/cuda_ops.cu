@@ -4,7 +4,9 @@
 // their gradients are fp32.  Frozen linears are cuBLAS bf16 GEMMs with fp32 accumulation
 // (the fp32 activation is rounded to bf16 first); the small LoRA GEMMs read the fp32
 // operands as TF32 with fp32 accumulation; norms, RoPE and SwiGLU compute and reduce in
-// fp32.  Not the judge (gpu/host/host_ops.c is) and not the model (gpu/model.c).
+// fp32.  BK_ACT=bf16 (gpu/cuda/cuda_act.cuh, included below): the act ops, with the saved
+// activations that feed GEMMs and attention in bf16.  Not the judge (gpu/host/host_ops.c
+// is) and not the model (gpu/model.c).
 #include "gpu/cuda/cuda_common.cuh"
 #include "gpu/cuda/cuda_attention_tc.h" // BK_ATTN: fp32 or tensor-core attention
 
@@ -679,6 +681,9 @@ static void cuda_softcap_forward(float *x, float cap, size_t n)
 #include "gpu/cuda/cuda_proj.cuh" // proj_forward / proj_backward: BK_LINEAR=v1 | v2
 
 // ---------------------------------------------------------------------------------
+#include "gpu/cuda/cuda_act.cuh" // the act ops: BK_ACT=fp32 | bf16
+
+// ---------------------------------------------------------------------------------
 
 // designated initialisers in declaration order: ops other files add to bk_ops (and
 // that are not wired here) stay NULL, which test_cuda_ops reports as absent.  The
@@ -726,5 +731,15 @@ extern "C" const bk_ops bk_ops_cuda = {
 	.scale = bk_cuda_scale,
 	.proj_forward = cuda_proj_forward,   // BK_LINEAR=v1 (default) | v2
 	.proj_backward = cuda_proj_backward,
+	.act_bytes = cuda_act_bytes, // BK_ACT=fp32 (default: 4) | bf16 (2; gpu/cuda/cuda_act.cuh)
+	.rmsnorm_forward_act = cuda_rmsnorm_forward_act,
+	.rope_forward_act = cuda_rope_forward_act,
+	.to_act = cuda_to_act,
+	.glu_forward_act = cuda_glu_forward_act,
+	.glu_backward_act = cuda_glu_backward_act,
+	.attention_forward_act = cuda_attention_forward_act,
+	.attention_backward_act = cuda_attention_backward_act,
+	.proj_forward_act = cuda_proj_forward_act,
+	.proj_backward_act = cuda_proj_backward_act,
 };
 #pragma GCC diagnostic pop

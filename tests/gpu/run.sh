@@ -328,6 +328,18 @@ done
 while read -r line; do
 	row timing "${line%%:*}" "${line#*: }" "" "tests/gpu/check_loss.c"
 done < <(grep -E '^loss kl_' "$LOGS/check_loss.log" 2>/dev/null)
+# check_act (BK_ACT=bf16 activations: gpu/cuda/cuda_act.cuh) once more under BK_ATTN=tc:
+# the loop above ran it with the environment's BK_ATTN (fp32 unless set), so both
+# activation types meet both attention kernels; its step timings (fp32 vs bf16) as rows
+if [ $DRY = 0 ] && [ -x "$P/tests/gpu/check_act" ]; then
+	check gpu "check_act-tc" 120 env BK_ATTN=tc "$P/tests/gpu/check_act"
+fi
+for n in check_act check_act-tc; do
+	a="BK_ATTN=${BK_ATTN:-fp32}"; [ $n = check_act-tc ] && a=BK_ATTN=tc
+	while read -r line; do
+		row timing "${line%%:*}, $a" "${line#*: }" "" "tests/gpu/check_act.c"
+	done < <(grep -E '^act step' "$LOGS/$n.log" 2>/dev/null)
+done
 # bk-step --device cpu vs --device cuda (dry run: cpu vs cpu, which must agree exactly)
 M=models/stories260K
 DEV2=cuda; [ $DRY = 1 ] && DEV2=cpu
@@ -389,6 +401,30 @@ elif [ $S_RC = 125 ]; then
 	row correctness "bk-step cpu vs $DEV2" "$(why)" "" ""
 else
 	fail_row correctness "bk-step cpu vs $DEV2" "$S_DT" "$(why): no data: $(lastline step-data)"
+fi
+# bk-step with bf16 activations (BK_ACT=bf16, under each BK_ATTN) against the host twin's
+# run of the last loop above (dropout 0.1): issue 15's end-to-end target, every step's
+# loss within 1 % of the host twin's (the row also gives the fp32 CUDA run's worst)
+if [ $DRY = 0 ] && [ -s "$W/l-cpu" ]; then
+	F="--model $M --lora-r 8 --lora-alpha 16 --lr 2e-3 --lora-dropout 0.1 --seed 1 --epochs $EPOCHS --logging-steps 1"
+	worst32="? (no run)"
+	[ -s "$W/l-cuda" ] && worst32=$(paste "$W/l-cpu" "$W/l-cuda" | awk '{ d = ($4 - $2) / $2; d = d < 0 ? -d : d; if (d > w) w = d } END { printf "%.2e", w + 0 }')
+	for attn in fp32 tc; do
+		name="bk-step cpu vs cuda BK_ACT=bf16 BK_ATTN=$attn, dropout 0.1"
+		# shellcheck disable=SC2086
+		if stage "bk-step-cuda-bf16-$attn" 60 env BK_ACT=bf16 BK_ATTN=$attn bash -c "rm -rf '$W/o-bf16'; bk-step $F --device cuda --out '$W/o-bf16' '$W/b.bk' >'$W/m-bf16.bk'"; then
+			bk-dump "$W/m-bf16.bk" | jq -r 'select(.step != null and .loss != null) | "\(.step) \(.loss)"' >"$W/l-bf16"
+			res=$(paste "$W/l-cpu" "$W/l-bf16" | awk '
+				{ n++; d = ($4 - $2) / $2; if (d < 0) d = -d
+				  if ($1 != $3 || d > 0.01 || $4 != $4 + 0) bad++
+				  if (d > worst) worst = d }
+				END { printf "%d steps, worst rel dloss %.2e (1 %% allowed), %d out of tolerance", n, worst, bad + 0
+				      exit (n == 0 || bad > 0) }')
+			if [ $? = 0 ]; then row correctness "$name" ok "$S_DT" "$res; BK_ACT=fp32 run: worst rel dloss $worst32"
+			else fail_row correctness "$name" "$S_DT" "$res; BK_ACT=fp32 run: worst rel dloss $worst32"; fi
+		elif [ $S_RC = 125 ]; then row correctness "$name" "$(why)" "" ""
+		else fail_row correctness "$name" "$S_DT" "$(why): $(lastline "bk-step-cuda-bf16-$attn")"; fi
+	done
 fi
 archive
 

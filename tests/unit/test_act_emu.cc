@@ -1,0 +1,387 @@
+/* test_act_emu.cc - the device code of BK_ACT=bf16 (gpu/cuda/cuda_act_kernels.cuh and the
+ * bf16 entry points of gpu/cuda/cuda_attention_tc.cu), its own source compiled for the CPU
+ * under tests/unit/cuda_emu.h, against the host twin with the bounds written in
+ * gpu/cuda/cuda_act.cuh (u = 2^-8):
+ *   rmsnorm_forward_act, rope_forward_act, glu_forward_act and glu_backward_act (SwiGLU
+ *   and GeGLU) element by element against bk_ops_host's fp32 ops, and the dropout of a
+ *   bf16 x against the host's mask (bk_crng_uniform, which the device port equals bit for
+ *   bit: common/rng.c);
+ *   the tensor-core attention on bf16 q/k/v/prefix against the same kernels on fp32
+ *   inputs holding the same (bf16) values: the bf16 forward's out must be the fp32
+ *   forward's rounded to bf16, bit for bit, and lse the same bits (the shared-memory
+ *   tiles are the same); the bf16 backward must equal the fp32 backward run with that
+ *   rounded out, bit for bit (only D_i reads out); and both against the host twin with
+ *   the tensor-core bounds plus one rounding (u |out|).
+ * Not the projections (cuBLAS: tests/gpu/check_act.c on a GPU), not the hardware's
+ * rounding or speed.  A broken kernel fails it: the rope's sign, a GLU reading the fp32
+ * gate instead of the rounded one (the bound is then still met, but the exact comparison
+ * below of h against f(round g) round u is not), a stage reading the wrong row, D_i from
+ * the wrong buffer. */
+#ifndef BK_HAVE_CUDA
+#define BK_HAVE_CUDA 1
+#endif
+#define BK_TC_EMU 1
+
+#include "tests/unit/cuda_emu.h"
+#include "tests/gpu/gpu_check.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+extern "C" {
+#include "common/rng.h"
+}
+
+/* the entry points of this translation unit under other names (libbakery.a of a CUDA
+ * build has the real ones) */
+#define bk_cuda_attention_tc_forward_bf16 emu_tc_forward_bf16
+#define bk_cuda_attention_tc_backward_bf16 emu_tc_backward_bf16
+#define bk_cuda_attention_tc_bf16_ok emu_tc_bf16_ok
+#define bk_cuda_attention_tc_selected emu_tc_selected
+
+// ---- what this file's emulation adds to tests/unit/cuda_emu.h ----
+
+static std::vector<unsigned char> emu_ws[4];
+void *emu_workspace(int slot, size_t bytes)
+{
+	if (emu_ws[slot].size() < bytes)
+		emu_ws[slot].assign(bytes, 0xff);
+	return emu_ws[slot].data();
+}
+
+extern "C" void emu_fp32_forward(float *, float *, const float *, const float *, const float *,
+				 const int32_t *, int, int, int, int, int D, const float *,
+				 const float *, int, const bk_attn *)
+{
+	die("emulated tc attention: D=%d fell back to the fp32 kernel (not emulated)", D);
+}
+extern "C" void emu_fp32_backward(float *, float *, float *, const float *, const float *,
+				  const float *, const float *, const float *, const float *,
+				  const int32_t *, int, int, int, int, int D, const bk_attn *)
+{
+	die("emulated tc attention: D=%d fell back to the fp32 kernel (not emulated)", D);
+}
+
+// cuda_common.cuh's helpers, for the emulation
+static inline float bk_bf16_to_f32(__nv_bfloat16 x) { return emu_bf16_to_f32(x.bits); }
+static inline __nv_bfloat16 bk_f32_to_bf16(float x) { return __float2bfloat16_rn(x); }
+static inline double bk_crng_uniform_dev(uint64_t key, uint64_t i) { return bk_crng_uniform(key, i); }
+static inline float bk_block_sum(float v, float *sh)
+{
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	v = bk_warp_sum(v);
+	__syncthreads();
+	if (lane == 0)
+		sh[wid] = v;
+	__syncthreads();
+	v = lane < nw ? sh[lane] : 0.0f;
+	v = bk_warp_sum(v);
+	return v;
+}
+
+// the kernels themselves
+#include "gpu/cuda/cuda_act_kernels.cuh"
+#include "gpu/cuda/cuda_attention_tc.cu"
+
+// ---- the test ----
+
+extern "C" void bk_diag_init(const char *argv0);
+
+static const double U = 0x1p-8; // one bf16 rounding
+
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+static float urand(void) /* [-1, 1) */
+{
+	rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+	return (float)((double)(rs >> 11) * 0x1p-53 * 2 - 1);
+}
+static float bf(float x) { return bk_bf16_to_f32(bk_f32_to_bf16(x)); }
+static std::vector<float> rnd(size_t n, float scale, bool bf16)
+{
+	std::vector<float> x(n + 1);
+	for (size_t i = 0; i < n; i++)
+		x[i] = bf16 ? bf(scale * urand()) : scale * urand();
+	return x;
+}
+static std::vector<__nv_bfloat16> to_b(const std::vector<float> &x)
+{
+	std::vector<__nv_bfloat16> b(x.size());
+	for (size_t i = 0; i < x.size(); i++)
+		b[i] = bk_f32_to_bf16(x[i]);
+	return b;
+}
+static std::vector<float> from_b(const std::vector<__nv_bfloat16> &b)
+{
+	std::vector<float> x(b.size());
+	for (size_t i = 0; i < b.size(); i++)
+		x[i] = bk_bf16_to_f32(b[i]);
+	return x;
+}
+
+static int n_fail, n_lines;
+
+/* one line: the worst ratio |got - want| / bound_i over n elements (bound_i from fn) */
+template <typename F>
+static void check(const char *label, const float *got, const float *want, size_t n, F bound)
+{
+	double worst = 0, werr = 0;
+	size_t wi = 0;
+	int nan = 0;
+	for (size_t i = 0; i < n; i++) {
+		double e = fabs((double)got[i] - want[i]), b = bound(i);
+		if (isnan(got[i]) || isnan(e))
+			nan++;
+		else if (e / b > worst)
+			worst = e / b, werr = e, wi = i;
+	}
+	int ok = !nan && worst <= 1.0;
+	n_lines++;
+	n_fail += !ok;
+	printf("%-44s worst err/bound %-8.3g (err %.3g at %zu)%s %s\n", label, worst, werr, wi,
+	       nan ? " NaN" : "", ok ? "ok" : "FAIL");
+}
+
+/* bit-for-bit equality of two float arrays */
+static void same(const char *label, const float *a, const float *b, size_t n)
+{
+	size_t bad = 0, first = 0;
+	for (size_t i = 0; i < n; i++)
+		if (memcmp(&a[i], &b[i], 4) && !bad++)
+			first = i;
+	n_lines++;
+	n_fail += bad > 0;
+	if (bad)
+		printf("%-44s %zu of %zu differ (first at %zu: %.9g vs %.9g) FAIL\n", label, bad, n,
+		       first, (double)a[first], (double)b[first]);
+	else
+		printf("%-44s bit-identical over %zu ok\n", label, n);
+}
+
+static void test_rmsnorm(int T, int H)
+{
+	std::vector<float> x = rnd((size_t)T * H, 2.0f, false), w = rnd(H, 1.5f, true);
+	std::vector<float> oh((size_t)T * H), rh(T), rg(T, NAN);
+	std::vector<__nv_bfloat16> og((size_t)T * H), wb = to_b(w);
+	bk_weight hw = { 1, H, w.data() };
+	bk_ops_host.rmsnorm_forward(oh.data(), rh.data(), x.data(), &hw, T, H, 1e-5f);
+	emu_launch(emu_dim3(T), 256, 0, [&]() {
+		act_rmsnorm_kernel(og.data(), rg.data(), x.data(), wb.data(), H, 1e-5f);
+	});
+	std::vector<float> o = from_b(og);
+	double mh = gc_maxabs(oh.data(), oh.size());
+	char l[64];
+	snprintf(l, sizeof l, "rmsnorm_act T=%d H=%d out", T, H);
+	check(l, o.data(), oh.data(), oh.size(), [&](size_t i) {
+		return (U + 1e-5) * fabs(oh[i]) + 1e-6 * mh;
+	});
+	snprintf(l, sizeof l, "rmsnorm_act T=%d H=%d rstd", T, H);
+	check(l, rg.data(), rh.data(), T, [&](size_t i) { return 1e-5 * fabs(rh[i]); });
+}
+
+static void test_rope(int T, int n, int D)
+{
+	size_t N = (size_t)T * n * D;
+	std::vector<float> x = rnd(N, 3.0f, false), inv(D / 2), xh = x;
+	for (int i = 0; i < D / 2; i++)
+		inv[i] = (float)pow(10000.0, -2.0 * i / D);
+	std::vector<int32_t> pos(T);
+	for (int t = 0; t < T; t++)
+		pos[t] = 37 * t + 5;
+	bk_ops_host.rope_forward(xh.data(), pos.data(), inv.data(), T, n, D);
+	std::vector<__nv_bfloat16> og(N);
+	std::vector<float> x0 = x;
+	size_t total = (size_t)T * n * (D / 2);
+	emu_launch(emu_dim3(bk_cuda_blocks(total, 256)), 256, 0, [&]() {
+		act_rope_kernel(og.data(), x.data(), pos.data(), inv.data(), T, n, D);
+	});
+	std::vector<float> o = from_b(og);
+	double mx = gc_maxabs(x.data(), N);
+	char l[64];
+	snprintf(l, sizeof l, "rope_act T=%d n=%d D=%d", T, n, D);
+	check(l, o.data(), xh.data(), N, [&](size_t i) { return U * fabs(xh[i]) + 1e-5 * mx; });
+	snprintf(l, sizeof l, "rope_act T=%d n=%d D=%d input kept", T, n, D);
+	same(l, x.data(), x0.data(), N);
+}
+
+/* f, f', f'' in double (silu or gelu_tanh) by the formulas and central differences */
+static double glu_f(double g, int geglu)
+{
+	if (geglu)
+		return 0.5 * g * (1 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+	return g / (1 + exp(-g));
+}
+static double glu_d1(double g, int ge) { return (glu_f(g + 1e-4, ge) - glu_f(g - 1e-4, ge)) / 2e-4; }
+static double glu_d2(double g, int ge)
+{
+	return (glu_f(g + 1e-3, ge) - 2 * glu_f(g, ge) + glu_f(g - 1e-3, ge)) / 1e-6;
+}
+
+static void test_glu(size_t n, int geglu)
+{
+	const char *nm = geglu ? "geglu" : "swiglu";
+	std::vector<float> g = rnd(n, 6.0f, false), u = rnd(n, 2.0f, false), dh = rnd(n, 1.0f, false);
+	std::vector<float> hh(n), dgh(n, 0.0f), duh(n, 0.0f);
+	(geglu ? bk_ops_host.geglu_forward : bk_ops_host.swiglu_forward)(hh.data(), g.data(),
+									  u.data(), n);
+	(geglu ? bk_ops_host.geglu_backward : bk_ops_host.swiglu_backward)(
+		dgh.data(), duh.data(), dh.data(), g.data(), u.data(), n);
+	std::vector<__nv_bfloat16> hb(n), gb(n), ub(n);
+	std::vector<float> dg(n, 0.0f), du(n, 0.0f);
+	emu_launch(emu_dim3(4), 256, 0, [&]() {
+		act_glu_forward_kernel(hb.data(), gb.data(), ub.data(), g.data(), u.data(), n, geglu);
+	});
+	emu_launch(emu_dim3(4), 256, 0, [&]() {
+		act_glu_backward_kernel(dg.data(), du.data(), dh.data(), gb.data(), ub.data(), n,
+					geglu);
+	});
+	std::vector<float> h = from_b(hb), gs = from_b(gb), us = from_b(ub);
+	char l[64];
+	// the saved gate and up are the inputs rounded, exactly
+	std::vector<float> gr(n), ur(n), hr(n);
+	for (size_t i = 0; i < n; i++)
+		gr[i] = bf(g[i]), ur[i] = bf(u[i]);
+	snprintf(l, sizeof l, "%s_act saved gate = round(gate)", nm);
+	same(l, gs.data(), gr.data(), n);
+	snprintf(l, sizeof l, "%s_act saved up = round(up)", nm);
+	same(l, us.data(), ur.data(), n);
+	// h = round(f(round g) round u), f in fp32 as the host's formula
+	std::vector<float> hrr(n);
+	(geglu ? bk_ops_host.geglu_forward : bk_ops_host.swiglu_forward)(hrr.data(), gr.data(),
+									  ur.data(), n);
+	for (size_t i = 0; i < n; i++)
+		hr[i] = bf(hrr[i]);
+	snprintf(l, sizeof l, "%s_act h = round(f(round g) round u)", nm);
+	check(l, h.data(), hr.data(), n, [&](size_t i) { return 1e-6 * fabs(hr[i]) + 1e-30; });
+	double mh = gc_maxabs(hh.data(), n), mdg = gc_maxabs(dgh.data(), n);
+	double mdu = gc_maxabs(duh.data(), n);
+	snprintf(l, sizeof l, "%s_act h vs host", nm);
+	check(l, h.data(), hh.data(), n, [&](size_t i) {
+		double f = glu_f(g[i], geglu), k = f != 0 ? fabs(g[i] * glu_d1(g[i], geglu) / f) : 0;
+		return 1.01 * U * (2 + k) * fabs(hh[i]) + 1e-6 * mh;
+	});
+	snprintf(l, sizeof l, "%s_act dgate vs host", nm);
+	check(l, dg.data(), dgh.data(), n, [&](size_t i) {
+		double d1 = glu_d1(g[i], geglu), d2 = glu_d2(g[i], geglu);
+		return 1.01 * U * fabs(dh[i]) *
+			       (fabs(u[i]) * (fabs(d1) + fabs(g[i] * d2)) + fabs(g[i] * d1)) +
+		       1e-6 * mdg;
+	});
+	snprintf(l, sizeof l, "%s_act dup vs host", nm);
+	check(l, du.data(), duh.data(), n, [&](size_t i) {
+		return 1.01 * U * fabs(dh[i]) * fabs(g[i] * glu_d1(g[i], geglu)) + 1e-6 * mdu;
+	});
+}
+
+static void test_dropout(size_t n, float p, uint64_t key)
+{
+	std::vector<float> x = rnd(n, 2.0f, true);
+	std::vector<__nv_bfloat16> xb = to_b(x), xd(n);
+	emu_launch(emu_dim3(3), 256, 0, [&]() {
+		act_dropout_kernel(xd.data(), xb.data(), n, p, 1.0f / (1.0f - p), key);
+	});
+	std::vector<float> got = from_b(xd), want(n);
+	for (size_t i = 0; i < n; i++) // the host twin's mask (host_ops.c lora dropout)
+		want[i] = bk_crng_uniform(key, i) >= p ? bf(x[i] * (1.0f / (1.0f - p))) : 0.0f;
+	char l[64];
+	snprintf(l, sizeof l, "dropout_act n=%zu p=%g", n, (double)p);
+	same(l, got.data(), want.data(), n);
+}
+
+static void test_attention(const std::vector<int> &lens, int NH, int NKV, int D, int P,
+			   bk_attn ap, bool bwd)
+{
+	int S = (int)lens.size();
+	std::vector<int32_t> cu(S + 1, 0);
+	for (int s = 0; s < S; s++)
+		cu[s + 1] = cu[s] + lens[s];
+	int T = cu[S];
+	size_t nq = (size_t)T * NH * D, nk = (size_t)T * NKV * D, np = (size_t)P * NKV * D;
+	size_t nl = (size_t)NH * T;
+	char sz[96], l[160];
+	snprintf(sz, sizeof sz, "attn_act T=%d S=%d NH=%d/%d D=%d P=%d c%g W%d", T, S, NH, NKV, D, P,
+		 (double)ap.softcap, ap.window);
+	std::vector<float> q = rnd(nq, 1.5f, true), k = rnd(nk, 1.5f, true), v = rnd(nk, 1.0f, true);
+	std::vector<float> pk = rnd(np, 1.5f, true), pv = rnd(np, 1.0f, true);
+	std::vector<__nv_bfloat16> qb = to_b(q), kb = to_b(k), vb = to_b(v), pkb = to_b(pk),
+				    pvb = to_b(pv), obb(nq + 1);
+	// fp32 kernel (same bf16 values), bf16 kernel, host twin
+	std::vector<float> of(nq + 1, NAN), lf(nl + 1, NAN), lb(nl + 1, NAN), oh(nq + 1), lh(nl + 1);
+	emu_tc_forward(of.data(), lf.data(), q.data(), k.data(), v.data(), cu.data(), S, T, NH, NKV,
+		       D, P ? pk.data() : NULL, P ? pv.data() : NULL, P, &ap);
+	emu_tc_forward_bf16(obb.data(), lb.data(), qb.data(), kb.data(), vb.data(), cu.data(), S, T,
+			    NH, NKV, D, P ? pkb.data() : NULL, P ? pvb.data() : NULL, P, &ap);
+	bk_ops_host.attention_forward(oh.data(), lh.data(), q.data(), k.data(), v.data(), cu.data(),
+				      S, T, NH, NKV, D, P ? pk.data() : NULL, P ? pv.data() : NULL,
+				      P, &ap);
+	std::vector<float> ob = from_b(obb), ofr(nq);
+	for (size_t i = 0; i < nq; i++)
+		ofr[i] = bf(of[i]);
+	snprintf(l, sizeof l, "%s out = round(fp32 kernel's)", sz);
+	same(l, ob.data(), ofr.data(), nq);
+	snprintf(l, sizeof l, "%s lse = fp32 kernel's", sz);
+	same(l, lb.data(), lf.data(), nl);
+	double mv = gc_maxabs(v.data(), nk);
+	if (P && gc_maxabs(pv.data(), np) > mv)
+		mv = gc_maxabs(pv.data(), np);
+	snprintf(l, sizeof l, "%s out vs host", sz);
+	check(l, ob.data(), oh.data(), nq, [&](size_t i) {
+		return 1.01 * U * mv + 1e-5 + U * fabs(oh[i]);
+	});
+	snprintf(l, sizeof l, "%s lse vs host", sz);
+	check(l, lb.data(), lh.data(), nl, [&](size_t) { return 1e-4; });
+	if (!bwd)
+		return;
+	std::vector<float> go = rnd(nq, 1.0f, true);
+	std::vector<float> dq0 = rnd(nq, 0.25f, true), dk0 = rnd(nk, 0.25f, true);
+	std::vector<float> dv0 = rnd(nk, 0.25f, true);
+	std::vector<float> dqf = dq0, dkf = dk0, dvf = dv0, dqb = dq0, dkb = dk0, dvb = dv0;
+	std::vector<float> dqh = dq0, dkh = dk0, dvh = dv0;
+	emu_tc_backward(dqf.data(), dkf.data(), dvf.data(), go.data(), q.data(), k.data(), v.data(),
+			ob.data() /* the rounded out */, lf.data(), cu.data(), S, T, NH, NKV, D, &ap);
+	emu_tc_backward_bf16(dqb.data(), dkb.data(), dvb.data(), go.data(), qb.data(), kb.data(),
+			     vb.data(), obb.data(), lb.data(), cu.data(), S, T, NH, NKV, D, &ap);
+	bk_ops_host.attention_backward(dqh.data(), dkh.data(), dvh.data(), go.data(), q.data(),
+				       k.data(), v.data(), oh.data(), lh.data(), cu.data(), S, T, NH,
+				       NKV, D, &ap);
+	snprintf(l, sizeof l, "%s dq = fp32 kernel's", sz);
+	same(l, dqb.data(), dqf.data(), nq);
+	snprintf(l, sizeof l, "%s dk = fp32 kernel's", sz);
+	same(l, dkb.data(), dkf.data(), nk);
+	snprintf(l, sizeof l, "%s dv = fp32 kernel's", sz);
+	same(l, dvb.data(), dvf.data(), nk);
+	double bq = 2e-2 * gc_maxerr(dqh.data(), dq0.data(), nq);
+	double bk = 2e-2 * gc_maxerr(dkh.data(), dk0.data(), nk);
+	double bv = 2e-2 * gc_maxerr(dvh.data(), dv0.data(), nk);
+	snprintf(l, sizeof l, "%s dq vs host", sz);
+	check(l, dqb.data(), dqh.data(), nq, [&](size_t) { return bq; });
+	snprintf(l, sizeof l, "%s dk vs host", sz);
+	check(l, dkb.data(), dkh.data(), nk, [&](size_t) { return bk; });
+	snprintf(l, sizeof l, "%s dv vs host", sz);
+	check(l, dvb.data(), dvh.data(), nk, [&](size_t) { return bv; });
+}
+
+int main(int argc, char **argv)
+{
+	bk_diag_init(argv[0]);
+	if (argc > 1)
+		die("usage: test_act_emu (no arguments)");
+	clock_t c0 = clock();
+	test_rmsnorm(5, 200);
+	test_rmsnorm(3, 1024);
+	test_rope(7, 3, 64);
+	test_rope(4, 2, 128);
+	test_glu(3000, 0);
+	test_glu(3000, 1);
+	test_dropout(2000, 0.1f, 0x1234);
+	test_dropout(700, 0.5f, 99);
+	bk_attn a64 = bk_attn_default(64), a128 = bk_attn_default(128);
+	bk_attn capwin = { 0.2f, 3.0f, 40 };
+	test_attention({ 1, 7, 70, 50 }, 4, 2, 64, 0, a64, true);   // GQA 2, tiles across sequences
+	test_attention({ 33, 64 }, 4, 1, 128, 0, capwin, true);     // softcap + window, GQA 4
+	test_attention({ 20, 45 }, 2, 2, 64, 19, a64, false);       // prefix (forward only)
+	test_attention({ 65, 3 }, 2, 2, 128, 0, a128, true);        // NH = NKV: dk/dv directly
+	printf("test_act_emu: %d checks, %d failed (%.1f s CPU)\n", n_lines, n_fail,
+	       (double)(clock() - c0) / CLOCKS_PER_SEC);
+	return n_fail ? 1 : 0;
+}
