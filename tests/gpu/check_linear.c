@@ -1,12 +1,17 @@
-/* check_linear.c - on a GPU: both CUDA paths of the projection-group ops
- * (bk_ops.proj_forward / proj_backward, gpu/cuda/cuda_ops.cu): v1 (BK_LINEAR=v1, the
- * default: each member's linear and LoRA kernels in turn) and v2 (BK_LINEAR=v2: one bf16
+/* check_linear.c - on a GPU: the three CUDA paths of the projection-group ops
+ * (bk_ops.proj_forward / proj_backward, gpu/cuda/cuda_proj.cuh): v1 (BK_LINEAR=v1, the
+ * default: each member's linear and LoRA kernels in turn), v2 (BK_LINEAR=v2: one bf16
  * copy of x, one GEMM for the members' A, the base GEMM accumulating onto the LoRA B
- * product), against the host twin on the same random inputs, forward (y) and backward
- * (dx, dA, dB, accumulated onto random start values); then both paths timed with CUDA
- * events at the TinyLlama-1.1B shape (hidden 2048, intermediate 5632, 32/4 heads of 64,
- * 16 x 256 tokens, LoRA r = 16 on all seven projections), one row per group and
- * direction and a per-layer total, so one GPU run validates and ranks them.
+ * product) and v3 (BK_LINEAR=v3: v2 with the members' base GEMMs of equal shape in one
+ * batched launch, and the backward's dx as ONE GEMM over the interleaved bf16 dy and the
+ * stacked weights, K = sum out), against the host twin on the same random inputs,
+ * forward (y) and backward (dx, dA, dB, accumulated onto random start values); then the
+ * three timed with CUDA events at the TinyLlama-1.1B shape (hidden 2048, intermediate
+ * 5632, 32/4 heads of 64, 16 x 256 tokens, LoRA r = 16 on all seven projections), one
+ * row per group and direction, a per-layer total and a ranking, so one GPU run validates
+ * and ranks them.  Cases 0/1 and 4/5 have equal weight shapes and new random weights, and
+ * every path uploads and frees its own: a stale stacked copy of v3 (a weight freed and
+ * another uploaded at its address without the copy dropped) fails the second case.
  * One line per path, case and output; exit 1 on any failure (outputs start as NaN,
  * fenced by sentinels that catch out-of-bounds writes; NaN never passes).
  *
@@ -21,16 +26,17 @@
  *   cl = 2.01u + g(in) + 2.01v + g(R)      (the error of xa, then of the TF32 xa B)
  *   y:   |dy| <= cb S1 + scale cl S3 + 2^-22 |y_ref|
  * Backward, for member j with D2[t,r] = sum_o |dy_to| |B_or| (>= |dxa_tr| / scale):
- *   dx:  <= (2.01u + g(out)) sum_j |dy_j| |W_j|  +  scale (2.01u + g(out) + 2.01v + g(R))
+ *   dx:  <= (2.01u + g(N + n)) sum_j |dy_j| |W_j|   (N = sum_j out_j: v3 sums the N
+ *           products in one GEMM, v1/v2 n sums of out_j each, then n additions)  +  scale (2.01u + g(out) + 2.01v + g(R))
  *           sum_j sum_r D2_tr |A_ri| / (1-p)  +  2^-20 (|dx0| + |dx_ref|)
- *           (v2 rounds dy and B to bf16 for dxa: 2.01u; v1 TF32: 2.01v <= 2.01u)
+ *           (v2/v3 round dy and B to bf16 for dxa: 2.01u; v1 TF32: 2.01v <= 2.01u)
  *   dB:  <= scale (2.01u + g(T) + cl) sum_t S2_tr |dy_to| + 2^-21 (|dB0| + |dB_ref|)
- *           (the product xa dy in bf16 (v2) or TF32 (v1), plus the forward's error of xa)
+ *           (the product xa dy in bf16 (v2/v3) or TF32 (v1), plus the forward's error of xa)
  *   dA:  <= scale (2.01u + g(out) + 2.01v + g(T)) sum_t D2_tr |xd_ti| + 2^-21 (...)
  * The sums are computed here (OpenBLAS sgemm on absolute values, rel. error far below
  * the 1% margin the bounds get).  These are worst-case bounds (errors grow like sqrt(K)
  * in practice), but still tight enough to see a missing LoRA term: each case also
- * checks that v2 compared with the host WITHOUT its LoRA term fails ("sensitivity").
+ * checks that v2 and v3 compared with the host WITHOUT the LoRA term fail ("sensitivity").
  *
  * --host (no GPU; the dry run): the host twin's proj ops against its own linear and
  * LoRA ops called in turn (bit for bit), and against the host on bf16-rounded x, W, A
@@ -51,6 +57,12 @@
 #ifdef BK_HAVE_CUDA
 #include "gpu/cuda/cuda.h"
 #include "gpu/cuda/cuda_attention_tc.h" /* bk_cuda_time_ms */
+/* BK_LINEAR=v3's entries (gpu/cuda/cuda_proj.cuh; not yet in gpu/cuda/cuda.h) */
+void bk_cuda_proj_forward_v3(const bk_proj *p, int n, const float *x, float *xa, int T,
+			     int in, int R, float scale, float drop, float *scratch);
+void bk_cuda_proj_backward_v3(float *dx, const bk_proj *p, int n, const float *x,
+			      const float *xa, int T, int in, int R, float scale, float drop,
+			      float *scratch);
 #endif
 
 #define U_BF16 0x1p-8
@@ -235,11 +247,13 @@ static void make_data(gdata *d, const gcase *g)
 	float *s2 = xmalloc((size_t)T * R * sizeof(float) + 4);
 	float *d2 = xmalloc((size_t)T * R * sizeof(float) + 4);
 	float *tmp = xmalloc((size_t)T * in * sizeof(float));
-	int outmax = 0;
-	for (int j = 0; j < n; j++)
+	int outmax = 0, outsum = 0;
+	for (int j = 0; j < n; j++) {
 		outmax = g->outs[j] > outmax ? g->outs[j] : outmax;
+		outsum += g->outs[j];
+	}
 	double cb = u2 + gam(in), cl = u2 + gam(in) + v2 + gam(R);
-	double cdx = u2 + gam(outmax), cdxl = u2 + gam(outmax) + v2 + gam(R);
+	double cdx = u2 + gam(outsum + n), cdxl = u2 + gam(outmax) + v2 + gam(R);
 	double cdB = u2 + gam(T) + cl, cdA = u2 + gam(outmax) + v2 + gam(T);
 	d->bdx = xcalloc((size_t)T * in, sizeof(float));
 	for (int j = 0; j < n; j++) {
@@ -397,6 +411,10 @@ static void run_case(const gcase *g)
 			      d.B, d.dy, d.dx0, d.dA0, d.dB0, 0, y, &dx, dA, dB);
 		compare("v2", size, &d, y, dx, dA, dB, dmg, 0, 1);
 		free_res(g, y, dx, dA, dB);
+		dmg = run_ops(G, bk_cuda_proj_forward_v3, bk_cuda_proj_backward_v3, g, d.W, d.x, d.A,
+			      d.B, d.dy, d.dx0, d.dA0, d.dB0, 0, y, &dx, dA, dB);
+		compare("v3", size, &d, y, dx, dA, dB, dmg, 0, 1);
+		free_res(g, y, dx, dA, dB);
 #endif
 	}
 	free_data(&d);
@@ -424,9 +442,11 @@ static void run_bwd(void *v)
 	a->bwd(a->dx, a->p, a->n, a->x, a->xa, a->T, a->in, a->R, 2.0f, 0.0f, a->scratch);
 }
 
+enum { NPATH = 3 }; /* v1, v2, v3 */
+
 /* ms[dir][path] of one group, LoRA on every member, dropout 0 */
 static void bench_group(const char *name, int T, int in, int n, const int *outs, int R,
-			double ms[2][2])
+			double ms[2][NPATH])
 {
 	enum { REP = 10 };
 	bench_args a = { .n = n, .T = T, .in = in, .R = R };
@@ -462,9 +482,11 @@ static void bench_group(const char *name, int T, int in, int n, const int *outs,
 	a.xa = G->alloc((size_t)n * T * R * 4), a.scratch = G->alloc((size_t)T * (in + R) * 4);
 	G->zero(a.x, (size_t)T * in * 4), G->zero(a.dx, (size_t)T * in * 4);
 	G->upload(a.x, hw, ((size_t)T * in < hwn ? (size_t)T * in : hwn) * 4);
-	proj_fwd_fn F[2] = { bk_cuda_proj_forward_v1, bk_cuda_proj_forward_v2 };
-	proj_bwd_fn B[2] = { bk_cuda_proj_backward_v1, bk_cuda_proj_backward_v2 };
-	for (int k = 0; k < 2; k++) {
+	proj_fwd_fn F[NPATH] = { bk_cuda_proj_forward_v1, bk_cuda_proj_forward_v2,
+				 bk_cuda_proj_forward_v3 };
+	proj_bwd_fn B[NPATH] = { bk_cuda_proj_backward_v1, bk_cuda_proj_backward_v2,
+				 bk_cuda_proj_backward_v3 };
+	for (int k = 0; k < NPATH; k++) {
 		a.fwd = F[k], a.bwd = B[k];
 		ms[0][k] = bk_cuda_time_ms(run_fwd, &a, REP);
 		run_fwd(&a); /* the backward reads this path's xa */
@@ -472,10 +494,12 @@ static void bench_group(const char *name, int T, int in, int n, const int *outs,
 	}
 	for (int dir = 0; dir < 2; dir++) {
 		double fl = dir ? 2 * flops : flops; /* base GEMMs only (LoRA adds ~1-3%) */
-		printf("linear %s %s T=%d in=%d r=%d: v1 %.3f ms, v2 %.3f ms, ratio v1/v2 %.2f  "
-		       "(base-GEMM TFLOP/s: v1 %.0f, v2 %.0f)\n",
-		       dir ? "bwd" : "fwd", name, T, in, R, ms[dir][0], ms[dir][1],
-		       ms[dir][0] / ms[dir][1], fl / ms[dir][0] * 1e-9, fl / ms[dir][1] * 1e-9);
+		printf("linear %s %s T=%d in=%d r=%d: v1 %.3f ms, v2 %.3f ms, v3 %.3f ms, ratio "
+		       "v1/v2 %.2f v1/v3 %.2f v2/v3 %.2f  (base-GEMM TFLOP/s: v1 %.0f, v2 %.0f, v3 "
+		       "%.0f)\n",
+		       dir ? "bwd" : "fwd", name, T, in, R, ms[dir][0], ms[dir][1], ms[dir][2],
+		       ms[dir][0] / ms[dir][1], ms[dir][0] / ms[dir][2], ms[dir][1] / ms[dir][2],
+		       fl / ms[dir][0] * 1e-9, fl / ms[dir][1] * 1e-9, fl / ms[dir][2] * 1e-9);
 	}
 	for (int j = 0; j < n; j++)
 		G->weight_free(w[j]);
@@ -490,20 +514,34 @@ static void bench(void)
 {
 	const int T = 16 * 256, Hd = 2048, Im = 5632, QD = 32 * 64, KVD = 4 * 64, R = 16;
 	const int qkv[3] = { QD, KVD, KVD }, o[1] = { Hd }, gu[2] = { Im, Im }, dn[1] = { Hd };
-	double ms[4][2][2], tot[2][2] = { { 0 } };
+	double ms[4][2][NPATH], tot[2][NPATH] = { { 0 } }, step[NPATH];
 	bench_group("q/k/v", T, Hd, 3, qkv, R, ms[0]);
 	bench_group("o", T, QD, 1, o, R, ms[1]);
 	bench_group("gate/up", T, Hd, 2, gu, R, ms[2]);
-	bench_group("down", T, I, 1, dn, R, ms[3]);
+	bench_group("down", T, Im, 1, dn, R, ms[3]);
 	for (int g = 0; g < 4; g++)
 		for (int d = 0; d < 2; d++)
-			for (int k = 0; k < 2; k++)
+			for (int k = 0; k < NPATH; k++)
 				tot[d][k] += ms[g][d][k];
+	for (int k = 0; k < NPATH; k++)
+		step[k] = 22 * (tot[0][k] + tot[1][k]);
 	printf("linear layer total (7 projections, TinyLlama 16x256, r 16): fwd v1 %.3f ms, v2 "
-	       "%.3f ms (%.2fx); bwd v1 %.3f ms, v2 %.3f ms (%.2fx); x 22 layers fwd+bwd: v1 %.1f "
-	       "ms, v2 %.1f ms per step\n",
-	       tot[0][0], tot[0][1], tot[0][0] / tot[0][1], tot[1][0], tot[1][1],
-	       tot[1][0] / tot[1][1], 22 * (tot[0][0] + tot[1][0]), 22 * (tot[0][1] + tot[1][1]));
+	       "%.3f ms, v3 %.3f ms; bwd v1 %.3f ms, v2 %.3f ms, v3 %.3f ms; x 22 layers "
+	       "fwd+bwd: v1 %.1f ms, v2 %.1f ms, v3 %.1f ms per step\n",
+	       tot[0][0], tot[0][1], tot[0][2], tot[1][0], tot[1][1], tot[1][2], step[0], step[1],
+	       step[2]);
+	/* the ranking, fastest first, by the whole layer (fwd + bwd) */
+	int rk[NPATH] = { 0, 1, 2 };
+	for (int i = 0; i < NPATH; i++)
+		for (int j = i + 1; j < NPATH; j++)
+			if (step[rk[j]] < step[rk[i]]) {
+				int t = rk[i];
+				rk[i] = rk[j], rk[j] = t;
+			}
+	printf("linear ranking (TinyLlama layer fwd+bwd, 16x256, r 16): v%d %.1f ms < v%d %.1f ms "
+	       "< v%d %.1f ms per step (v%d is %.2fx v1)\n",
+	       rk[0] + 1, step[rk[0]], rk[1] + 1, step[rk[1]], rk[2] + 1, step[rk[2]], rk[0] + 1,
+	       step[0] / step[rk[0]]);
 }
 #endif
 
@@ -522,7 +560,8 @@ int main(int argc, char **argv)
 #ifdef BK_HAVE_CUDA
 	G = &bk_ops_cuda;
 	if (!host_mode)
-		printf("check_linear: BK_LINEAR=%s (the op table's path; both are checked here)\n",
+		printf("check_linear: BK_LINEAR=%s (the op table's path; all three are checked "
+		       "here)\n",
 		       getenv("BK_LINEAR") && *getenv("BK_LINEAR") ? getenv("BK_LINEAR")
 								  : "v1 (unset)");
 #else

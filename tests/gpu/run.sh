@@ -311,10 +311,10 @@ for c in $progs; do
 		fi
 	fi
 done
-# check_linear's timings (the projection groups, BK_LINEAR v1 vs v2) as rows
+# check_linear's timings (the projection groups, BK_LINEAR v1 vs v2 vs v3) and ranking as rows
 while read -r line; do
 	row timing "projections: ${line%%:*}" "${line#*: }" "" "tests/gpu/check_linear.c"
-done < <(grep -E '^linear (fwd|bwd|layer total)' "$LOGS/check_linear.log" 2>/dev/null)
+done < <(grep -E '^linear (fwd|bwd|layer total|ranking)' "$LOGS/check_linear.log" 2>/dev/null)
 for s in tests/gpu/check_*.sh; do
 	[ -f "$s" ] && [ "$s" != tests/gpu/check_gen.sh ] || continue
 	if [ $DRY = 1 ] && [ "$s" = tests/gpu/check_dist.sh ] && [ -f "$P/tests/fake-nccl/libnccl.so.2" ]; then
@@ -343,9 +343,9 @@ done
 # bk-step --device cpu vs --device cuda (dry run: cpu vs cpu, which must agree exactly)
 M=models/stories260K
 DEV2=cuda; [ $DRY = 1 ] && DEV2=cpu
-# the second runs: cuda (the default kernels) and cuda-v2 (BK_LINEAR=v2: the fused
-# projections of cuda_ops.cu, until a GPU run has validated them)
-DEVS2=$DEV2; [ $DRY = 0 ] && DEVS2="cuda cuda-v2"
+# the second runs: cuda (the default kernels), cuda-v2 and cuda-v3 (BK_LINEAR=v2 / v3: the
+# fused projections of cuda_proj.cuh, until a GPU run has validated them)
+DEVS2=$DEV2; [ $DRY = 0 ] && DEVS2="cuda cuda-v2 cuda-v3"
 EPOCHS=2; [ $DRY = 1 ] && EPOCHS=1
 step_data() {
 	bk-tokenize --model $M --system "Sparky is a friendly dragon who lives in a cave." \
@@ -364,9 +364,9 @@ if stage step-data 60 bash -c step_data; then
 		F="--model $M --lora-r 8 --lora-alpha 16 --lr 2e-3 --lora-dropout $drop --seed 1 --epochs $EPOCHS --logging-steps 1"
 		bad=" " # the runs that failed
 		for dev in cpu $DEVS2; do
-			lin=v1; [ $dev = cuda-v2 ] && lin=v2
+			lin=v1; [ $dev = cuda-v2 ] && lin=v2; [ $dev = cuda-v3 ] && lin=v3
 			# shellcheck disable=SC2086
-			stage "bk-step-$dev-drop$drop" 60 env BK_LINEAR=$lin bash -c "rm -rf '$W/o-$dev'; bk-step $F --device ${dev%-v2} --out '$W/o-$dev' '$W/b.bk' >'$W/m-$dev.bk'" || { bad="$bad$dev:$S_RC "; continue; }
+			stage "bk-step-$dev-drop$drop" 60 env BK_LINEAR=$lin bash -c "rm -rf '$W/o-$dev'; bk-step $F --device ${dev%-v[23]} --out '$W/o-$dev' '$W/b.bk' >'$W/m-$dev.bk'" || { bad="$bad$dev:$S_RC "; continue; }
 			bk-dump "$W/m-$dev.bk" | jq -r 'select(.step != null and .loss != null) | "\(.step) \(.loss)"' >"$W/l-$dev"
 		done
 		for DEV2 in $DEVS2; do
@@ -456,16 +456,18 @@ for sz in $SIZES; do
 		fi
 	done
 done
-# the first size, plain, again with BK_LINEAR=v2 (the fused projections of cuda_ops.cu;
-# the host twin ignores it): the end-to-end v2/v1 ratio of the step
-sz=${SIZES%% *} n="bench_step-${SIZES%% *}-plain-linear-v2"
+# the first size, plain, again with BK_LINEAR=v2 and v3 (the fused projections of
+# cuda_proj.cuh; the host twin ignores it): the end-to-end v2/v1 and v3/v1 ratios of the step
+for lin in v2 v3; do
+sz=${SIZES%% *} n="bench_step-${SIZES%% *}-plain-linear-$lin"
 # shellcheck disable=SC2086
-if stage "$n" 90 env BK_LINEAR=v2 "$P/bench/bench_step" ${PEAK:+--peak-tflops $PEAK} $SHAPE_ARGS ${sz%x*} ${sz#*x} 3; then
-	row timing "bakery step, $SHAPE_NAME, $sz tokens, plain, BK_LINEAR=v2" "$(kv tokens_per_s "$n") tokens/s" "$S_DT" \
-		"v2/v1 $(awk -v a="$(kv tokens_per_s "$n")" -v b="${TPS[$sz-plain]:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "?" }'); phases ms: $(kv phases_ms "$n"); peak $(kv peak_gib "$n") GiB; loss $(kv loss "$n")"
+if stage "$n" 90 env BK_LINEAR=$lin "$P/bench/bench_step" ${PEAK:+--peak-tflops $PEAK} $SHAPE_ARGS ${sz%x*} ${sz#*x} 3; then
+	row timing "bakery step, $SHAPE_NAME, $sz tokens, plain, BK_LINEAR=$lin" "$(kv tokens_per_s "$n") tokens/s" "$S_DT" \
+		"$lin/v1 $(awk -v a="$(kv tokens_per_s "$n")" -v b="${TPS[$sz-plain]:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "?" }'); phases ms: $(kv phases_ms "$n"); peak $(kv peak_gib "$n") GiB; loss $(kv loss "$n")"
 else
-	row timing "bakery step $sz plain BK_LINEAR=v2" "$(why)" "$S_DT" "$(lastline "$n")"
+	row timing "bakery step $sz plain BK_LINEAR=$lin" "$(why)" "$S_DT" "$(lastline "$n")"
 fi
+done
 GENDIR=$W/genmodel
 gopt=; [ $QUICK = 1 ] && gopt=--quick
 [ $DRY = 1 ] && gopt="--device cpu --tiny"
