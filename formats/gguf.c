@@ -130,9 +130,11 @@ static const struct {
 	{ BK_GGML_Q4_0, "Q4_0", 32, 18 }, { BK_GGML_Q4_1, "Q4_1", 32, 20 },
 	{ BK_GGML_Q8_0, "Q8_0", 32, 34 }, { BK_GGML_Q4_K, "Q4_K", 256, 144 },
 	{ BK_GGML_Q6_K, "Q6_K", 256, 210 }, { BK_GGML_BF16, "BF16", 1, 2 },
+	{ BK_GGML_Q5_0, "Q5_0", 32, 22 }, { BK_GGML_Q5_1, "Q5_1", 32, 24 },
+	{ BK_GGML_Q5_K, "Q5_K", 256, 176 },
 	/* known, not dequantized here: sizes for validation and messages */
-	{ 6, "Q5_0", 32, 22 },   { 7, "Q5_1", 32, 24 },   { 9, "Q8_1", 32, 36 },
-	{ 10, "Q2_K", 256, 84 }, { 11, "Q3_K", 256, 110 }, { 13, "Q5_K", 256, 176 },
+	{ 9, "Q8_1", 32, 36 },
+	{ 10, "Q2_K", 256, 84 }, { 11, "Q3_K", 256, 110 },
 	{ 15, "Q8_K", 256, 292 }, { 16, "IQ2_XXS", 256, 66 }, { 17, "IQ2_XS", 256, 74 },
 	{ 18, "IQ3_XXS", 256, 98 }, { 19, "IQ1_S", 256, 50 }, { 20, "IQ4_NL", 32, 18 },
 	{ 21, "IQ3_S", 256, 110 }, { 22, "IQ2_S", 256, 82 }, { 23, "IQ4_XS", 256, 136 },
@@ -160,7 +162,8 @@ int bk_ggml_type_supported(uint32_t type)
 {
 	switch (type) {
 	case BK_GGML_F32: case BK_GGML_F16: case BK_GGML_BF16: case BK_GGML_Q4_0:
-	case BK_GGML_Q4_1: case BK_GGML_Q8_0: case BK_GGML_Q4_K: case BK_GGML_Q6_K:
+	case BK_GGML_Q4_1: case BK_GGML_Q5_0: case BK_GGML_Q5_1: case BK_GGML_Q8_0:
+	case BK_GGML_Q4_K: case BK_GGML_Q5_K: case BK_GGML_Q6_K:
 		return 1;
 	default:
 		return 0;
@@ -521,6 +524,29 @@ void bk_ggml_dequant(uint32_t type, const void *src, float *y, int64_t n)
 			}
 		}
 		return;
+	case BK_GGML_Q5_0: /* d; qh (bit 4 of element j = bit j); qs[16] as Q4_0; minus 16 */
+	case BK_GGML_Q5_1: /* d, m; qh; qs[16]: no offset, plus m */
+		for (int64_t i = 0; i < nb; i++) {
+			int one = type == BK_GGML_Q5_1;
+			float d = h2f(b), m = one ? h2f(b + 2) : 0;
+			uint32_t qh;
+			memcpy(&qh, b + (one ? 4 : 2), 4);
+			const uint8_t *qs = b + (one ? 8 : 6);
+			for (int j = 0; j < 16; j++) {
+				int x0 = (qs[j] & 0xF) | (int)(((qh >> j) & 1) << 4);
+				int x1 = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+				if (one) {
+					y[j] = (float)x0 * d + m;
+					y[j + 16] = (float)x1 * d + m;
+				} else {
+					y[j] = (float)(x0 - 16) * d;
+					y[j + 16] = (float)(x1 - 16) * d;
+				}
+			}
+			b += one ? 24 : 22;
+			y += 32;
+		}
+		return;
 	case BK_GGML_Q8_0: /* d; int8 qs[32] */
 		for (int64_t i = 0; i < nb; i++, b += 34, y += 32) {
 			float d = h2f(b);
@@ -542,6 +568,26 @@ void bk_ggml_dequant(uint32_t type, const void *src, float *y, int64_t n)
 					*y++ = d1 * (float)(q[l] & 0xF) - mm1;
 				for (int l = 0; l < 32; l++)
 					*y++ = d2 * (float)(q[l] >> 4) - mm2;
+			}
+		}
+		return;
+	case BK_GGML_Q5_K: /* Q4_K plus qh[32]: bit 2c (low nibbles) / 2c+1 (high) of chunk c */
+		for (int64_t i = 0; i < nb; i++, b += 176) {
+			float d = h2f(b), dmin = h2f(b + 2);
+			const uint8_t *sc = b + 4, *qh = b + 16, *q = b + 48;
+			for (int c = 0; c < 4; c++, q += 32) {
+				int s1, m1, s2, m2;
+				q4k_scale_min(2 * c, sc, &s1, &m1);
+				q4k_scale_min(2 * c + 1, sc, &s2, &m2);
+				float d1 = d * (float)s1, mm1 = dmin * (float)m1;
+				float d2 = d * (float)s2, mm2 = dmin * (float)m2;
+				for (int l = 0; l < 32; l++)
+					*y++ = d1 * (float)((q[l] & 0xF) | (((qh[l] >> (2 * c)) & 1) << 4)) -
+					       mm1;
+				for (int l = 0; l < 32; l++)
+					*y++ = d2 * (float)((q[l] >> 4) |
+							    (((qh[l] >> (2 * c + 1)) & 1) << 4)) -
+					       mm2;
 			}
 		}
 		return;
@@ -574,7 +620,8 @@ void bk_gguf_dequant(const bk_gguf *g, const bk_gguf_tensor *t, float *out)
 {
 	if (!bk_ggml_type_supported(t->type))
 		die("%s: tensor '%s': type %s is not supported (supported: F32, F16, BF16, Q4_0, "
-		    "Q4_1, Q8_0, Q4_K, Q6_K)", g->path, t->name, bk_ggml_type_name(t->type));
+		    "Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)", g->path, t->name,
+		    bk_ggml_type_name(t->type));
 	bk_ggml_dequant(t->type, t->data, out, bk_gguf_numel(t));
 }
 

@@ -1,5 +1,5 @@
 /* gguf.h - reading GGUF files (llama.cpp's model format, versions 2 and 3): metadata
- * key/values, tensor infos, and dequantization of F32/F16/BF16/Q4_0/Q4_1/Q8_0/Q4_K/Q6_K
+ * key/values, tensor infos, and dequantization of F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K
  * tensors to fp32.  Not a model loader: formats/gguf_hf.c turns a file into an HF model
  * directory.
  *
@@ -30,7 +30,8 @@ enum {
 /* ggml tensor types (the ones dequantized here, plus names for messages) */
 enum {
 	BK_GGML_F32 = 0, BK_GGML_F16 = 1, BK_GGML_Q4_0 = 2, BK_GGML_Q4_1 = 3,
-	BK_GGML_Q8_0 = 8, BK_GGML_Q4_K = 12, BK_GGML_Q6_K = 14, BK_GGML_BF16 = 30,
+	BK_GGML_Q5_0 = 6, BK_GGML_Q5_1 = 7, BK_GGML_Q8_0 = 8, BK_GGML_Q4_K = 12,
+	BK_GGML_Q5_K = 13, BK_GGML_Q6_K = 14, BK_GGML_BF16 = 30,
 };
 
 typedef struct {

@@ -26,11 +26,12 @@ static void check_quants(void)
 	bk_st *gold = bk_st_open(DIR "quants.golden.safetensors");
 	CHECK(bk_gguf_version(g) == 3, "version %u", bk_gguf_version(g));
 	static const char *const want[] = { "f32", "f16", "bf16", "q4_0", "q4_1", "q8_0",
-					    "q4_k", "q6_k", "vec_f32" };
+					    "q4_k", "q6_k", "vec_f32", "q5_0", "q5_1", "q5_k" };
 	static const uint32_t want_type[] = { BK_GGML_F32, BK_GGML_F16, BK_GGML_BF16,
 					      BK_GGML_Q4_0, BK_GGML_Q4_1, BK_GGML_Q8_0,
-					      BK_GGML_Q4_K, BK_GGML_Q6_K, BK_GGML_F32 };
-	CHECK(bk_gguf_n_tensors(g) == 9, "%zu tensors", bk_gguf_n_tensors(g));
+					      BK_GGML_Q4_K, BK_GGML_Q6_K, BK_GGML_F32,
+					      BK_GGML_Q5_0, BK_GGML_Q5_1, BK_GGML_Q5_K };
+	CHECK(bk_gguf_n_tensors(g) == 12, "%zu tensors", bk_gguf_n_tensors(g));
 	for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
 		const bk_gguf_tensor *t = bk_gguf_find_tensor(g, want[i]);
 		const bk_st_tensor *r = bk_st_find(gold, want[i]);
@@ -366,8 +367,8 @@ static void check_corrupt(void)
 	put64(q40 + 4, 48);
 	expect_bad("ne[0] not a block multiple", "'q4_0'", "not a multiple of Q4_0's block");
 	reset();
-	put32(f32 + 4 + 16, 6); /* Q5_0: known, not dequantized here */
-	expect_bad("unsupported type", "'f32'", "type Q5_0 is not supported");
+	put32(f32 + 4 + 16, 9); /* Q8_1: known, not dequantized here */
+	expect_bad("unsupported type", "'f32'", "type Q8_1 is not supported");
 	reset();
 	memcpy(buf + info_of("f16") - 3, "f32", 3); /* two tensors named f32 */
 	expect_bad("duplicate tensor", "tensor 'f32' appears twice", NULL);
@@ -376,7 +377,7 @@ static void check_corrupt(void)
 	char *out = tmp_out("x");
 	const char *args[2] = { DIR "quants.gguf", out };
 	bk_expect_die("convert quants.gguf", convert_child, args, "quants.gguf",
-		      "architecture 'test' is not supported");
+		      "architecture 'test' is not supported (supported: llama, gemma3)");
 	bk_mkdir_p(out);
 	char *f = bk_path_join(out, "config.json");
 	bk_write_file_atomic(f, "{}", 2);
