@@ -10,6 +10,7 @@
 
 #include "common/diag.h"
 #include "common/rng.h"
+#include "gpu/host/host_attn.h"
 #include "gpu/host/host_dots.h" /* dotf, dots: the attention scores */
 #include "gpu/optim8.h"
 
@@ -259,12 +260,12 @@ static inline int first_key(int qpos, int window)
 /* One query row: scores against the visible prefix keys then own-sequence keys
  * cu[s]..t, two-pass softmax.  Query t is at position P + (t - cu[s]); key j of the
  * combined list (prefix 0..P-1, then own) is at position j.  sc holds P + T + 1. */
-static void host_attention_forward(float *out /* [T,NH,D] */, float *lse /* [NH,T] */,
-				   const float *q /* [T,NH,D] */, const float *k /* [T,NKV,D] */,
-				   const float *v /* [T,NKV,D] */, const int32_t *cu /* [S+1] */,
-				   int S, int T, int NH, int NKV, int D,
-				   const float *pk /* [P,NKV,D] */, const float *pv /* [P,NKV,D] */,
-				   int P, const bk_attn *ap)
+void bk_host_attention_forward_rows(float *out /* [T,NH,D] */, float *lse /* [NH,T] */,
+				    const float *q /* [T,NH,D] */, const float *k /* [T,NKV,D] */,
+				    const float *v /* [T,NKV,D] */, const int32_t *cu /* [S+1] */,
+				    int S, int T, int NH, int NKV, int D,
+				    const float *pk /* [P,NKV,D] */, const float *pv /* [P,NKV,D] */,
+				    int P, const bk_attn *ap)
 {
 	BUG_ON(NH % NKV);
 	BUG_ON(P > 0 && (!pk || !pv));
@@ -323,10 +324,10 @@ static void host_attention_forward(float *out /* [T,NH,D] */, float *lse /* [NH,
  * tanh' factor only with a cap);  dq_i += ds_ij k_j;  dk_j += ds_ij q_i, over the
  * visible keys j (window).  One thread owns one (sequence, kv head) pair, so its
  * dk/dv rows are written by no other thread.  (No prefix: position = t - cu[s].) */
-static void host_attention_backward(float *dq, float *dk, float *dv, const float *dout,
-				    const float *q, const float *k, const float *v,
-				    const float *out, const float *lse, const int32_t *cu, int S,
-				    int T, int NH, int NKV, int D, const bk_attn *ap)
+void bk_host_attention_backward_rows(float *dq, float *dk, float *dv, const float *dout,
+				     const float *q, const float *k, const float *v,
+				     const float *out, const float *lse, const int32_t *cu, int S,
+				     int T, int NH, int NKV, int D, const bk_attn *ap)
 {
 	BUG_ON(NH % NKV);
 	BUG_ON(!ap || ap->window < 0 || ap->softcap < 0);
@@ -374,6 +375,200 @@ static void host_attention_backward(float *dq, float *dk, float *dv, const float
 				}
 			}
 		}
+	}
+}
+
+/* ---- blocked attention (bk_ops_host's training attention) ----
+ * Per (sequence, head) and tile of QT queries: the tile's scores against every key any
+ * of its queries sees (the window's first key of its first query to its last query)
+ * by sgemm, straight from the strided [T,NH,D] / [T,NKV,D] rows (a prefix's keys by a
+ * second sgemm into the same score rows), then per query row the mask, scale, softcap
+ * and softmax on its visible keys (others 0), and out = P V by sgemm.  The backward per
+ * (sequence, kv head), so that a thread owns its dk/dv rows, and per head of the group
+ * and query tile: scores again, P = exp(c - lse), dP = dout V^T, dS = P (dP - D_i)
+ * scale (times the cap's slope), then dV += P^T dout, dq += dS K, dK += dS^T q: five
+ * small sgemms (one-threaded inside the parallel region, as OpenBLAS runs there).
+ * Deterministic: the tiles and every sgemm's sizes depend on the shapes only, never on
+ * the thread count.  Not batch-invariant (the sgemm's summation order depends on the
+ * tile's key count): the teacher pass keeps bk_host_attention_forward_rows. */
+enum { QT = 64 };
+
+/* keys [k0, k1) of sequence s in the combined list (prefix 0..P-1, then own): the
+ * prefix part [k0, min(k1, P)) and the own part [max(k0, P), k1) */
+static void attn_scores(float *sc, int ld, const float *qt, int qn, int NH, int NKV, int D,
+			const float *pk, const float *kown, int P, int k0, int k1)
+{
+	int pe = k1 < P ? k1 : P, os = k0 > P ? k0 : P;
+	if (k0 < pe)
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, qn, pe - k0, D, 1.0f, qt,
+			    NH * D, pk + (size_t)k0 * NKV * D, NKV * D, 0.0f, sc, ld);
+	if (os < k1)
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, qn, k1 - os, D, 1.0f, qt,
+			    NH * D, kown + (size_t)(os - P) * NKV * D, NKV * D, 0.0f,
+			    sc + (os - k0), ld);
+}
+
+static void host_attention_forward(float *out /* [T,NH,D] */, float *lse /* [NH,T] */,
+				   const float *q /* [T,NH,D] */, const float *k /* [T,NKV,D] */,
+				   const float *v /* [T,NKV,D] */, const int32_t *cu /* [S+1] */,
+				   int S, int T, int NH, int NKV, int D,
+				   const float *pk /* [P,NKV,D] */, const float *pv /* [P,NKV,D] */,
+				   int P, const bk_attn *ap)
+{
+	BUG_ON(NH % NKV);
+	BUG_ON(P > 0 && (!pk || !pv));
+	BUG_ON(!ap || ap->window < 0 || ap->softcap < 0);
+	check_seqlens(cu, S, T);
+	int group = NH / NKV, W = ap->window, maxlen = 0;
+	float scale = ap->scale, cap = ap->softcap;
+	/* work items: (sequence, head, query tile), in order */
+	int nitem = 0;
+	for (int s = 0; s < S; s++) {
+		int n = cu[s + 1] - cu[s];
+		maxlen = n > maxlen ? n : maxlen;
+		nitem += (n + QT - 1) / QT * NH;
+	}
+	if (!nitem)
+		return;
+	int *item = xmalloc((size_t)nitem * 3 * sizeof(int));
+	for (int s = 0, i = 0; s < S; s++)
+		for (int h = 0; h < NH; h++)
+			for (int a = 0; a < cu[s + 1] - cu[s]; a += QT, i++)
+				item[3 * i] = s, item[3 * i + 1] = h, item[3 * i + 2] = a;
+	/* the widest tile's key span: P + maxlen keys (fewer with a window) */
+	size_t span = (size_t)P + maxlen;
+	if (W > 0 && (size_t)W + QT < span)
+		span = (size_t)W + QT;
+#pragma omp parallel if (nitem > 1)
+	{
+		float *sc = xmalloc((size_t)QT * span * sizeof(float));
+#pragma omp for schedule(dynamic, 1)
+		for (int it = 0; it < nitem; it++) {
+			int s = item[3 * it], h = item[3 * it + 1], a = item[3 * it + 2];
+			int n = cu[s + 1] - cu[s], b = a + QT < n ? a + QT : n, qn = b - a, kh = h / group;
+			/* queries at positions P + a .. P + b - 1; keys [k0, k1) */
+			int k0 = first_key(P + a, W), k1 = P + b, ld = k1 - k0;
+			const float *qt = q + ((size_t)(cu[s] + a) * NH + h) * D;
+			attn_scores(sc, ld, qt, qn, NH, NKV, D, pk ? pk + (size_t)kh * D : NULL,
+				    k + ((size_t)cu[s] * NKV + kh) * D, P, k0, k1);
+			for (int i = 0; i < qn; i++) {
+				float *row = sc + (size_t)i * ld;
+				int j0 = first_key(P + a + i, W) - k0, j1 = P + a + i + 1 - k0;
+				float mx = -INFINITY;
+				for (int j = j0; j < j1; j++) {
+					row[j] = cap_score(row[j] * scale, cap);
+					mx = row[j] > mx ? row[j] : mx;
+				}
+				float sum = 0;
+				for (int j = j0; j < j1; j++) {
+					row[j] = expf(row[j] - mx);
+					sum += row[j];
+				}
+				float inv = 1.0f / sum;
+				for (int j = 0; j < j0; j++)
+					row[j] = 0;
+				for (int j = j0; j < j1; j++)
+					row[j] *= inv;
+				for (int j = j1; j < ld; j++)
+					row[j] = 0;
+				lse[(size_t)h * T + cu[s] + a + i] = mx + logf(sum);
+			}
+			/* out = P V over the prefix part, then the own part */
+			float *ot = out + ((size_t)(cu[s] + a) * NH + h) * D;
+			int pe = k1 < P ? k1 : P, os = k0 > P ? k0 : P;
+			float beta = 0.0f;
+			if (k0 < pe) {
+				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, qn, D, pe - k0,
+					    1.0f, sc, ld, pv + ((size_t)k0 * NKV + kh) * D, NKV * D,
+					    0.0f, ot, NH * D);
+				beta = 1.0f;
+			}
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, qn, D, k1 - os, 1.0f,
+				    sc + (os - k0), ld,
+				    v + ((size_t)(cu[s] + os - P) * NKV + kh) * D, NKV * D, beta, ot,
+				    NH * D);
+		}
+		free(sc);
+	}
+	free(item);
+}
+
+static void host_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+				    const float *q, const float *k, const float *v,
+				    const float *out, const float *lse, const int32_t *cu, int S,
+				    int T, int NH, int NKV, int D, const bk_attn *ap)
+{
+	BUG_ON(NH % NKV);
+	BUG_ON(!ap || ap->window < 0 || ap->softcap < 0);
+	check_seqlens(cu, S, T);
+	int group = NH / NKV, W = ap->window, maxlen = 0;
+	float scale = ap->scale, cap = ap->softcap;
+	for (int s = 0; s < S; s++)
+		maxlen = cu[s + 1] - cu[s] > maxlen ? cu[s + 1] - cu[s] : maxlen;
+	if (!maxlen)
+		return;
+	size_t span = (size_t)maxlen;
+	if (W > 0 && (size_t)W + QT < span)
+		span = (size_t)W + QT;
+	size_t qs = (size_t)NH * D, ks = (size_t)NKV * D;
+#pragma omp parallel if (S * NKV > 1)
+	{
+		float *pb = xmalloc((size_t)QT * span * sizeof(float)); /* c, then P */
+		float *gb = xmalloc((size_t)QT * span * sizeof(float)); /* dP, then dS */
+		float *di = xmalloc((size_t)QT * sizeof(float));
+#pragma omp for collapse(2) schedule(dynamic, 1)
+		for (int s = 0; s < S; s++) {
+			for (int kh = 0; kh < NKV; kh++) {
+				int n = cu[s + 1] - cu[s];
+				const float *ks0 = k + (size_t)cu[s] * ks + (size_t)kh * D;
+				const float *vs0 = v + (size_t)cu[s] * ks + (size_t)kh * D;
+				float *dks0 = dk + (size_t)cu[s] * ks + (size_t)kh * D;
+				float *dvs0 = dv + (size_t)cu[s] * ks + (size_t)kh * D;
+				for (int h = kh * group; h < (kh + 1) * group; h++) {
+					for (int a = 0; a < n; a += QT) {
+						int b = a + QT < n ? a + QT : n, qn = b - a;
+						int k0 = first_key(a, W), ld = b - k0;
+						size_t qi = ((size_t)(cu[s] + a) * NH + h) * D;
+						const float *qt = q + qi, *dot = dout + qi, *kk = ks0 + (size_t)k0 * ks,
+							    *vv = vs0 + (size_t)k0 * ks;
+						cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, qn, ld, D,
+							    1.0f, qt, (int)qs, kk, (int)ks, 0.0f, pb, ld);
+						cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, qn, ld, D,
+							    1.0f, dot, (int)qs, vv, (int)ks, 0.0f, gb, ld);
+						for (int i = 0; i < qn; i++)
+							di[i] = dotf(dot + (size_t)i * qs, out + qi + (size_t)i * qs, D);
+						for (int i = 0; i < qn; i++) {
+							float *pr = pb + (size_t)i * ld, *gr = gb + (size_t)i * ld;
+							float l = lse[(size_t)h * T + cu[s] + a + i], d_i = di[i];
+							int j0 = first_key(a + i, W) - k0, j1 = a + i + 1 - k0;
+							for (int j = 0; j < j0; j++)
+								pr[j] = gr[j] = 0;
+							for (int j = j0; j < j1; j++) {
+								float c = cap_score(pr[j] * scale, cap);
+								float p = expf(c - l);
+								float ds = p * (gr[j] - d_i) * scale;
+								if (cap > 0)
+									ds *= 1.0f - (c / cap) * (c / cap);
+								pr[j] = p;
+								gr[j] = ds;
+							}
+							for (int j = j1; j < ld; j++)
+								pr[j] = gr[j] = 0;
+						}
+						/* dV[keys] += P^T dout;  dq += dS K;  dK[keys] += dS^T q */
+						cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ld, D, qn,
+							    1.0f, pb, ld, dot, (int)qs, 1.0f,
+							    dvs0 + (size_t)k0 * ks, (int)ks);
+						cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, qn, D, ld,
+							    1.0f, gb, ld, kk, (int)ks, 1.0f, dq + qi, (int)qs);
+						cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ld, D, qn,
+							    1.0f, gb, ld, qt, (int)qs, 1.0f,
+							    dks0 + (size_t)k0 * ks, (int)ks);
+					}
+				}
+			}
+		}
+		free(pb), free(gb), free(di);
 	}
 }
 

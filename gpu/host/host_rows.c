@@ -7,6 +7,7 @@
 
 #include "common/diag.h"
 #include "gpu/gen.h"
+#include "gpu/host/host_attn.h"
 #include "gpu/host/loss.h"
 
 enum { RB = 32 }; /* LM-head rows per pass: logits [RB,V] */
@@ -91,6 +92,7 @@ static void build(void)
 	table.proj_backward = NULL;
 	table.teacher_topk = rows_teacher_topk;
 	table.teacher_logprobs = rows_teacher_logprobs;
+	table.attention_forward = bk_host_attention_forward_rows; /* row by row (host_attn.h) */
 }
 
 const bk_ops *bk_ops_host_rows(void)
