@@ -48,7 +48,9 @@
 //     (member j at xa + j T R, the v1 layout) = one bf16 GEMM of x (or its dropped bf16
 //     copy) with a bf16 copy of A_j, fp32 out; the LoRA B product is written first (TF32,
 //     beta 0) and the base bf16 GEMM over x accumulates onto it (beta 1): no conversion
-//     pass over x and no read-modify-write of y;
+//     pass over x and no read-modify-write of y.  These are the projections of bf16 mode
+//     whatever BK_LINEAR says (v2/v3's one GEMM for the members' A and batched base GEMMs
+//     are not merged in: cuda_proj.cuh takes fp32 x);
 //   proj_backward_act: per member dy_j rounded to bf16 once for dx += dy W (bf16 GEMM, as
 //     the fp32 path), dB += scale xa^T dy and dxa = scale dy B in TF32 (fp32 operands, as
 //     v1), dA += dxa^T x_d as a bf16 GEMM (dxa rounded to bf16: x is bf16 now), dx +=
@@ -86,9 +88,12 @@
 // most u (u / sqrt 3 on average).  A layer carries a relative perturbation through with a
 // gain of at most k = 4 (the GLU's product and silu's condition number over |g| < 4,
 // RMSNorm's ~1, softmax's exp over scores of O(1)); independent roundings add in
-// quadrature.  bf16 mode adds N <= 7 roundings a layer on a gradient's path (gate, up, h
-// into dA's x, q, k, v with BK_ATTN=fp32, out in D_i, dxa), so over L layers
-//   e_bf16 <= sqrt(e_fp32^2 + 7 L (k u)^2)
+// quadrature.  Against the fp32 mode, bf16 mode adds N <= 9 roundings a layer on a
+// gradient's path: gate and up; q, k, v (with BK_ATTN=fp32 only: the tensor-core kernel
+// rounds them in both modes); out in D_i; the LoRA products' x (bf16 instead of TF32,
+// the base GEMM's rounding of it is the fp32 mode's too) and A's bf16 copy; dxa before
+// dA.  (ln1, ln2, att and h as GEMM inputs are rounded in both modes.)  Over L layers
+//   e_bf16 <= sqrt(e_fp32^2 + 9 L (k u)^2)
 // for the relative L2 error of the final hidden state and of each LoRA gradient tensor
 // against the host twin, e_fp32 being the fp32 mode's own (bf16 weights and GEMM inputs).
 #include "gpu/cuda/cuda_act_kernels.cuh"

@@ -468,6 +468,16 @@ else
 	row timing "bakery step $sz plain BK_LINEAR=$lin" "$(why)" "$S_DT" "$(lastline "$n")"
 fi
 done
+# the first size, plain, again with BK_ACT=bf16 (bf16 activations, gpu/cuda/cuda_act.cuh;
+# the host twin ignores it): the end-to-end bf16/fp32 ratio and peak memory of the step
+sz=${SIZES%% *} n="bench_step-${SIZES%% *}-plain-act-bf16"
+# shellcheck disable=SC2086
+if stage "$n" 90 env BK_ACT=bf16 "$P/bench/bench_step" ${PEAK:+--peak-tflops $PEAK} $SHAPE_ARGS ${sz%x*} ${sz#*x} 3; then
+	row timing "bakery step, $SHAPE_NAME, $sz tokens, plain, BK_ACT=bf16" "$(kv tokens_per_s "$n") tokens/s" "$S_DT" \
+		"bf16/fp32 $(awk -v a="$(kv tokens_per_s "$n")" -v b="${TPS[$sz-plain]:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "?" }'); peak $(kv peak_gib "$n") GiB (fp32: $(awk -v b="${MEMB[$sz-plain]:-0}" 'BEGIN { if (b > 0) printf "%.2f", b / 1073741824; else print "?" }') GiB); phases ms: $(kv phases_ms "$n"); loss $(kv loss "$n")"
+else
+	row timing "bakery step $sz plain BK_ACT=bf16" "$(why)" "$S_DT" "$(lastline "$n")"
+fi
 GENDIR=$W/genmodel
 gopt=; [ $QUICK = 1 ] && gopt=--quick
 [ $DRY = 1 ] && gopt="--device cpu --tiny"
