@@ -405,7 +405,8 @@ fi
 # bk-step with bf16 activations (BK_ACT=bf16, under each BK_ATTN) against the host twin's
 # run of the last loop above (dropout 0.1): issue 15's end-to-end target, every step's
 # loss within 1 % of the host twin's (the row also gives the fp32 CUDA run's worst)
-if [ $DRY = 0 ] && [ -s "$W/l-cpu" ]; then
+# (not when the host twin's dropout-0.1 run failed: l-cpu would be the dropout-0 one's)
+if [ $DRY = 0 ] && [ -s "$W/l-cpu" ] && [[ ${bad:-} != *" cpu:"* ]]; then
 	F="--model $M --lora-r 8 --lora-alpha 16 --lr 2e-3 --lora-dropout 0.1 --seed 1 --epochs $EPOCHS --logging-steps 1"
 	worst32="? (no run)"
 	[ -s "$W/l-cuda" ] && worst32=$(paste "$W/l-cpu" "$W/l-cuda" | awk '{ d = ($4 - $2) / $2; d = d < 0 ? -d : d; if (d > w) w = d } END { printf "%.2e", w + 0 }')
