@@ -94,16 +94,18 @@ void bk_cuda_sync(void);
 int bk_cuda_decode_mode(void);
 void bk_cuda_decode_set_mode(int mode /* 1 or 2 */);
 
-/* gpu/cuda/cuda_ops.cu: the projection-group ops (bk_ops.proj_forward/proj_backward,
+/* gpu/cuda/cuda_proj.cuh: the projection-group ops (bk_ops.proj_forward/proj_backward,
  * ops.h).  1 = v1 (the default: each member's linear and LoRA kernels in turn), 2 = v2
  * (BK_LINEAR=v2: one bf16 copy of x per group, one GEMM for the members' LoRA A, the
- * LoRA B product written first and the base GEMM accumulating onto it; cuda_ops.cu has
- * the details).  Read from BK_LINEAR (v1, v2; anything else dies) on first use;
- * set_mode overrides it.  The v1/v2 entries are the two paths themselves, whatever the
- * mode (check programs compare both in one process).  xa is v1's and v2's own layout:
- * a backward must read the xa of the same path's forward. */
+ * LoRA B product written first and the base GEMM accumulating onto it), 3 = v3
+ * (BK_LINEAR=v3: v2 with the equal-shape members' base GEMMs in one batched launch and
+ * the backward's dx as one GEMM over the stacked weights; cuda_proj.cuh has the
+ * details).  Read from BK_LINEAR (v1, v2, v3; anything else dies) on first use;
+ * set_mode overrides it.  The v1/v2/v3 entries are the paths themselves, whatever the
+ * mode (check programs compare them in one process).  xa is each path's own layout: a
+ * backward must read the xa of the same path's forward. */
 int bk_cuda_linear_mode(void);
-void bk_cuda_linear_set_mode(int mode /* 1 or 2 */);
+void bk_cuda_linear_set_mode(int mode /* 1, 2 or 3 */);
 
 /* gpu/cuda/cuda_act.cuh: the activations' element type.  Mode 1 = fp32 (the default;
  * bk_ops_cuda.act_bytes() is 4), 2 = bf16 (BK_ACT=bf16, act_bytes() 2: the saved
@@ -120,6 +122,11 @@ void bk_cuda_proj_backward_v1(float *dx, const bk_proj *p, int n, const float *x
 void bk_cuda_proj_forward_v2(const bk_proj *p, int n, const float *x, float *xa, int T,
 			     int in, int R, float scale, float drop, float *scratch);
 void bk_cuda_proj_backward_v2(float *dx, const bk_proj *p, int n, const float *x,
+			      const float *xa, int T, int in, int R, float scale, float drop,
+			      float *scratch);
+void bk_cuda_proj_forward_v3(const bk_proj *p, int n, const float *x, float *xa, int T,
+			     int in, int R, float scale, float drop, float *scratch);
+void bk_cuda_proj_backward_v3(float *dx, const bk_proj *p, int n, const float *x,
 			      const float *xa, int T, int in, int R, float scale, float drop,
 			      float *scratch);
 

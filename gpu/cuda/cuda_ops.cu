@@ -700,7 +700,7 @@ extern "C" const bk_ops bk_ops_cuda = {
 	.copy = cuda_copy,
 	.zero = cuda_zero,
 	.weight_upload = cuda_weight_upload,
-	.weight_free = cuda_weight_free,
+	.weight_free = cuda_proj_weight_free, // and BK_LINEAR=v3's stacked copies of it
 	.embedding_forward = cuda_embedding_forward,
 	.rmsnorm_forward = cuda_rmsnorm_forward,
 	.rmsnorm_backward = cuda_rmsnorm_backward,

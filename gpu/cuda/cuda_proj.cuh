@@ -392,8 +392,8 @@ static const __nv_bfloat16 *proj_wcat_get(const bk_proj *p, int n, int in)
 	return e.cat;
 }
 
-// the op table's weight_free: first the stacked copies that hold w (cuda_weight_free is
-// defined to this below, so the table after the #include of this file takes it)
+// the op table's weight_free (cuda_ops.cu): first the stacked copies that hold w, then
+// the weight itself
 static void cuda_proj_weight_free(bk_weight *w)
 {
 	if (w)
@@ -411,7 +411,6 @@ static void cuda_proj_weight_free(bk_weight *w)
 		}
 	cuda_weight_free(w);
 }
-#define cuda_weight_free cuda_proj_weight_free
 
 extern "C" void bk_cuda_proj_forward_v3(const bk_proj *p, int n, const float *x, float *xa,
 					int T, int in, int R, float scale, float drop,

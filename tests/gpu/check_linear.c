@@ -57,12 +57,6 @@
 #ifdef BK_HAVE_CUDA
 #include "gpu/cuda/cuda.h"
 #include "gpu/cuda/cuda_attention_tc.h" /* bk_cuda_time_ms */
-/* BK_LINEAR=v3's entries (gpu/cuda/cuda_proj.cuh; not yet in gpu/cuda/cuda.h) */
-void bk_cuda_proj_forward_v3(const bk_proj *p, int n, const float *x, float *xa, int T,
-			     int in, int R, float scale, float drop, float *scratch);
-void bk_cuda_proj_backward_v3(float *dx, const bk_proj *p, int n, const float *x,
-			      const float *xa, int T, int in, int R, float scale, float drop,
-			      float *scratch);
 #endif
 
 #define U_BF16 0x1p-8
