@@ -426,6 +426,54 @@ def check_variant(name, fam, variant, d, base, tokbk, prbk, args, rep):
     run(args, ["bk-step", "--model", d, "--device", "cpu", "--out", ad, "--lora-r", "4", "--lora-alpha", "8",
                "--lr", "5e-2", "--max-steps", "3", "--batch-size", "3", "--warmup-steps", "0", "--seed", "3", teach])
     check_adapter(name, variant, d, os.path.join(ad, "final"), tokbk, w, hf, args, rep)
+    check_eval(name, variant, d, os.path.join(ad, "final"), prbk, w, hf, fam["stop"], args, rep)
+
+
+def check_eval(name, variant, d, fin, prbk, w, hf, stop, args, rep):
+    """bk-eval --kl-prompts: the teacher's greedy response of K tokens to each prompt, then
+    the mean KL(teacher || model) over those tokens, base and baked, against the same in
+    HF + PEFT (teacher: base on t_prompt + resp; student: s_prompt + resp)."""
+    from peft import PeftModel
+    K = 8
+    kl = os.path.join(w, "kl.txt")
+    with open(kl, "w") as f:
+        f.write("".join(p + "\n" for p in HELD))
+    out = json.loads(run(args, ["bk-eval", "--model", d, "--adapter", fin, "--device", "cpu", "--system", SYSTEM,
+                                "--kl-prompts", kl, "--kl-tokens", str(K)]))
+    # a fresh base: check_adapter's merge_and_unload has merged into hf's weights
+    pm = PeftModel.from_pretrained(load_hf(d), fin).eval()
+    # the teacher's greedy K tokens (argmax of full forwards), and the same cut after
+    # the first stop token: which of the two bk-eval takes shows in its token count
+    res = {}
+    for cut in (False, True):
+        tot = {"base": [0.0, 0], "baked": [0.0, 0]}
+        for r in dump(args, prbk):
+            t, sp = r["t_prompt"], r["s_prompt"]
+            resp = []
+            with pm.disable_adapter():
+                for _ in range(K):
+                    resp.append(int(np.argmax(hf_logp(pm, t + resp)[-1])))
+                    if cut and resp[-1] in stop:
+                        break
+                tl = resp_rows(hf_logp(pm, t + resp), len(t), len(resp))
+                base = resp_rows(hf_logp(pm, sp + resp), len(sp), len(resp))
+            baked = resp_rows(hf_logp(pm, sp + resp), len(sp), len(resp))
+            pt = np.exp(tl)
+            for k, sl in (("base", base), ("baked", baked)):
+                tot[k][0] += float((pt * (tl - sl)).sum())
+                tot[k][1] += len(resp)
+        res[cut] = tot
+    cut = res[True]["base"][1] == out["kl"]["base"]["tokens"] and res[True]["base"][1] != res[False]["base"][1]
+    tot = res[cut]
+    ok, msg = True, []
+    for k in ("base", "baked"):
+        ref = tot[k][0] / tot[k][1]
+        got = out["kl"][k]["per_token"]
+        e = abs(got - ref) / max(abs(ref), 1e-12)
+        ok = ok and e < 1e-3 and out["kl"][k]["tokens"] == tot[k][1]
+        msg.append("%s %.6g (HF %.6g, rel %.2g, %d tokens, HF %d)" % (k, got, ref, e, out["kl"][k]["tokens"], tot[k][1]))
+    rep.add(name, variant, "eval", ok, "bk-eval KL per token%s: %s" % (" (stopping at a stop token)" if cut else "",
+                                                                          "; ".join(msg)))
 
 
 def check_adapter(name, variant, d, fin, tokbk, w, hf, args, rep):
