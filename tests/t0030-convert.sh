@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bk-convert: a GGUF model (tests/golden/gguf/tiny.gguf, written by
+# bk-convert: a GGUF model (tests/golden/gguf/tiny.gguf and gemma3.gguf, written by
 # tests/ref/make_gguf_golden.py) becomes an HF directory the other tools load; usage
 # errors exit 2, bad input exits 1 with one line, and nothing is left behind.  The
 # values themselves are checked in tests/unit/test_gguf.c.
@@ -26,6 +26,20 @@ test_expect_success 'the other tools read it: bk-tokenize with the chat template
 	test "$(bk-dump g.bk | jq -s "map(select(.response)) | length")" -ge 1
 '
 
+test_expect_success 'a Gemma-3 GGUF: tokenizer.model, and the tools read it (template gemma)' '
+	bk-convert --out g3 "$G/gemma3.gguf" &&
+	(cd g3 && ls) >files &&
+	printf "%s\n" config.json generation_config.json model.safetensors special_tokens_map.json \
+		tokenizer.model tokenizer_config.json >want &&
+	test_cmp want files &&
+	jq -e ".architectures[0] == \"Gemma3ForCausalLM\" and .layer_types[5] == \"full_attention\"" g3/config.json &&
+	printf "Hello world\n" >p3.txt &&
+	bk-tokenize --model g3 --template gemma --system "Be brief." p3.txt -o t3.bk &&
+	bk-dump t3.bk | jq -e ".t_prompt[0] == 2 and .t_prompt[1] == 5 and (.s_prompt | length) < (.t_prompt | length)" &&
+	bk-gen --model g3 --device cpu --max-new-tokens 4 --temperature 0 t3.bk -o g3.bk &&
+	test "$(bk-dump g3.bk | jq -s "map(select(.response)) | length")" -ge 1
+'
+
 test_expect_success 'bf16 halves the weights' '
 	bk-convert --dtype bf16 --out m16 "$G/tiny.gguf" &&
 	jq -e ".torch_dtype == \"bfloat16\"" m16/config.json &&
@@ -45,7 +59,7 @@ test_expect_success 'bad input exits 1 with one line and leaves nothing' '
 	test_must_fail --exit 1 bk-convert --out m "$G/tiny.gguf" 2>err &&
 	grep -q "already exists" err &&
 	test_must_fail --exit 1 bk-convert --out y "$G/quants.gguf" 2>err &&
-	grep -q "architecture .test. is not supported" err &&
+	grep -q "architecture .test. is not supported (supported: llama, gemma3)" err &&
 	head -c 1000 "$G/tiny.gguf" >cut.gguf &&
 	test_must_fail --exit 1 bk-convert --out y cut.gguf 2>err &&
 	grep -q "cut.gguf: key .tokenizer.ggml.tokens.: array of 269 strings does not fit" err &&

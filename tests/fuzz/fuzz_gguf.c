@@ -1,5 +1,6 @@
 /* fuzz_gguf.c - libFuzzer target for the GGUF reader (formats/gguf.c) and the HF files
- * built from it (formats/gguf_hf.c: config, tokenizer.json, tokenizer_config.json).
+ * built from it (formats/gguf_hf.c: config, tokenizer_config.json, and tokenizer.json or
+ * the SentencePiece tokenizer.model).
  * The input is the file.  A die() (bad data) ends the run through bk_die_hook; a crash,
  * a sanitizer report or a broken promise of gguf.h (abort) is a finding. */
 #include "formats/gguf.h"
@@ -57,8 +58,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		bk_gguf *g = bk_gguf_open_mem("fuzz.gguf", buf, size);
 		check(g, buf, size);
 		json_decref(bk_gguf_hf_config(g, BK_DT_F32));
-		json_decref(bk_gguf_hf_tokenizer(g));
 		json_decref(bk_gguf_hf_tokenizer_config(g));
+		/* SentencePiece ('llama', Gemma-3) is written as tokenizer.model */
+		char *tm = bk_gguf_get_str(g, "tokenizer.ggml.model");
+		int spm = tm && !strcmp(tm, "llama");
+		free(tm);
+		if (spm) {
+			size_t n;
+			free(bk_gguf_hf_spm(g, &n));
+		} else {
+			json_decref(bk_gguf_hf_tokenizer(g));
+		}
 		bk_gguf_close(g);
 		reclaim_end(0);
 	} else {
