@@ -135,17 +135,74 @@ static void host_linear_backward(float *dx /* [T,in] += */, const float *dy /* [
 
 /* ---- LoRA ---- */
 
-/* xd = drop(x) (or x itself when p == 0) */
-static const float *lora_dropped(float *xd /* [T,in] */, const float *x /* [T,in] */, int T,
-				 int in, float p, uint64_t key)
+/* The dropout mask: element i of a key is kept when bk_crng_uniform(key, i) >= p.  Here
+ * the same integer steps (common/rng.c: bk_mix64 three times) inlined, so that a loop of
+ * them vectorizes, and the compare on the 53-bit integer: (x >> 11) 2^-53 >= p exactly
+ * when (x >> 11) >= ceil(p 2^53), both exact in double.  The same mask, bit for bit
+ * (test_ops checks drop(x) against bk_crng_uniform); clones for AVX-512 (its 64-bit
+ * multiply), AVX2 and the baseline, chosen by the CPU. */
+static inline __attribute__((always_inline)) uint64_t mix64_inl(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ULL;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+	return x ^ (x >> 31);
+}
+
+static inline __attribute__((always_inline)) int drop_kept(uint64_t key, uint64_t i, uint64_t thr)
+{
+	return (mix64_inl(mix64_inl(key ^ mix64_inl(i)) + i) >> 11) >= thr;
+}
+
+/* xd[i] = kept ? x[i] inv : 0 for i in [i0, i1), and mask[i] = kept when mask */
+#define BK_DROP_KERN(name, T)                                                                \
+	T static void name(float *xd, unsigned char *mask, const float *x, size_t i0,         \
+			   size_t i1, uint64_t key, uint64_t thr, float inv)                  \
+	{                                                                                    \
+		if (mask) {                                                                  \
+			_Pragma("omp simd") for (size_t i = i0; i < i1; i++)                 \
+			{                                                                    \
+				int k = drop_kept(key, i, thr);                              \
+				xd[i] = k ? x[i] * inv : 0.0f;                               \
+				mask[i] = (unsigned char)k;                                  \
+			}                                                                    \
+		} else {                                                                     \
+			_Pragma("omp simd") for (size_t i = i0; i < i1; i++)                 \
+				xd[i] = drop_kept(key, i, thr) ? x[i] * inv : 0.0f;          \
+		}                                                                            \
+	}
+BK_DROP_KERN(drop_k512, __attribute__((target("avx512f,avx512dq"))))
+BK_DROP_KERN(drop_k256, __attribute__((target("avx2"))))
+BK_DROP_KERN(drop_k128, )
+
+typedef void drop_fn(float *xd, unsigned char *mask, const float *x, size_t i0, size_t i1,
+		     uint64_t key, uint64_t thr, float inv);
+
+static drop_fn *drop_pick(void)
+{
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"))
+		return drop_k512;
+	return __builtin_cpu_supports("avx2") ? drop_k256 : drop_k128;
+}
+
+enum { DROP_BLOCK = 16384 }; /* elements per work item */
+
+/* xd = drop(x) (or x itself when p == 0); mask (when not NULL) [T,in] gets the kept flags */
+static const float *lora_dropped(float *xd /* [T,in] */, unsigned char *mask,
+				 const float *x /* [T,in] */, int T, int in, float p, uint64_t key)
 {
 	if (p <= 0)
 		return x;
 	float inv = 1.0f / (1.0f - p);
-	size_t n = (size_t)T * in;
-#pragma omp parallel for if (n > 65536)
-	for (size_t i = 0; i < n; i++)
-		xd[i] = bk_crng_uniform(key, i) >= p ? x[i] * inv : 0.0f;
+	uint64_t thr = (uint64_t)ceil((double)p * 0x1p53);
+	size_t n = (size_t)T * in, nb = (n + DROP_BLOCK - 1) / DROP_BLOCK;
+	drop_fn *f = drop_pick();
+#pragma omp parallel for schedule(static) if (n > 65536)
+	for (size_t b = 0; b < nb; b++) {
+		size_t i0 = b * DROP_BLOCK, i1 = i0 + DROP_BLOCK < n ? i0 + DROP_BLOCK : n;
+		f(xd, mask, x, i0, i1, key, thr, inv);
+	}
 	return xd;
 }
 
@@ -157,7 +214,7 @@ static void host_lora_forward(float *y /* [T,out] += */, float *xa /* [T,R] */,
 	BUG_ON(p < 0 || p >= 1);
 	if (T <= 0)
 		return;
-	const float *xd = lora_dropped(scratch, x, T, in, p, key);
+	const float *xd = lora_dropped(scratch, NULL, x, T, in, p, key);
 	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, R, in, 1.0f, xd, in, A, in,
 		    0.0f, xa, R);
 	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, out, R, scale, xa, R, B, R,
@@ -180,7 +237,9 @@ static void host_lora_backward(float *dx /* [T,in] += */, float *dA /* [R,in] +=
 		    1.0f, dB, R);
 	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, R, out, scale, dy, out, B, R,
 		    0.0f, dxa, R);
-	const float *xd = lora_dropped(scratch, x, T, in, p, key);
+	size_t n = (size_t)T * in;
+	unsigned char *mask = p > 0 ? xmalloc(n) : NULL; /* the kept flags, for dx below */
+	const float *xd = lora_dropped(scratch, mask, x, T, in, p, key);
 	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, R, in, T, 1.0f, dxa, R, xd, in,
 		    1.0f, dA, in);
 	if (p <= 0) {
@@ -192,11 +251,10 @@ static void host_lora_backward(float *dx /* [T,in] += */, float *dA /* [R,in] +=
 	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, in, R, 1.0f, dxa, R, A, in,
 		    0.0f, dxd, in);
 	float inv = 1.0f / (1.0f - p);
-	size_t n = (size_t)T * in;
-#pragma omp parallel for if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n > 65536)
 	for (size_t i = 0; i < n; i++)
-		if (bk_crng_uniform(key, i) >= p)
-			dx[i] += dxd[i] * inv;
+		dx[i] = mask[i] ? dx[i] + dxd[i] * inv : dx[i];
+	free(mask);
 }
 
 /* ---- RoPE ---- */
