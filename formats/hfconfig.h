@@ -84,8 +84,10 @@ int bk_config_max_seq(const bk_config *c);
 
 /* The attention scale: query_pre_attn_scalar^-0.5 or head_dim^-0.5, in fp32. */
 float bk_config_attn_scale(const bk_config *c);
-/* The embedding multiplier: 1, or (Gemma) sqrt(hidden_size) rounded to dtype, the
- * checkpoint's embedding dtype (BK_DT_BF16 / F16 / F32), as HF does. */
+/* The embedding multiplier: 1, or (Gemma) sqrt(hidden_size) rounded to dtype, the dtype
+ * of the computation's hidden states (BK_DT_BF16 / F16 / F32), as HF's
+ * torch.tensor(H ** 0.5, dtype=hidden_states.dtype).  gpu/load.c passes BK_DT_F32: the
+ * residual stream is fp32 on the host twin and on the GPU, whatever the checkpoint's dtype. */
 float bk_config_embed_scale(const bk_config *c, int dtype);
 
 /* Tensor names of the text model in st: the prefix of the decoder ("model.", or for
