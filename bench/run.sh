@@ -129,6 +129,25 @@ else
 	row "bake quality vs the Python tool (bench/bake_quality.sh)" "skipped: BAKE_TOOL_VENV is unset" "set it to a venv with torch, transformers, peft and bakery-py to print bk-bake's and the tool's held-out KL ratio"
 fi
 
+# the Python tool's basic config at the Qwen3-0.6B shape through bk-bake, per stage
+# (bench/qwen3_bake.sh; tens of minutes: only on request; BENCH_QWEN3_ARGS: bk-bake
+# overrides such as --num_train_epochs 1)
+if [ -n "${BENCH_QWEN3_BAKE:-}" ]; then
+	# shellcheck disable=SC2086
+	q=$(BUILD="$BUILD" bench/qwen3_bake.sh ${BENCH_QWEN3_ARGS:-} | tail -1)
+	row "bk-bake, the Python tool's basic config${BENCH_QWEN3_ARGS:+ ($BENCH_QWEN3_ARGS)}, Qwen3-0.6B shape (random bf16 weights, real config and tokenizer)" "$(sed 's/.*; whole bake \(.*\)/\1/' <<<"$q")" "$(sed 's/^qwen3_bake: \(.*\); whole bake.*/\1/' <<<"$q")"
+else
+	row "bk-bake, the tool's basic config at the Qwen3-0.6B shape (bench/qwen3_bake.sh)" "skipped" "set BENCH_QWEN3_BAKE=1 (tens of minutes on 2 cores)"
+fi
+
+# a persona bake on SmolLM2 judged in plain HF + PEFT (bench/persona_judge.sh; minutes)
+if [ -n "${BENCH_PERSONA:-}" ] && [ -n "${JUDGE_PYTHON:-${BAKE_TOOL_VENV:-}}" ] && [ -f "$SMD/config.json" ]; then
+	q=$(BUILD="$BUILD" BK_SMOLLM2="$SMD" bench/persona_judge.sh | tail -1)
+	row "persona bake, SmolLM2-135M-Instruct, bk-bake: held-out KL(prompted||baked)/KL(prompted||base), HF + PEFT judge" "$(sed 's/^persona_judge: ratio \([^ ]*\).*/\1/' <<<"$q")" "$(sed 's/^persona_judge: ratio [^ ]* //' <<<"$q")"
+else
+	row "persona bake on SmolLM2, HF + PEFT judge (bench/persona_judge.sh)" "skipped" "set BENCH_PERSONA=1 and JUDGE_PYTHON to a python with torch, transformers and peft; needs the cached model (make demo-chat)"
+fi
+
 {
 	echo "CPU bench on $(nproc) cores, $(date -u +%Y-%m-%d):"
 	echo
