@@ -19,10 +19,14 @@
 # bk-teach | bk-step run as one pipe (overlapping: each pipe stage's wall time is about
 # the pipe's).  Prints per stage: tokens, wall s, CPU s, tokens/s of wall and per
 # CPU-second, and the whole bake's wall and CPU from /usr/bin/time, plus the load
-# average before and after.  KEEP=1 keeps the temporary directory; TINY=1 runs
-# the same on a 2-layer Qwen3 (hidden 64) with make_model's config, to check this script.  Slow: the full basic
-# config (5 prompts x 4 trajectories x 128 tokens x 3 epochs) takes tens of minutes on
-# 2 cores.
+# average before and after; the last line sums it up (bench/run.sh's row with
+# BENCH_QWEN3_BAKE=1).  KEEP=1 keeps the temporary directory; TINY=1 runs the same on a
+# 2-layer Qwen3 (hidden 64) with make_model's config, to check this script.  To stop a
+# run, signal the stages too, not only bk-bake: the /usr/bin/time wrappers do not pass a
+# SIGTERM on.  Slow: the full basic config (5 prompts x 4 trajectories x 128 tokens x 3
+# epochs) was not run to its end here (about 3x the 1-epoch run, estimated); with
+# --num_train_epochs 1 it took 19-25 min
+# (2026-12-01, load average 6-21).  Each model stage peaks at about 5.7 GB of memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
