@@ -1176,3 +1176,17 @@ void bk_gen_run(const bk_model *m, const bk_gen_ops *gops, const bk_lora *lora,
 	}
 	bk_gen_free(g);
 }
+
+/* here, not in gpu/host/host_decode.c: the host twin's objects reference no CUDA symbol,
+ * so a program that links them (the CPU emulation tests) pulls no CUDA object in */
+const bk_gen_ops *bk_gen_ops_for(const bk_ops *ops)
+{
+	if (ops == &bk_ops_host)
+		return &bk_gen_ops_host;
+#ifdef BK_HAVE_CUDA
+	if (!strcmp(ops->name, "cuda"))
+		return &bk_gen_ops_cuda;
+#endif
+	die("generation: no decode ops for device '%s' in this build (use --device cpu)",
+	    ops->name);
+}

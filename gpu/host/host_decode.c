@@ -333,15 +333,3 @@ const bk_gen_ops bk_gen_ops_host = {
 	.sample = NULL,    /* the engine samples on the host (gpu/sample.h) */
 	.mem_free = NULL,  /* the pool grows on demand */
 };
-
-const bk_gen_ops *bk_gen_ops_for(const bk_ops *ops)
-{
-	if (ops == &bk_ops_host)
-		return &bk_gen_ops_host;
-#ifdef BK_HAVE_CUDA
-	if (!strcmp(ops->name, "cuda"))
-		return &bk_gen_ops_cuda;
-#endif
-	die("generation: no decode ops for device '%s' in this build (use --device cpu)",
-	    ops->name);
-}

@@ -186,8 +186,10 @@ enum { VL = 16, SPAN = 256 };
  * if-converts only what cannot raise an FP exception otherwise, and the AVX2 and SSE2
  * clones have no masked operations).  It changes no result: no reassociation, no
  * contraction, no assumption about NaNs or infinities. */
+#if defined(__GNUC__) && !defined(__clang__) /* GCC's pragma (the fuzz build is clang's) */
 #pragma GCC push_options
 #pragma GCC optimize("no-trapping-math")
+#endif
 
 /* exp in float: x = k ln2 + r, |r| <= ln2/2 (k rounded by the 1.5 2^23 shift), exp(r)
  * by Cephes' polynomial, times 2^k built in the exponent bits; x < -87: 0 (also -inf);
@@ -195,7 +197,7 @@ enum { VL = 16, SPAN = 256 };
 AI float vexp(float x)
 {
 	float xc = x > 88.0f ? 88.0f : x;
-	xc = (x < -87.0f) | (x != x) ? 0.0f : xc;
+	xc = ((x < -87.0f) | (x != x)) ? 0.0f : xc;
 	float kf = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
 	float r = (xc - kf * 0.693359375f) - kf * -2.12194440e-4f;
 	float pp = 1.9875691500e-4f;
@@ -345,7 +347,9 @@ typedef struct {
 BK_ROW_KERN(r512, __attribute__((target("avx512f"))))
 BK_ROW_KERN(r256, __attribute__((target("avx2"))))
 BK_ROW_KERN(r128, )
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
+#endif
 
 static const row_kern row_kerns[] = {
 	{ "avx512", r512_max, r512_sumexp, r512_kl, r512_grad },
