@@ -8,6 +8,7 @@ BUILD=${BUILD:-build}
 B="$PWD/$BUILD/bin"
 T=$(mktemp -d "${TMPDIR:-/tmp}/bk-bench.XXXXXX")
 trap 'rm -rf "$T"' EXIT
+USER_CACHE=${XDG_CACHE_HOME:-$HOME/.cache} # where make demo-chat put SmolLM2
 export XDG_CACHE_HOME="$T/cache"
 now() { date +%s.%N; }
 rows=()
@@ -81,7 +82,7 @@ t0=$(now); "$B/bk-gen" --model "$T/m15" --device cpu --num-trajectories 2 --max-
 row "bk-gen 15M random Llama, 16 prompts x 2 x 32 tokens" "$(rate "$(ntok "$T/mg.bk" '(.resp|length)')" "$t0" "$t1") tokens/s" "batched"
 # SmolLM2-135M-Instruct when cached (make demo-chat): wall and CPU-time rates (CPU time
 # counts both cores: steadier on a loaded machine)
-SMD=${BK_SMOLLM2:-$HOME/.cache/bakery/SmolLM2-135M-Instruct}
+SMD=${BK_SMOLLM2:-$USER_CACHE/bakery/SmolLM2-135M-Instruct}
 if [ -f "$SMD/config.json" ]; then
 	head -16 pipelines/demo-chat/train.txt >"$T/chat16.txt"
 	"$B/bk-tokenize" --model "$SMD" --system-file pipelines/demo-chat/system.txt "$T/chat16.txt" -o "$T/sm.bk"
@@ -115,7 +116,7 @@ fi
 
 # the whole bake against the Python tool on SmolLM2 (bench/bake_speed.sh; many minutes)
 if [ -n "${BAKE_TOOL_VENV:-}" ] && [ -n "${BENCH_BAKE_SPEED:-}" ]; then
-	q=$(BUILD="$BUILD" bench/bake_speed.sh | tail -1)
+	q=$(BUILD="$BUILD" BK_SMOLLM2="$SMD" bench/bake_speed.sh | tail -1)
 	row "bake time: bk-bake vs the Python tool, SmolLM2-135M-Instruct, basic config, 16 prompts x 2 x 48, 2 epochs, r=16 all linears" "$(sed 's/bake_speed: \(bk-bake [^|]*\) |.*/\1/' <<<"$q")" "$(sed 's/^[^|]*| //; s/ | /; /g' <<<"$q")"
 else
 	row "bake time vs the Python tool on SmolLM2 (bench/bake_speed.sh)" "skipped" "set BAKE_TOOL_VENV and BENCH_BAKE_SPEED=1 (the tool alone takes minutes)"
