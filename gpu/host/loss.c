@@ -540,6 +540,28 @@ static void topk_order(const int32_t *ids /* [N,K] */, int n, int k, int v,
 	free(tmp);
 }
 
+/* One row of the top-k KL, both paths: t [K] the student's u at the ids, lse_rest the
+ * log-sum-exp of u over the other ids; *l gets the whole row's log-sum-exp; returns
+ * sum_i p_i (logp_i - (t_i - l)) + prest (log prest - (lse_rest - l)). */
+static double topk_row_kl(const float *t, int k, double lse_rest, const double *p,
+			  const float *logp, double prest, double *l)
+{
+	double mt = -INFINITY, st = 0;
+	for (int i = 0; i < k; i++)
+		if (t[i] > mt)
+			mt = t[i];
+	for (int i = 0; i < k && mt > -INFINITY; i++)
+		st += exp(t[i] - mt);
+	*l = logaddexp(lse_rest, lse_value(mt, st));
+	double acc = 0;
+	for (int i = 0; i < k; i++)
+		if (p[i] > 0)
+			acc += p[i] * ((double)logp[i] - (t[i] - *l));
+	if (prest > 0)
+		acc += prest * (log(prest) - (lse_rest - *l));
+	return acc;
+}
+
 /* bk_loss_kl_topk's row-block path (the chunked path's arithmetic per row, on the whole
  * row): the student u at the ids into tu, the log-sum-exp over the other ids, KL, then
  * dL/du = w (P q - prest q / q_rest) = w q (P - prest e^(l - l_rest)) at the other ids
@@ -568,21 +590,9 @@ static void kl_topk_rows(const float *hidden, const float *lm_head, const int32_
 				u[id[i]] = -INFINITY;
 			}
 			float mr = rk->max(u, v);
-			double lse_rest = lse_value(mr, rk->sumexp(u, v, mr)), mt = -INFINITY, st = 0;
-			for (int i = 0; i < k; i++)
-				if (t[i] > mt)
-					mt = t[i];
-			for (int i = 0; i < k && mt > -INFINITY; i++)
-				st += exp(t[i] - mt);
-			double l = logaddexp(lse_rest, lse_value(mt, st)), acc = 0;
-			for (int i = 0; i < k; i++) {
-				double pi = p[(size_t)r * k + i];
-				if (pi > 0)
-					acc += pi * ((double)topk_logp[(size_t)r * k + i] - (t[i] - l));
-			}
-			if (prest[r] > 0)
-				acc += prest[r] * (log(prest[r]) - (lse_rest - l));
-			kl[r] = acc;
+			double lse_rest = lse_value(mr, rk->sumexp(u, v, mr)), l;
+			kl[r] = topk_row_kl(t, k, lse_rest, p + (size_t)r * k,
+					    topk_logp + (size_t)r * k, prest[r], &l);
 			if (!d_hidden)
 				continue;
 			double cf = ptot[r];
@@ -677,24 +687,11 @@ double bk_loss_kl_topk(const float *hidden, const float *lm_head, const int32_t 
 	}
 #pragma omp parallel for schedule(static) if ((size_t)n * (k + 1) > PAR_MIN / 16)
 	for (int r = 0; r < n; r++) {
-		double lse_rest = lse_value(mr[r], sr[r]), mt = -INFINITY, st = 0;
-		const float *t = tu + (size_t)r * k;
-		for (int i = 0; i < k; i++)
-			if (t[i] > mt)
-				mt = t[i];
-		for (int i = 0; i < k && mt > -INFINITY; i++)
-			st += exp(t[i] - mt);
-		double l = logaddexp(lse_rest, lse_value(mt, st)), acc = 0;
-		for (int i = 0; i < k; i++) {
-			double pi = p[(size_t)r * k + i];
-			if (pi > 0)
-				acc += pi * ((double)topk_logp[(size_t)r * k + i] - (t[i] - l));
-		}
-		if (prest[r] > 0)
-			acc += prest[r] * (log(prest[r]) - (lse_rest - l));
+		double lse_rest = lse_value(mr[r], sr[r]), l;
+		kl[r] = topk_row_kl(tu + (size_t)r * k, k, lse_rest, p + (size_t)r * k,
+				    topk_logp + (size_t)r * k, prest[r], &l);
 		lse[r] = l;
 		mr[r] = lse_rest; /* mr now holds log-sum-exp over the other ids */
-		kl[r] = acc;
 	}
 
 	/* pass 2: dL/du = w (P q - p) at the ids, w (P q - prest q / q_rest) elsewhere,
