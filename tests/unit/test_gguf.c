@@ -17,6 +17,7 @@
 #include "formats/hfconfig.h"
 #include "formats/safetensors.h"
 #include "tests/harness.h"
+#include "tests/unit/gguf_compare.h"
 
 #define DIR "tests/golden/gguf/"
 
@@ -125,44 +126,6 @@ static void rm_dir(const char *d)
 	rmdir(d);
 }
 
-static void compare_model(const char *out, bk_dtype dt)
-{
-	bk_st *ours = bk_st_open(out);
-	bk_st *ref = bk_st_open(DIR "tiny.hf.safetensors");
-	CHECK(bk_st_count(ours) == bk_st_count(ref), "%zu tensors, transformers %zu",
-	      bk_st_count(ours), bk_st_count(ref));
-	int64_t bad = 0, total = 0;
-	for (size_t i = 0; i < bk_st_count(ref); i++) {
-		const bk_st_tensor *r = bk_st_at(ref, i), *o = bk_st_find(ours, r->name);
-		CHECK(o != NULL, "%s missing", r->name);
-		if (!o)
-			continue;
-		CHECK(o->dtype == dt, "%s: dtype %s", r->name, bk_dtype_name(o->dtype));
-		CHECK(o->ndim == r->ndim && !memcmp(o->shape, r->shape, sizeof(int64_t) * r->ndim),
-		      "%s: shape differs", r->name);
-		size_t n = (size_t)bk_st_numel(r);
-		if ((size_t)bk_st_numel(o) != n)
-			continue;
-		float *a = xmalloc(n * sizeof(float)), *b = xmalloc(n * sizeof(float));
-		bk_convert_to_f32(o->dtype, o->data, n, a);
-		bk_convert_to_f32(r->dtype, r->data, n, b);
-		for (size_t k = 0; k < n; k++) {
-			float want = dt == BK_DT_BF16 ? bk_bf16_to_f32(bk_f32_to_bf16(b[k])) : b[k];
-			if (memcmp(&a[k], &want, 4))
-				bad++;
-		}
-		total += (int64_t)n;
-		free(a);
-		free(b);
-	}
-	CHECK(bad == 0, "%s: %lld of %lld values differ from transformers' GGUF loader", out,
-	      (long long)bad, (long long)total);
-	printf("tiny.gguf -> %s (%s): %lld values, %lld differ from transformers\n", out,
-	       bk_dtype_name(dt), (long long)total, (long long)bad);
-	bk_st_close(ours);
-	bk_st_close(ref);
-}
-
 static void check_convert(void)
 {
 	char *out = tmp_out("tiny");
@@ -171,7 +134,7 @@ static void check_convert(void)
 	CHECK(st.tensors == 20 && st.vocab == 269 && st.merges == 10 && st.added == 3,
 	      "stats %d tensors %d vocab %d merges %d added", st.tensors, st.vocab, st.merges,
 	      st.added);
-	compare_model(out, BK_DT_F32);
+	gguf_compare_model(out, DIR "tiny.hf.safetensors", "tiny.gguf", BK_DT_F32);
 
 	bk_config *c = bk_config_load(out);
 	CHECK(c->hidden_size == 32 && c->n_layers == 2 && c->n_heads == 2 && c->n_kv_heads == 1 &&
@@ -237,7 +200,7 @@ static void check_convert(void)
 	rm_dir(out);
 
 	bk_gguf_to_hf(DIR "tiny.gguf", out, BK_DT_BF16);
-	compare_model(out, BK_DT_BF16);
+	gguf_compare_model(out, DIR "tiny.hf.safetensors", "tiny.gguf", BK_DT_BF16);
 	rm_dir(out);
 	free(out);
 }

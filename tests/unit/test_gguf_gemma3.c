@@ -24,6 +24,7 @@
 #include "formats/safetensors.h"
 #include "formats/tokenizer.h"
 #include "tests/harness.h"
+#include "tests/unit/gguf_compare.h"
 
 #define DIR "tests/golden/gguf/"
 
@@ -31,44 +32,6 @@ static char *tmp_out(const char *name)
 {
 	const char *t = getenv("TMPDIR");
 	return xasprintf("%s/bk-test-gguf3.%ld.%s", t && *t ? t : "/tmp", (long)getpid(), name);
-}
-
-static void compare_model(const char *out, bk_dtype dt)
-{
-	bk_st *ours = bk_st_open(out);
-	bk_st *ref = bk_st_open(DIR "gemma3.hf.safetensors");
-	CHECK(bk_st_count(ours) == bk_st_count(ref), "%zu tensors, transformers %zu",
-	      bk_st_count(ours), bk_st_count(ref));
-	int64_t bad = 0, total = 0;
-	for (size_t i = 0; i < bk_st_count(ref); i++) {
-		const bk_st_tensor *r = bk_st_at(ref, i), *o = bk_st_find(ours, r->name);
-		CHECK(o != NULL, "%s missing", r->name);
-		if (!o)
-			continue;
-		CHECK(o->dtype == dt, "%s: dtype %s", r->name, bk_dtype_name(o->dtype));
-		CHECK(o->ndim == r->ndim && !memcmp(o->shape, r->shape, sizeof(int64_t) * r->ndim),
-		      "%s: shape differs", r->name);
-		size_t n = (size_t)bk_st_numel(r);
-		if ((size_t)bk_st_numel(o) != n)
-			continue;
-		float *a = xmalloc(n * sizeof(float)), *b = xmalloc(n * sizeof(float));
-		bk_convert_to_f32(o->dtype, o->data, n, a);
-		bk_convert_to_f32(r->dtype, r->data, n, b);
-		int64_t bt = 0;
-		for (size_t k = 0; k < n; k++) {
-			float want = dt == BK_DT_BF16 ? bk_bf16_to_f32(bk_f32_to_bf16(b[k])) : b[k];
-			bt += memcmp(&a[k], &want, 4) != 0;
-		}
-		CHECK(bt == 0, "%s: %lld of %zu values differ", r->name, (long long)bt, n);
-		bad += bt;
-		total += (int64_t)n;
-		free(a);
-		free(b);
-	}
-	printf("gemma3.gguf -> %s (%s): %zu tensors, %lld values, %lld differ from transformers\n",
-	       out, bk_dtype_name(dt), bk_st_count(ours), (long long)total, (long long)bad);
-	bk_st_close(ours);
-	bk_st_close(ref);
 }
 
 static json_t *load_json(const char *path)
@@ -188,12 +151,12 @@ static void check_convert(void)
 	CHECK(st.tensors == 80 && st.vocab == 318 && st.merges == 0 && st.added == 9,
 	      "stats: %d tensors, %d vocab, %d merges, %d added", st.tensors, st.vocab, st.merges,
 	      st.added);
-	compare_model(out, BK_DT_F32);
+	gguf_compare_model(out, DIR "gemma3.hf.safetensors", "gemma3.gguf", BK_DT_F32);
 	check_config(out, hf);
 	check_tokenizer(out, hf);
 	bk_remove_flat_dir(out);
 	bk_gguf_to_hf(DIR "gemma3.gguf", out, BK_DT_BF16);
-	compare_model(out, BK_DT_BF16);
+	gguf_compare_model(out, DIR "gemma3.hf.safetensors", "gemma3.gguf", BK_DT_BF16);
 	bk_remove_flat_dir(out);
 	free(out);
 	json_decref(hf);
