@@ -36,9 +36,19 @@ MPI_CPPFLAGS := $(shell pkg-config --cflags ompi-c) -DBK_HAVE_MPI=1
 MPI_LIBS     := $(shell pkg-config --libs ompi-c)
 endif
 
+# make emu: every tool and test with gpu/cuda/*.cu compiled as C++ for the CPU against the
+# emulated CUDA runtime and cuBLAS of gpu/emu/ (--device cuda runs there), in build-emu/
+ifneq ($(filter emu,$(MAKECMDGOALS)),)
+EMU := 1
+endif
+EMU ?= 0
 BUILD := build
+ifeq ($(EMU),1)
+BUILD := build-emu
+CUDA  := 0
+endif
 ifneq ($(filter asan,$(MAKECMDGOALS)),)
-BUILD    := build/asan
+BUILD    := $(BUILD)/asan
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 CFLAGS   += $(SANFLAGS)
 CXXFLAGS += $(SANFLAGS)
@@ -73,12 +83,23 @@ endif
 LDLIBS     += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublas -lcudart
 endif
 
+ifeq ($(EMU),1)
+EMU_CC   := $(wildcard gpu/emu/*.cc)
+LIB_OBJ  += $(LIB_CU:%.cu=$(BUILD)/obj/%.o) $(EMU_CC:%.cc=$(BUILD)/obj/%.o)
+CPPFLAGS += -DBK_HAVE_CUDA=1 -DBK_CUDA_EMU=1 -Igpu/emu/include
+# nvcc's #pragma unroll means nothing to g++
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(CXX) -x c++ $(CPPFLAGS) $(CXXFLAGS) -Wno-unknown-pragmas -MMD -MP -c $< -o $@
+endif
+
 BINS := $(CMDS:%=$(BUILD)/bin/%)
 TESTBINS := $(UNIT:%=$(BUILD)/tests/%)
 
-.PHONY: all test test-gemma3-gguf demo demo-chat bench install deps asan fuzz clean check-deps
+.PHONY: all test test-gemma3-gguf demo demo-chat bench install deps asan emu fuzz clean check-deps
 all: $(BINS) $(TESTBINS)
 asan: all
+emu: all
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -86,9 +107,11 @@ $(BUILD)/obj/%.o: %.c
 $(BUILD)/obj/%.o: %.cc
 	@mkdir -p $(dir $@)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MMD -MP -c $< -o $@
+ifneq ($(EMU),1)
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -DBK_HAVE_CUDA=1 -MMD -MP -c $< -o $@
+endif
 
 # only common/dist.c sees mpi.h, only bk-step links libmpi
 $(BUILD)/obj/common/dist.o: CPPFLAGS += $(MPI_CPPFLAGS)
@@ -119,7 +142,7 @@ $(FAKE_NCCL): tests/unit/fake_nccl.c
 
 # GPU check programs (tests/gpu/*.c and *.cu, run by tests/gpu/run.sh on a machine with
 # a GPU): built by `make` only when CUDA=1
-ifeq ($(CUDA),1)
+ifneq ($(CUDA)$(EMU),00)
 GPUTESTS := $(patsubst tests/gpu/%.c,%,$(wildcard tests/gpu/*.c)) $(patsubst tests/gpu/%.cu,%,$(wildcard tests/gpu/*.cu))
 GPUTESTBINS := $(GPUTESTS:%=$(BUILD)/tests/gpu/%)
 all: $(GPUTESTBINS)
@@ -185,6 +208,6 @@ build/fuzz/%: tests/fuzz/%.c $(LIB_C) $(LIB_CXX)
 	    -lmsgpackc -lxxhash -lsentencepiece -ljansson -lutf8proc -lyaml -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lstdc++ -lm -o $@
 
 clean:
-	rm -rf build
+	rm -rf build build-emu
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -140,8 +140,7 @@ static void cuda_rmsnorm_forward_act(void *out, float *rstd, const float *x, con
 		CUDA_BUG("rmsnorm_forward_act: weight %d x %d for H %d", w->rows, w->cols, H);
 	if (T <= 0)
 		return;
-	act_rmsnorm_kernel<<<T, NORM_THREADS, 0, g_stream>>>((bf16 *)out, rstd, x, wbf(w), H, eps);
-	CUDA_LAUNCH_CHECK("act_rmsnorm_kernel");
+	BK_LAUNCH(act_rmsnorm_kernel, T, NORM_THREADS, 0, g_stream, (bf16 *)out, rstd, x, wbf(w), H, eps);
 }
 
 static void cuda_rope_forward_act(void *out, const float *x, const int32_t *pos,
@@ -152,9 +151,8 @@ static void cuda_rope_forward_act(void *out, const float *x, const int32_t *pos,
 	size_t total = (size_t)T * n * (D / 2);
 	if (!total)
 		return;
-	act_rope_kernel<<<bk_cuda_blocks(total, 256), 256, 0, g_stream>>>((bf16 *)out, x, pos,
+	BK_LAUNCH(act_rope_kernel, bk_cuda_blocks(total, 256), 256, 0, g_stream, (bf16 *)out, x, pos,
 									 inv_freq, T, n, D);
-	CUDA_LAUNCH_CHECK("act_rope_kernel");
 }
 
 static void cuda_to_act(void *dst, const float *src, size_t n) { to_bf16((bf16 *)dst, src, n); }
@@ -163,8 +161,7 @@ static void widen(float *dst, const void *src, size_t n)
 {
 	if (!n)
 		return;
-	act_widen_kernel<<<grid_capped(n), 256, 0, g_stream>>>(dst, (const bf16 *)src, n);
-	CUDA_LAUNCH_CHECK("act_widen_kernel");
+	BK_LAUNCH(act_widen_kernel, grid_capped(n), 256, 0, g_stream, dst, (const bf16 *)src, n);
 }
 
 static void cuda_glu_forward_act(void *h, void *gate_act, void *up_act, const float *gate,
@@ -172,9 +169,8 @@ static void cuda_glu_forward_act(void *h, void *gate_act, void *up_act, const fl
 {
 	if (!n)
 		return;
-	act_glu_forward_kernel<<<grid_capped(n), 256, 0, g_stream>>>(
+	BK_LAUNCH(act_glu_forward_kernel, grid_capped(n), 256, 0, g_stream,
 		(bf16 *)h, (bf16 *)gate_act, (bf16 *)up_act, gate, up, n, geglu);
-	CUDA_LAUNCH_CHECK("act_glu_forward_kernel");
 }
 
 static void cuda_glu_backward_act(float *dgate, float *dup, const float *dh, const void *gate,
@@ -182,9 +178,8 @@ static void cuda_glu_backward_act(float *dgate, float *dup, const float *dh, con
 {
 	if (!n)
 		return;
-	act_glu_backward_kernel<<<grid_capped(n), 256, 0, g_stream>>>(
+	BK_LAUNCH(act_glu_backward_kernel, grid_capped(n), 256, 0, g_stream,
 		dgate, dup, dh, (const bf16 *)gate, (const bf16 *)up, n, geglu);
-	CUDA_LAUNCH_CHECK("act_glu_backward_kernel");
 }
 
 static void cuda_attention_forward_act(void *out, float *lse, const void *q, const void *k,
@@ -255,9 +250,8 @@ static const bf16 *act_dropped(const bf16 *x, size_t n, float p, uint64_t key)
 	if (p <= 0)
 		return x;
 	bf16 *xd = (bf16 *)aw(AW_XD, n * 2);
-	act_dropout_kernel<<<grid_capped(n), 256, 0, g_stream>>>(xd, x, n, p, 1.0f / (1.0f - p),
+	BK_LAUNCH(act_dropout_kernel, grid_capped(n), 256, 0, g_stream, xd, x, n, p, 1.0f / (1.0f - p),
 								  key);
-	CUDA_LAUNCH_CHECK("act_dropout_kernel");
 	return xd;
 }
 
@@ -326,9 +320,8 @@ static void cuda_proj_backward_act(float *dx, const bk_proj *p, int n, const voi
 				float *dxd = scratch; // [T,in]
 				gemm_tf32(CUBLAS_OP_N, CUBLAS_OP_N, in, T, R, 1.0f, p[j].A, in, dxa, R,
 					  0.0f, dxd, in);
-				dropout_backward_kernel<<<grid_capped(Tin), 256, 0, g_stream>>>(
+				BK_LAUNCH(dropout_backward_kernel, grid_capped(Tin), 256, 0, g_stream,
 					dx, dxd, Tin, drop, 1.0f / (1.0f - drop), p[j].key);
-				CUDA_LAUNCH_CHECK("dropout_backward_kernel");
 			}
 		}
 		// dx^T [in,T] += W^T [in,out] . dyb^T [out,T]

@@ -157,7 +157,7 @@ attn_fwd_kernel(float *out /* [T,NH,D] */, float *lse /* [NH,T] */, const float 
 		int D, const float *pk, const float *pv, int P, float scale, float cap, int W,
 		int BT)
 {
-	extern __shared__ float sm[];
+	BK_DYN_SMEM(float, sm);
 	const int LD = D + 1, h = blockIdx.y, kh = h / (NH / NKV);
 	const int t0 = blockIdx.x * BT, nr = min(BT, T - t0);
 	float *Qs = sm, *Os = Qs + BT * LD, *Ks = Os + BT * LD, *Vs = Ks + BT * LD;
@@ -207,7 +207,7 @@ attn_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k,
 		   const float *v, const float *lse, const float *Di, const int32_t *cu, int S,
 		   int T, int NH, int NKV, int D, float scale, float cap, int W, int BT)
 {
-	extern __shared__ float sm[];
+	BK_DYN_SMEM(float, sm);
 	const int LD = D + 1, SL = BT + 1, h = blockIdx.y, kh = h / (NH / NKV);
 	const int t0 = blockIdx.x * BT, nr = min(BT, T - t0);
 	float *Qs = sm, *dOs = Qs + BT * LD, *dQs = dOs + BT * LD, *Ks = dQs + BT * LD;
@@ -281,7 +281,7 @@ attn_bwd_dkv_kernel(float *dk, float *dv, const float *dout, const float *q, con
 		    const float *v, const float *lse, const float *Di, const int32_t *cu, int S,
 		    int T, int NH, int NKV, int D, float scale, float cap, int W, int BT)
 {
-	extern __shared__ float sm[];
+	BK_DYN_SMEM(float, sm);
 	const int LD = D + 1, SL = BT + 1, kh = blockIdx.y, group = NH / NKV;
 	const int j0 = blockIdx.x * BT, nc = min(BT, T - j0);
 	float *Ks = sm, *Vs = Ks + BT * LD, *dKs = Vs + BT * LD, *dVs = dKs + BT * LD;
@@ -403,10 +403,9 @@ extern "C" void bk_cuda_attention_forward(float *out, float *lse, const float *q
 	int bt = att_tile(fwd_smem, D, "forward");
 	att_smem_optin((const void *)attn_fwd_kernel, &optin);
 	dim3 grid((unsigned)((T + bt - 1) / bt), (unsigned)NH);
-	attn_fwd_kernel<<<grid, ATT_THREADS, fwd_smem(bt, D), bk_cuda_stream()>>>(
+	BK_LAUNCH(attn_fwd_kernel, grid, ATT_THREADS, fwd_smem(bt, D), bk_cuda_stream(),
 		out, lse, q, k, v, cu_seqlens, S, T, NH, NKV, D, prefix_k, prefix_v, P, ap->scale,
 		ap->softcap, ap->window, bt);
-	CUDA_LAUNCH_CHECK("attn_fwd_kernel");
 }
 
 extern "C" void bk_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
@@ -426,21 +425,18 @@ extern "C" void bk_cuda_attention_backward(float *dq, float *dk, float *dv, cons
 	int W = ap->window;
 	float *Di = (float *)bk_cuda_workspace(3, (size_t)NH * T * sizeof(float)); // [NH,T]
 	size_t warps = (size_t)T * NH;
-	bk_attn_dot_kernel<<<bk_cuda_blocks(warps * 32, 256), 256, 0, st>>>(Di, dout, out, T, NH,
+	BK_LAUNCH(bk_attn_dot_kernel, bk_cuda_blocks(warps * 32, 256), 256, 0, st, Di, dout, out, T, NH,
 									    D);
-	CUDA_LAUNCH_CHECK("bk_attn_dot_kernel");
 
 	int bq = att_tile(bwd_dq_smem, D, "backward dq");
 	att_smem_optin((const void *)attn_bwd_dq_kernel, &optin_dq);
 	dim3 gq((unsigned)((T + bq - 1) / bq), (unsigned)NH);
-	attn_bwd_dq_kernel<<<gq, ATT_THREADS, bwd_dq_smem(bq, D), st>>>(
+	BK_LAUNCH(attn_bwd_dq_kernel, gq, ATT_THREADS, bwd_dq_smem(bq, D), st,
 		dq, dout, q, k, v, lse, Di, cu_seqlens, S, T, NH, NKV, D, scale, cap, W, bq);
-	CUDA_LAUNCH_CHECK("attn_bwd_dq_kernel");
 
 	int bk = att_tile(bwd_dkv_smem, D, "backward dk/dv");
 	att_smem_optin((const void *)attn_bwd_dkv_kernel, &optin_dkv);
 	dim3 gk((unsigned)((T + bk - 1) / bk), (unsigned)NKV);
-	attn_bwd_dkv_kernel<<<gk, ATT_THREADS, bwd_dkv_smem(bk, D), st>>>(
+	BK_LAUNCH(attn_bwd_dkv_kernel, gk, ATT_THREADS, bwd_dkv_smem(bk, D), st,
 		dk, dv, dout, q, k, v, lse, Di, cu_seqlens, S, T, NH, NKV, D, scale, cap, W, bk);
-	CUDA_LAUNCH_CHECK("attn_bwd_dkv_kernel");
 }

@@ -74,13 +74,7 @@ typedef __nv_bfloat16 tc_bf16;
 
 #ifndef BK_TC_EMU
 #define TC_UNROLL _Pragma("unroll")
-#define TC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
-// kernel<<<grid, threads, smem, op stream>>>(args) and its launch check
-#define TC_LAUNCH(kernel, grid, threads, smem, ...)                                     \
-	do {                                                                           \
-		kernel<<<grid, threads, smem, bk_cuda_stream()>>>(__VA_ARGS__);        \
-		CUDA_LAUNCH_CHECK(#kernel);                                            \
-	} while (0)
+#define TC_SHARED(name) BK_DYN_SMEM(unsigned char, name)
 #endif
 
 // ---------------------------------------------------------------------------------
@@ -129,7 +123,7 @@ __device__ __forceinline__ float tc_bf16_f32(tc_bf16 x)
 // c0,c1 = C[g][2t,2t+1], c2,c3 = C[g+8][2t,2t+1].
 __device__ __forceinline__ void tc_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
-#ifndef BK_TC_EMU
+#if !defined(BK_TC_EMU) && !defined(BK_CUDA_EMU)
 	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
 		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
 		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -167,7 +161,7 @@ __device__ __forceinline__ void tc_frag_bt(uint32_t &b0, uint32_t &b1, const tc_
 					   int k0, int n0, int lane)
 {
 	const tc_bf16 *p = X + (size_t)(k0 + (lane & 15)) * LD + n0;
-#ifndef BK_TC_EMU
+#if !defined(BK_TC_EMU) && !defined(BK_CUDA_EMU)
 	uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
 	asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
 		     : "=r"(b0), "=r"(b1)
@@ -786,7 +780,7 @@ static const int *tc_schedule(int *order, const int32_t *cu, int S, int T, int W
 	int n = (T + 63) / 64;
 	if (n > TC_SCHED_MAX)
 		return NULL;
-	TC_LAUNCH(tc_sched_kernel, 1, TC_SCHED_THREADS, (size_t)n * sizeof(int), order, cu, S, T,
+	BK_LAUNCH(tc_sched_kernel, 1, TC_SCHED_THREADS, (size_t)n * sizeof(int), bk_cuda_stream(), order, cu, S, T,
 		  W, kv);
 	return order;
 }
@@ -806,7 +800,7 @@ static void tc_forward(TI *out, float *lse, const TI *q, const TI *k, const TI *
 	const int *order = tc_schedule((int *)bk_cuda_workspace(0, (size_t)n * sizeof(int)), cu, S,
 				       T, ap->window, 0);
 	dim3 grid((unsigned)NH, (unsigned)n);
-	TC_LAUNCH(kf, grid, TC_THREADS, C::smem, out, lse, q, k, v, cu, S, T, NH,
+	BK_LAUNCH_N("tc_fwd_kernel", kf, grid, TC_THREADS, C::smem, bk_cuda_stream(), out, lse, q, k, v, cu, S, T, NH,
 		  NKV, pk, pv, P, ap->scale, ap->softcap, ap->window, order);
 }
 
@@ -830,7 +824,7 @@ static void tc_backward(float *dq, float *dk, float *dv, const float *dout, cons
 			 const int *) = tc_bwd_dq_kernel<D, TI>;
 	tc_optin(kq, Q::smem, &optin_dq);
 	dim3 gq((unsigned)NH, (unsigned)n);
-	TC_LAUNCH(kq, gq, TC_THREADS, Q::smem, dq, dout, q, k, v, lse, Di, cu, S,
+	BK_LAUNCH_N("tc_bwd_dq_kernel", kq, gq, TC_THREADS, Q::smem, bk_cuda_stream(), dq, dout, q, k, v, lse, Di, cu, S,
 		  T, NH, NKV, scale, cap, W, qorder);
 
 	float *wk = NULL, *wv = NULL;
@@ -844,11 +838,11 @@ static void tc_backward(float *dq, float *dk, float *dv, const float *dout, cons
 			 int, float, float, int, const int *) = tc_bwd_dkv_kernel<D, TI>;
 	tc_optin(kk, K::smem, &optin_dkv);
 	dim3 gk((unsigned)(NH * K::NZ), (unsigned)n);
-	TC_LAUNCH(kk, gk, TC_THREADS, K::smem, dk, dv, wk, wv, dout, q, k, v,
+	BK_LAUNCH_N("tc_bwd_dkv_kernel", kk, gk, TC_THREADS, K::smem, bk_cuda_stream(), dk, dv, wk, wv, dout, q, k, v,
 		  lse, Di, cu, S, T, NH, NKV, scale, cap, W, korder);
 	if (NH != NKV) {
 		size_t n = (size_t)T * NKV * D;
-		TC_LAUNCH(tc_bwd_reduce_kernel, bk_cuda_blocks(n, 256), 256, 0, dk, dv, wk, wv, T,
+		BK_LAUNCH(tc_bwd_reduce_kernel, bk_cuda_blocks(n, 256), 256, 0, bk_cuda_stream(), dk, dv, wk, wv, T,
 			  NH, NKV, D);
 	}
 }
@@ -899,7 +893,7 @@ extern "C" void bk_cuda_attention_tc_backward(float *dq, float *dk, float *dv,
 		return;
 	float *Di = (float *)bk_cuda_workspace(3, (size_t)NH * T * sizeof(float)); // [NH,T]
 	size_t warps = (size_t)T * NH;
-	TC_LAUNCH(bk_attn_dot_kernel, bk_cuda_blocks(warps * 32, 256), 256, 0, Di, dout, out, T, NH,
+	BK_LAUNCH(bk_attn_dot_kernel, bk_cuda_blocks(warps * 32, 256), 256, 0, bk_cuda_stream(), Di, dout, out, T, NH,
 		  D);
 	if (D == 64)
 		tc_backward<64>(dq, dk, dv, dout, q, k, v, Di, lse, cu_seqlens, S, T, NH, NKV, ap);
@@ -987,7 +981,7 @@ extern "C" void bk_cuda_attention_tc_backward_bf16(float *dq, float *dk, float *
 	const B *qb = (const B *)q, *kb = (const B *)k, *vb = (const B *)v;
 	float *Di = (float *)bk_cuda_workspace(3, (size_t)NH * T * sizeof(float)); // [NH,T]
 	size_t warps = (size_t)T * NH;
-	TC_LAUNCH(tc_dot_bf16_kernel, bk_cuda_blocks(warps * 32, 256), 256, 0, Di, dout,
+	BK_LAUNCH(tc_dot_bf16_kernel, bk_cuda_blocks(warps * 32, 256), 256, 0, bk_cuda_stream(), Di, dout,
 		  (const B *)out, T, NH, D);
 	if (D == 64)
 		tc_backward<64, B>(dq, dk, dv, dout, qb, kb, vb, Di, lse, cu_seqlens, S, T, NH, NKV, ap);

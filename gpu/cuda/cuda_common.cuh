@@ -58,6 +58,28 @@ int bk_cuda_sync_launches(void);
 			    __LINE__);                                                 \
 	} while (0)
 
+// BK_LAUNCH(kernel, grid, block, smem, stream, args...): the one way a kernel is launched:
+// kernel<<<grid, block, smem, stream>>>(args) and its launch check; BK_LAUNCH_N names it
+// where the kernel is a variable (a template instance with a comma).  Under the
+// emulation (make emu, gpu/emu/emu.h) the launch is queued on the emulated stream with
+// its arguments copied, checked and counted.  BK_DYN_SMEM(T, name): the block's dynamic
+// shared memory as T name[] (16-byte aligned).
+#ifdef BK_CUDA_EMU
+#define BK_LAUNCH_N(name, kernel, grid, block, smem, stream, ...)                        \
+	emu_launch_kernel(emu_launch_desc{name, nullptr, dim3(grid), dim3(block),        \
+					  (size_t)(smem), __FILE__, __LINE__},           \
+			  (stream), kernel, ##__VA_ARGS__)
+#define BK_DYN_SMEM(T, name) T *name = (T *)emu_dyn_smem()
+#else
+#define BK_LAUNCH_N(name, kernel, grid, block, smem, stream, ...)                        \
+	do {                                                                           \
+		kernel<<<grid, block, smem, stream>>>(__VA_ARGS__);                    \
+		CUDA_LAUNCH_CHECK(name);                                               \
+	} while (0)
+#define BK_DYN_SMEM(T, name) extern __shared__ __align__(16) T name[]
+#endif
+#define BK_LAUNCH(kernel, ...) BK_LAUNCH_N(#kernel, kernel, __VA_ARGS__)
+
 // The stream every op of bk_ops_cuda runs on (created on first use with the cuBLAS
 // handle, which is bound to it).  Kernels of other gpu/*.cu files launch on it too.
 cudaStream_t bk_cuda_stream(void);

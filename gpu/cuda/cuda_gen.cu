@@ -32,7 +32,9 @@ enum { LIN_KW = 8, LIN_NT = 2, LIN_THREADS = LIN_KW * 32 };
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b)
 {
 	__nv_bfloat162 h = __floats2bfloat162_rn(a, b); // .x (a) in the low half
-	return *reinterpret_cast<uint32_t *>(&h);
+	uint32_t u;
+	memcpy(&u, &h, sizeof u);
+	return u;
 }
 
 // 8 bf16 W[n, k..k+7] as 4 pairs; zeros past the matrix
@@ -87,6 +89,9 @@ __device__ __forceinline__ void mma_bf16(float d[4], uint32_t a0, uint32_t a1, u
 		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
 		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
 		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#elif defined(BK_CUDA_EMU)
+	const uint32_t a[4] = {a0, a1, a2, a3};
+	emu_mma_m16n8k16(d, a, b0, b1);
 #else
 	__trap(); // built only for sm_80 and later
 #endif
@@ -160,17 +165,14 @@ static void cuda_gen_linear(float *y, const float *x, const bk_weight *W, int T)
 	cudaStream_t st = bk_cuda_stream();
 	unsigned gx = bk_cuda_blocks((size_t)out, LIN_NT * 8);
 	if (T <= 16) {
-		gen_linear_kernel<1><<<dim3(gx, 1), LIN_THREADS, 0, st>>>(y, x, w, T, in, out);
-		CUDA_LAUNCH_CHECK("gen_linear_kernel<1>");
+		BK_LAUNCH(gen_linear_kernel<1>, dim3(gx, 1), LIN_THREADS, 0, st, y, x, w, T, in, out);
 	} else if (T <= 32) {
-		gen_linear_kernel<2><<<dim3(gx, 1), LIN_THREADS, 0, st>>>(y, x, w, T, in, out);
-		CUDA_LAUNCH_CHECK("gen_linear_kernel<2>");
+		BK_LAUNCH(gen_linear_kernel<2>, dim3(gx, 1), LIN_THREADS, 0, st, y, x, w, T, in, out);
 	} else {
 		unsigned gy = bk_cuda_blocks((size_t)T, 64);
 		if (gy > 65535)
 			CUDA_BUG("gen linear: %d rows", T);
-		gen_linear_kernel<4><<<dim3(gx, gy), LIN_THREADS, 0, st>>>(y, x, w, T, in, out);
-		CUDA_LAUNCH_CHECK("gen_linear_kernel<4>");
+		BK_LAUNCH(gen_linear_kernel<4>, dim3(gx, gy), LIN_THREADS, 0, st, y, x, w, T, in, out);
 	}
 }
 
@@ -238,9 +240,8 @@ static void cuda_gen_linear2(float *y, const float *x, const bk_weight *W, int T
 		unsigned gy = bk_cuda_blocks((size_t)T, 64);
 		if (gy > 65535)
 			CUDA_BUG("gen linear v2: %d rows", T);
-		gen_linear2_prefill_kernel<<<dim3(gx, gy), L2_PRE_NW * 32, 0, st>>>(y, x, w, T, in,
+		BK_LAUNCH(gen_linear2_prefill_kernel, dim3(gx, gy), L2_PRE_NW * 32, 0, st, y, x, w, T, in,
 										   out, KS, CPS);
-		CUDA_LAUNCH_CHECK("gen_linear2_prefill_kernel");
 		return;
 	}
 	unsigned gx = bk_cuda_blocks((size_t)out, L2_DEC_NW * 16);
@@ -251,9 +252,8 @@ static void cuda_gen_linear2(float *y, const float *x, const bk_weight *W, int T
 	}
 	dim3 grid(gx, 1, KS);
 #define L2_LAUNCH(NT)                                                                      \
-	gen_linear2_kernel<NT><<<grid, L2_DEC_NW * 32, 0, st>>>(y, x, w, T, in, out, KS, CPS,  \
-							      g_l2_part, g_l2_cnt);        \
-	CUDA_LAUNCH_CHECK("gen_linear2_kernel<" #NT ">")
+	BK_LAUNCH(gen_linear2_kernel<NT>, grid, L2_DEC_NW * 32, 0, st, y, x, w, T, in, out, KS, CPS,  \
+							      g_l2_part, g_l2_cnt)
 	if (T <= 8) {
 		L2_LAUNCH(1);
 	} else if (T <= 16) {
@@ -305,11 +305,9 @@ static void cuda_gen_lora(float *y, const float *x, const float *A, const float 
 	if (T <= 0)
 		return;
 	cudaStream_t st = bk_cuda_stream();
-	gen_lora_a_kernel<<<bk_cuda_blocks((size_t)T * R * 32, 256), 256, 0, st>>>(xa, x, A, T, in, R);
-	CUDA_LAUNCH_CHECK("gen_lora_a_kernel");
-	gen_lora_b_kernel<<<bk_cuda_blocks((size_t)T * out, 256), 256, 0, st>>>(y, xa, B, T, out, R,
+	BK_LAUNCH(gen_lora_a_kernel, bk_cuda_blocks((size_t)T * R * 32, 256), 256, 0, st, xa, x, A, T, in, R);
+	BK_LAUNCH(gen_lora_b_kernel, bk_cuda_blocks((size_t)T * out, 256), 256, 0, st, y, xa, B, T, out, R,
 										 scale);
-	CUDA_LAUNCH_CHECK("gen_lora_b_kernel");
 }
 
 // ---------------------------------------------------------------------------------
@@ -340,9 +338,8 @@ static void cuda_gen_kv_store(void *kp, void *vp, int l, int L, const float *k, 
 	if (T <= 0)
 		return;
 	size_t n = (size_t)T * NKV * D;
-	gen_kv_store_kernel<<<bk_cuda_blocks(n, 256), 256, 0, bk_cuda_stream()>>>(
+	BK_LAUNCH(gen_kv_store_kernel, bk_cuda_blocks(n, 256), 256, 0, bk_cuda_stream(),
 		(__nv_bfloat16 *)kp, (__nv_bfloat16 *)vp, l, L, k, v, slot, T, NKV * D);
-	CUDA_LAUNCH_CHECK("gen_kv_store_kernel");
 }
 
 // ---------------------------------------------------------------------------------
@@ -365,7 +362,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 				const __nv_bfloat16 *kp, const __nv_bfloat16 *vp, int l, int L,
 				const int32_t *table, int W, float scale, float cap, int win)
 {
-	extern __shared__ float sm[];
+	BK_DYN_SMEM(float, sm);
 	int t = blockIdx.x, kh = blockIdx.y, c = blockIdx.z, NC = gridDim.z;
 	int nk = nkey[t], j0 = c * ATT_CH;
 	int kfirst = win > 0 && nk > win ? nk - win : 0;
@@ -500,14 +497,12 @@ static void cuda_gen_attend(float *out, const float *q, const int32_t *seq, cons
 	if (NC > 65535 || NKV > 65535)
 		CUDA_BUG("gen attend: grid of %d kv heads x %d key splits", NKV, NC);
 	cudaStream_t st = bk_cuda_stream();
-	gen_attend_split_kernel<<<dim3(T, NKV, NC), ATT_THREADS, smem, st>>>(
+	BK_LAUNCH(gen_attend_split_kernel, dim3(T, NKV, NC), ATT_THREADS, smem, st,
 		po, pm, pl, q, seq, nkey, NH, NKV, D, (const __nv_bfloat16 *)kp,
 		(const __nv_bfloat16 *)vp, l, L, table, W, ap->scale, ap->softcap, ap->window);
-	CUDA_LAUNCH_CHECK("gen_attend_split_kernel");
 	int thr = D < 32 ? 32 : (D > 256 ? 256 : (D + 31) / 32 * 32);
-	gen_attend_reduce_kernel<<<(unsigned)nth, thr, 0, st>>>(out, po, pm, pl, nkey, NH, D, NC,
+	BK_LAUNCH(gen_attend_reduce_kernel, (unsigned)nth, thr, 0, st, out, po, pm, pl, nkey, NH, D, NC,
 								ap->window);
-	CUDA_LAUNCH_CHECK("gen_attend_reduce_kernel");
 }
 
 static size_t cuda_gen_mem_free(void)

@@ -93,8 +93,7 @@ static void to_bf16(__nv_bfloat16 *out, const float *in, size_t n)
 {
 	if (!n)
 		return;
-	loss_to_bf16_kernel<<<grid_for(n), 256, 0, bk_cuda_stream()>>>(out, in, n);
-	CUDA_LAUNCH_CHECK("loss_to_bf16_kernel");
+	BK_LAUNCH(loss_to_bf16_kernel, grid_for(n), 256, 0, bk_cuda_stream(), out, in, n);
 }
 
 // u [n] = cap(u) / T in place, cap(z) = tanhf(z / c) * c (Gemma-2's final logit
@@ -110,8 +109,7 @@ static void cap_scale(float *u, size_t n, float c, float t)
 {
 	if (!n)
 		return;
-	cap_scale_kernel<<<grid_for(n), 256, 0, bk_cuda_stream()>>>(u, n, c, t);
-	CUDA_LAUNCH_CHECK("cap_scale_kernel");
+	BK_LAUNCH(cap_scale_kernel, grid_for(n), 256, 0, bk_cuda_stream(), u, n, c, t);
 }
 
 // u [N,cn] (row-major) = (x [N,H] W[c0:c0+cn,:]^T) * alpha; column-major cuBLAS sees
@@ -173,9 +171,8 @@ extern "C" void bk_cuda_gather_rows(float *dst, const float *src, const int32_t 
 		CUDA_BUG("gather rows: bad sizes N=%d T=%d H=%d", N, T, H);
 	if (!N)
 		return;
-	gather_rows_kernel<<<grid_for((size_t)N * H), 256, 0, bk_cuda_stream()>>>(dst, src, rows,
+	BK_LAUNCH(gather_rows_kernel, grid_for((size_t)N * H), 256, 0, bk_cuda_stream(), dst, src, rows,
 										  N, T, H);
-	CUDA_LAUNCH_CHECK("gather_rows_kernel");
 }
 
 extern "C" void bk_cuda_scatter_rows(float *dst, const float *src, const int32_t *rows, int N,
@@ -185,9 +182,8 @@ extern "C" void bk_cuda_scatter_rows(float *dst, const float *src, const int32_t
 		CUDA_BUG("scatter rows: bad sizes N=%d T=%d H=%d", N, T, H);
 	if (!N)
 		return;
-	scatter_rows_kernel<<<grid_for((size_t)N * H), 256, 0, bk_cuda_stream()>>>(dst, src, rows,
+	BK_LAUNCH(scatter_rows_kernel, grid_for((size_t)N * H), 256, 0, bk_cuda_stream(), dst, src, rows,
 										   N, T, H);
-	CUDA_LAUNCH_CHECK("scatter_rows_kernel");
 }
 
 // ---------------------------------------------------------------------------------
@@ -470,31 +466,24 @@ static double bk_cuda_kl_exact_v1(const float *hidden, const bk_weight *lm_head,
 	if (teacher_hidden)
 		to_bf16(tb, teacher_hidden, nh);
 	unsigned rb = bk_cuda_blocks((size_t)n, 256);
-	fill_rows_kernel<<<rb, 256, 0, st>>>(ms, ss, -INFINITY, n);
-	CUDA_LAUNCH_CHECK("fill_rows_kernel");
-	fill_rows_kernel<<<rb, 256, 0, st>>>(mt, stt, -INFINITY, n);
-	CUDA_LAUNCH_CHECK("fill_rows_kernel");
-	fill_rows_kernel<<<rb, 256, 0, st>>>(kl, stt, 0.0, n); // kl = 0 (stt re-zeroed)
-	CUDA_LAUNCH_CHECK("fill_rows_kernel");
+	BK_LAUNCH(fill_rows_kernel, rb, 256, 0, st, ms, ss, -INFINITY, n);
+	BK_LAUNCH(fill_rows_kernel, rb, 256, 0, st, mt, stt, -INFINITY, n);
+	BK_LAUNCH(fill_rows_kernel, rb, 256, 0, st, kl, stt, 0.0, n); // kl = 0 (stt re-zeroed)
 	float alpha = 1.0f / temperature, tc = softcap > 0 ? temperature / softcap : 0.0f;
 
 	// pass 1: log-sum-exp of both sides
 	for (int c = 0; c < V; c += C) {
 		int cn = V - c < C ? V - c : C;
 		scaled_logits(xb, lm_head, n, c, cn, temperature, softcap, us, cn);
-		lse_chunk_kernel<<<n, LOSS_THREADS, 0, st>>>(us, cn, ms, ss);
-		CUDA_LAUNCH_CHECK("lse_chunk_kernel");
+		BK_LAUNCH(lse_chunk_kernel, n, LOSS_THREADS, 0, st, us, cn, ms, ss);
 		if (ut) {
 			scaled_logits(tb, lm_head, n, c, cn, temperature, softcap, ut, cn);
-			lse_chunk_kernel<<<n, LOSS_THREADS, 0, st>>>(ut, cn, mt, stt);
-			CUDA_LAUNCH_CHECK("lse_chunk_kernel");
+			BK_LAUNCH(lse_chunk_kernel, n, LOSS_THREADS, 0, st, ut, cn, mt, stt);
 		}
 	}
-	lse_finish_kernel<<<rb, 256, 0, st>>>(ms, ss, n);
-	CUDA_LAUNCH_CHECK("lse_finish_kernel");
+	BK_LAUNCH(lse_finish_kernel, rb, 256, 0, st, ms, ss, n);
 	if (ut) {
-		lse_finish_kernel<<<rb, 256, 0, st>>>(mt, stt, n);
-		CUDA_LAUNCH_CHECK("lse_finish_kernel");
+		BK_LAUNCH(lse_finish_kernel, rb, 256, 0, st, mt, stt, n);
 	}
 
 	// pass 2: KL and dL/du = w (q - p), d_hidden += G W_chunk / T
@@ -503,9 +492,8 @@ static double bk_cuda_kl_exact_v1(const float *hidden, const bk_weight *lm_head,
 		scaled_logits(xb, lm_head, n, c, cn, temperature, softcap, us, cn);
 		if (ut)
 			scaled_logits(tb, lm_head, n, c, cn, temperature, softcap, ut, cn);
-		kl_exact_chunk_kernel<<<n, LOSS_THREADS, 0, st>>>(us, ut, teacher_logp, V, c, cn, ms,
+		BK_LAUNCH(kl_exact_chunk_kernel, n, LOSS_THREADS, 0, st, us, ut, teacher_logp, V, c, cn, ms,
 								 mt, wd, tc, kl, gb);
-		CUDA_LAUNCH_CHECK("kl_exact_chunk_kernel");
 		if (d_hidden)
 			backward_gemm(gb, lm_head, n, c, cn, alpha, c == 0, d_hidden);
 	}
@@ -551,8 +539,7 @@ static double bk_cuda_kl_topk_v1(const float *hidden, const bk_weight *lm_head,
 	free(prest), free(ptot);
 	to_bf16(xb, hidden, nh);
 	unsigned rb = bk_cuda_blocks((size_t)n, 256);
-	fill_rows_kernel<<<rb, 256, 0, st>>>(m, s, -INFINITY, n);
-	CUDA_LAUNCH_CHECK("fill_rows_kernel");
+	BK_LAUNCH(fill_rows_kernel, rb, 256, 0, st, m, s, -INFINITY, n);
 	float alpha = 1.0f / temperature, tc = softcap > 0 ? temperature / softcap : 0.0f;
 	unsigned kb = bk_cuda_blocks(nk, 256);
 
@@ -561,27 +548,22 @@ static double bk_cuda_kl_topk_v1(const float *hidden, const bk_weight *lm_head,
 		int cn = V - c < C ? V - c : C;
 		scaled_logits(xb, lm_head, n, c, cn, temperature, softcap, us, cn);
 		if (nk) {
-			topk_mask_kernel<<<kb, 256, 0, st>>>(us, n, cn, c, topk_ids, k, tu);
-			CUDA_LAUNCH_CHECK("topk_mask_kernel");
+			BK_LAUNCH(topk_mask_kernel, kb, 256, 0, st, us, n, cn, c, topk_ids, k, tu);
 		}
-		lse_chunk_kernel<<<n, LOSS_THREADS, 0, st>>>(us, cn, m, s);
-		CUDA_LAUNCH_CHECK("lse_chunk_kernel");
+		BK_LAUNCH(lse_chunk_kernel, n, LOSS_THREADS, 0, st, us, cn, m, s);
 	}
-	topk_row_kernel<<<rb, 256, 0, st>>>(tu, topk_logp, n, k, prest_d, m, s, lse, kl);
-	CUDA_LAUNCH_CHECK("topk_row_kernel");
+	BK_LAUNCH(topk_row_kernel, rb, 256, 0, st, tu, topk_logp, n, k, prest_d, m, s, lse, kl);
 
 	// pass 2: dL/du = w (P q - p) at the ids, w (P q - prest q / q_rest) elsewhere
 	if (d_hidden) {
 		for (int c = 0; c < V; c += C) {
 			int cn = V - c < C ? V - c : C;
 			scaled_logits(xb, lm_head, n, c, cn, temperature, softcap, us, cn);
-			topk_grad_chunk_kernel<<<n, LOSS_THREADS, 0, st>>>(us, cn, lse, m, ptot_d,
+			BK_LAUNCH(topk_grad_chunk_kernel, n, LOSS_THREADS, 0, st, us, cn, lse, m, ptot_d,
 									  prest_d, wd, tc, gb);
-			CUDA_LAUNCH_CHECK("topk_grad_chunk_kernel");
 			if (nk) {
-				topk_grad_ids_kernel<<<kb, 256, 0, st>>>(gb, n, cn, c, topk_ids, tu,
+				BK_LAUNCH(topk_grad_ids_kernel, kb, 256, 0, st, gb, n, cn, c, topk_ids, tu,
 									topk_logp, k, lse, ptot_d, wd, tc);
-				CUDA_LAUNCH_CHECK("topk_grad_ids_kernel");
 			}
 			backward_gemm(gb, lm_head, n, c, cn, alpha, c == 0, d_hidden);
 		}
@@ -625,8 +607,7 @@ extern "C" void bk_cuda_teacher_logprobs(const float *hidden, const bk_weight *l
 	to_bf16(xb, hidden, nh);
 	// the output is [N,V] anyway: the logits go straight into it, then normalise
 	scaled_logits(xb, lm_head, n, 0, V, temperature, softcap, logp, V);
-	log_softmax_rows_kernel<<<n, LOSS_THREADS, 0, bk_cuda_stream()>>>(logp, V);
-	CUDA_LAUNCH_CHECK("log_softmax_rows_kernel");
+	BK_LAUNCH(log_softmax_rows_kernel, n, LOSS_THREADS, 0, bk_cuda_stream(), logp, V);
 }
 
 // order-preserving key: a larger float gives a larger unsigned
@@ -652,7 +633,7 @@ __global__ void __launch_bounds__(LOSS_THREADS)
 topk_select_kernel(const float *u /* [rows,V] */, int V, int K, int Kp, int32_t *ids_out,
 		   float *logp_out, float *rest_out)
 {
-	extern __shared__ float dsm[];
+	BK_DYN_SMEM(float, dsm);
 	float *sv = dsm;
 	int *si = (int *)(dsm + Kp);
 	__shared__ unsigned hist[256];
@@ -819,9 +800,8 @@ extern "C" void bk_cuda_teacher_topk(const float *hidden, const bk_weight *lm_he
 			// u = cap(logits) / T, as loss.c does
 			if (temperature != 1.0f || softcap > 0)
 				cap_scale(u, (size_t)rn * V, softcap, temperature);
-			topk_select_kernel<<<rn, LOSS_THREADS, smem, st>>>(
+			BK_LAUNCH(topk_select_kernel, rn, LOSS_THREADS, smem, st,
 				u, V, k, kp, ids + (size_t)r0 * k, logp + (size_t)r0 * k, rest + r0);
-			CUDA_LAUNCH_CHECK("topk_select_kernel");
 			continue;
 		}
 		// a very large k: loss.c on the host, on this block's raw logits
@@ -915,10 +895,9 @@ static double bk_cuda_kl_exact_v2(const float *hidden, const bk_weight *lm_head,
 		if (ut)
 			scaled_logits(tb + (size_t)r0 * H, lm_head, rn, 0, V, temperature, softcap, ut,
 				      V);
-		kl_exact_row_kernel<<<rn, LOSS_THREADS, 0, st>>>(
+		BK_LAUNCH(kl_exact_row_kernel, rn, LOSS_THREADS, 0, st,
 			us, ut, teacher_logp ? teacher_logp + (size_t)r0 * V : NULL, V, wd + r0, tc,
 			kl + r0, gb);
-		CUDA_LAUNCH_CHECK("kl_exact_row_kernel");
 		if (d_hidden)
 			backward_gemm(gb, lm_head, rn, 0, V, 1.0f / temperature, 1,
 				      d_hidden + (size_t)r0 * H);
@@ -961,9 +940,8 @@ static double bk_cuda_kl_topk_v2(const float *hidden, const bk_weight *lm_head,
 		int kp = 1;
 		while (kp < k)
 			kp <<= 1;
-		topk_validate_kernel<<<n, LOSS_THREADS, (size_t)kp * sizeof(int), st>>>(
+		BK_LAUNCH(topk_validate_kernel, n, LOSS_THREADS, (size_t)kp * sizeof(int), st,
 			topk_ids, topk_logp, rest, k, kp, V, prest, ptot, flag_d);
-		CUDA_LAUNCH_CHECK("topk_validate_kernel");
 	} else { // a very large K: checked on the host (one round trip), as v1
 		double *hp = (double *)host_alloc((size_t)n * 8), *ht = (double *)host_alloc((size_t)n * 8);
 		topk_check_host(topk_ids, topk_logp, rest, n, k, V, hp, ht);
@@ -976,10 +954,9 @@ static double bk_cuda_kl_topk_v2(const float *hidden, const bk_weight *lm_head,
 	for (int r0 = 0; r0 < n; r0 += nb) {
 		int rn = n - r0 < nb ? n - r0 : nb;
 		scaled_logits(xb + (size_t)r0 * H, lm_head, rn, 0, V, temperature, softcap, us, V);
-		kl_topk_row_kernel<<<rn, LOSS_THREADS, 0, st>>>(
+		BK_LAUNCH(kl_topk_row_kernel, rn, LOSS_THREADS, 0, st,
 			us, V, topk_ids + (size_t)r0 * k, topk_logp + (size_t)r0 * k, k, tu,
 			prest + r0, ptot + r0, wd + r0, tc, kl + r0, d_hidden ? gb : NULL);
-		CUDA_LAUNCH_CHECK("kl_topk_row_kernel");
 		if (d_hidden)
 			backward_gemm(gb, lm_head, rn, 0, V, 1.0f / temperature, 1,
 				      d_hidden + (size_t)r0 * H);

@@ -10,7 +10,7 @@
 #define LOSS_THREADS 256
 
 #ifndef BK_LOSS_DYN_SMEM // the block's dynamic shared memory as T name[]
-#define BK_LOSS_DYN_SMEM(T, name) extern __shared__ T name[]
+#define BK_LOSS_DYN_SMEM(T, name) BK_DYN_SMEM(T, name)
 #endif
 
 // ---- block reductions (blockDim.x == LOSS_THREADS) ----

@@ -142,7 +142,11 @@ void *bk_cuda_workspace(int slot, size_t bytes)
 		CUDA_BUG("cuda workspace: slot %d out of range", slot);
 	if (bytes <= g_ws_bytes[slot])
 		return g_ws[slot];
+#ifdef BK_CUDA_EMU
+	size_t want = bytes; // the emulation: no slack, so an overrun reaches ASan
+#else
 	size_t want = bytes + bytes / 4; // some headroom against growth in small steps
+#endif
 	dev_free(g_ws[slot]);
 	g_ws[slot] = dev_alloc(want);
 	g_ws_bytes[slot] = want;
@@ -213,8 +217,7 @@ static void to_bf16(__nv_bfloat16 *out, const float *in, size_t n)
 	unsigned blocks = bk_cuda_blocks(n, 256);
 	if (blocks > 65535u * 8)
 		blocks = 65535u * 8;
-	f32_to_bf16_kernel<<<blocks, 256, 0, g_stream>>>(out, in, n);
-	CUDA_LAUNCH_CHECK("f32_to_bf16_kernel");
+	BK_LAUNCH(f32_to_bf16_kernel, blocks, 256, 0, g_stream, out, in, n);
 }
 
 // weights: host fp32 -> device bf16 through a bounded fp32 staging buffer
@@ -300,8 +303,7 @@ static void cuda_embedding_forward(float *x /* [T,H] */, const int32_t *ids /* [
 {
 	if (T <= 0)
 		return;
-	embedding_kernel<<<T, 256, 0, g_stream>>>(x, ids, wbf(embed), embed->rows, embed->cols);
-	CUDA_LAUNCH_CHECK("embedding_kernel");
+	BK_LAUNCH(embedding_kernel, T, 256, 0, g_stream, x, ids, wbf(embed), embed->rows, embed->cols);
 }
 
 // ---------------------------------------------------------------------------------
@@ -335,8 +337,7 @@ static void cuda_rmsnorm_forward(float *out /* [T,H] */, float *rstd /* [T] */,
 		CUDA_BUG("rmsnorm_forward: weight %d x %d for H %d", w->rows, w->cols, H);
 	if (T <= 0)
 		return;
-	rmsnorm_forward_kernel<<<T, NORM_THREADS, 0, g_stream>>>(out, rstd, x, wbf(w), H, eps);
-	CUDA_LAUNCH_CHECK("rmsnorm_forward_kernel");
+	BK_LAUNCH(rmsnorm_forward_kernel, T, NORM_THREADS, 0, g_stream, out, rstd, x, wbf(w), H, eps);
 }
 
 // dx += rstd * (g - xh * mean(g*xh)), g = dout*w, xh = x*rstd
@@ -363,8 +364,7 @@ static void cuda_rmsnorm_backward(float *dx /* [T,H] += */, const float *dout /*
 		CUDA_BUG("rmsnorm_backward: weight %d x %d for H %d", w->rows, w->cols, H);
 	if (T <= 0)
 		return;
-	rmsnorm_backward_kernel<<<T, NORM_THREADS, 0, g_stream>>>(dx, dout, x, wbf(w), rstd, H);
-	CUDA_LAUNCH_CHECK("rmsnorm_backward_kernel");
+	BK_LAUNCH(rmsnorm_backward_kernel, T, NORM_THREADS, 0, g_stream, dx, dout, x, wbf(w), rstd, H);
 }
 
 // ---------------------------------------------------------------------------------
@@ -430,8 +430,7 @@ static const float *lora_dropped(float *xd, const float *x, int T, int in, float
 	if (p <= 0)
 		return x;
 	size_t n = (size_t)T * in;
-	dropout_kernel<<<grid_capped(n), 256, 0, g_stream>>>(xd, x, n, p, 1.0f / (1.0f - p), key);
-	CUDA_LAUNCH_CHECK("dropout_kernel");
+	BK_LAUNCH(dropout_kernel, grid_capped(n), 256, 0, g_stream, xd, x, n, p, 1.0f / (1.0f - p), key);
 	return xd;
 }
 
@@ -478,9 +477,8 @@ static void cuda_lora_backward(float *dx /* [T,in] += */, float *dA /* [R,in] +=
 	float *dxd = scratch; // [T,in]; drop(x) is no longer needed
 	gemm_tf32(CUBLAS_OP_N, CUBLAS_OP_N, in, T, R, 1.0f, A, in, dxa, R, 0.0f, dxd, in);
 	size_t n = (size_t)T * in;
-	dropout_backward_kernel<<<grid_capped(n), 256, 0, g_stream>>>(dx, dxd, n, p,
+	BK_LAUNCH(dropout_backward_kernel, grid_capped(n), 256, 0, g_stream, dx, dxd, n, p,
 								      1.0f / (1.0f - p), key);
-	CUDA_LAUNCH_CHECK("dropout_backward_kernel");
 }
 
 // ---------------------------------------------------------------------------------
@@ -513,9 +511,8 @@ static void rope(float *x, const int32_t *pos, const float *inv_freq, int T, int
 	size_t total = (size_t)T * n * (D / 2);
 	if (!total)
 		return;
-	rope_kernel<<<bk_cuda_blocks(total, 256), 256, 0, g_stream>>>(x, pos, inv_freq, T, n, D,
+	BK_LAUNCH(rope_kernel, bk_cuda_blocks(total, 256), 256, 0, g_stream, x, pos, inv_freq, T, n, D,
 								      sign);
-	CUDA_LAUNCH_CHECK("rope_kernel");
 }
 
 static void cuda_rope_forward(float *x, const int32_t *pos, const float *inv_freq, int T,
@@ -567,8 +564,7 @@ static void cuda_swiglu_forward(float *h, const float *gate, const float *up, si
 {
 	if (!n)
 		return;
-	swiglu_forward_kernel<<<grid_capped(n), 256, 0, g_stream>>>(h, gate, up, n);
-	CUDA_LAUNCH_CHECK("swiglu_forward_kernel");
+	BK_LAUNCH(swiglu_forward_kernel, grid_capped(n), 256, 0, g_stream, h, gate, up, n);
 }
 
 static void cuda_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate,
@@ -576,16 +572,14 @@ static void cuda_swiglu_backward(float *dgate, float *dup, const float *dh, cons
 {
 	if (!n)
 		return;
-	swiglu_backward_kernel<<<grid_capped(n), 256, 0, g_stream>>>(dgate, dup, dh, gate, up, n);
-	CUDA_LAUNCH_CHECK("swiglu_backward_kernel");
+	BK_LAUNCH(swiglu_backward_kernel, grid_capped(n), 256, 0, g_stream, dgate, dup, dh, gate, up, n);
 }
 
 static void cuda_residual_forward(float *out, const float *a, const float *b, size_t n)
 {
 	if (!n)
 		return;
-	residual_kernel<<<grid_capped(n), 256, 0, g_stream>>>(out, a, b, n);
-	CUDA_LAUNCH_CHECK("residual_kernel");
+	BK_LAUNCH(residual_kernel, grid_capped(n), 256, 0, g_stream, out, a, b, n);
 }
 
 // ---------------------------------------------------------------------------------
@@ -626,8 +620,7 @@ static void cuda_geglu_forward(float *h, const float *gate, const float *up, siz
 {
 	if (!n)
 		return;
-	geglu_forward_kernel<<<grid_capped(n), 256, 0, g_stream>>>(h, gate, up, n);
-	CUDA_LAUNCH_CHECK("geglu_forward_kernel");
+	BK_LAUNCH(geglu_forward_kernel, grid_capped(n), 256, 0, g_stream, h, gate, up, n);
 }
 
 static void cuda_geglu_backward(float *dgate, float *dup, const float *dh, const float *gate,
@@ -635,8 +628,7 @@ static void cuda_geglu_backward(float *dgate, float *dup, const float *dh, const
 {
 	if (!n)
 		return;
-	geglu_backward_kernel<<<grid_capped(n), 256, 0, g_stream>>>(dgate, dup, dh, gate, up, n);
-	CUDA_LAUNCH_CHECK("geglu_backward_kernel");
+	BK_LAUNCH(geglu_backward_kernel, grid_capped(n), 256, 0, g_stream, dgate, dup, dh, gate, up, n);
 }
 
 // y [T,n] += b [n] (bf16 weight)
@@ -655,8 +647,7 @@ static void cuda_bias_forward(float *y, const bk_weight *b, int T)
 	size_t total = (size_t)T * b->cols;
 	if (!total)
 		return;
-	bias_kernel<<<grid_capped(total), 256, 0, g_stream>>>(y, wbf(b), total, b->cols);
-	CUDA_LAUNCH_CHECK("bias_kernel");
+	BK_LAUNCH(bias_kernel, grid_capped(total), 256, 0, g_stream, y, wbf(b), total, b->cols);
 }
 
 __global__ void softcap_kernel(float *x, float cap, size_t n)
@@ -673,8 +664,7 @@ static void cuda_softcap_forward(float *x, float cap, size_t n)
 		CUDA_BUG("softcap_forward: cap %g is not positive", (double)cap);
 	if (!n)
 		return;
-	softcap_kernel<<<grid_capped(n), 256, 0, g_stream>>>(x, cap, n);
-	CUDA_LAUNCH_CHECK("softcap_kernel");
+	BK_LAUNCH(softcap_kernel, grid_capped(n), 256, 0, g_stream, x, cap, n);
 }
 
 // ---------------------------------------------------------------------------------

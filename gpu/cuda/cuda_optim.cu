@@ -66,9 +66,8 @@ extern "C" void bk_cuda_adamw_step(float *param, const float *grad, float *m, fl
 		return;
 	bk_adamw_scalars s;
 	bk_adamw_scalars_make(&s, lr, beta1, beta2, eps, weight_decay, step);
-	adamw_kernel<<<grid_for(n, 256), 256, 0, bk_cuda_stream()>>>(param, grad, m, v, n,
+	BK_LAUNCH(adamw_kernel, grid_for(n, 256), 256, 0, bk_cuda_stream(), param, grad, m, v, n,
 								     to_kernel(s));
-	CUDA_LAUNCH_CHECK("adamw_kernel");
 }
 
 // ---- 8-bit AdamW: one thread block per quantisation block ----
@@ -192,9 +191,8 @@ extern "C" void bk_cuda_adamw8_step(float *param, const float *grad, uint8_t *qm
 	upload_maps();
 	bk_adamw_scalars s;
 	bk_adamw_scalars_make(&s, lr, beta1, beta2, eps, weight_decay, step);
-	adamw8_kernel<<<(unsigned)nb, Q8_THREADS, 0, bk_cuda_stream()>>>(
+	BK_LAUNCH(adamw8_kernel, (unsigned)nb, Q8_THREADS, 0, bk_cuda_stream(),
 		param, grad, qm, qv, absmax_m, absmax_v, n, block, to_kernel(s));
-	CUDA_LAUNCH_CHECK("adamw8_kernel");
 }
 
 // ---- sum of squares in a fixed order ----
@@ -220,7 +218,7 @@ __global__ void __launch_bounds__(SQ_THREADS)
 	sh[threadIdx.x] = acc;
 	__syncthreads();
 	for (int w = SQ_THREADS / 2; w > 0; w >>= 1) {
-		if (threadIdx.x < w)
+		if ((int)threadIdx.x < w)
 			sh[threadIdx.x] = __dadd_rn(sh[threadIdx.x], sh[threadIdx.x + w]);
 		__syncthreads();
 	}
@@ -266,10 +264,8 @@ extern "C" double bk_cuda_grad_sumsq(const float *g, size_t n)
 		die("cuda: grad_sumsq: %zu blocks do not fit a grid", nb);
 	cudaStream_t st = bk_cuda_stream();
 	double *part = sumsq_scratch(nb + 1);
-	sumsq_blocks_kernel<<<(unsigned)nb, SQ_THREADS, 0, st>>>(g, n, part);
-	CUDA_LAUNCH_CHECK("sumsq_blocks_kernel");
-	sumsq_total_kernel<<<1, 32, 0, st>>>(part, nb, part + nb);
-	CUDA_LAUNCH_CHECK("sumsq_total_kernel");
+	BK_LAUNCH(sumsq_blocks_kernel, (unsigned)nb, SQ_THREADS, 0, st, g, n, part);
+	BK_LAUNCH(sumsq_total_kernel, 1, 32, 0, st, part, nb, part + nb);
 	double s = 0.0;
 	CUDA_CHECK(cudaMemcpyAsync(&s, part + nb, sizeof(double), cudaMemcpyDeviceToHost, st));
 	CUDA_CHECK(cudaStreamSynchronize(st));
@@ -289,6 +285,5 @@ extern "C" void bk_cuda_scale(float *x, double s, size_t n)
 {
 	if (!n)
 		return;
-	scale_kernel<<<grid_for(n, 256), 256, 0, bk_cuda_stream()>>>(x, (float)s, n);
-	CUDA_LAUNCH_CHECK("scale_kernel");
+	BK_LAUNCH(scale_kernel, grid_for(n, 256), 256, 0, bk_cuda_stream(), x, (float)s, n);
 }

@@ -176,9 +176,8 @@ static void proj_lora_fwd(const bk_proj *p, int n, const float *x, const __nv_bf
 	} else {
 		__nv_bfloat16 *xdb = (__nv_bfloat16 *)pw(PW_DYB, Tin * 2);
 		for (int c = 0; c < nl; c++) {
-			dropout_bf16_kernel<<<grid_capped(Tin), 256, 0, g_stream>>>(
+			BK_LAUNCH(dropout_bf16_kernel, grid_capped(Tin), 256, 0, g_stream,
 				xdb, x, Tin, drop, 1.0f / (1.0f - drop), p[lm[c]].key);
-			CUDA_LAUNCH_CHECK("dropout_bf16_kernel");
 			gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, R, T, in, 1.0f, Ab + (size_t)c * R * in,
 				  in, xdb, in, 0.0f, xa + (size_t)c * R, ld);
 		}
@@ -263,8 +262,7 @@ static void proj_lora_bwd(float *dx, const bk_proj *p, int n, const float *x, co
 		float *A32 = (float *)pw(PW_A32, (size_t)ld * in * sizeof(float));
 		for (int c = 0; c < nl; c++) {
 			size_t m = (size_t)R * in;
-			add_kernel<<<grid_capped(m), 256, 0, g_stream>>>(p[lm[c]].dA, dAc + c * m, m);
-			CUDA_LAUNCH_CHECK("add_kernel");
+			BK_LAUNCH(add_kernel, grid_capped(m), 256, 0, g_stream, p[lm[c]].dA, dAc + c * m, m);
 			CUDA_CHECK(cudaMemcpyAsync(A32 + c * m, p[lm[c]].A, m * sizeof(float),
 						   cudaMemcpyDeviceToDevice, g_stream));
 		}
@@ -283,10 +281,9 @@ static void proj_lora_bwd(float *dx, const bk_proj *p, int n, const float *x, co
 			float *dxd = scratch;
 			gemm_tf32(CUBLAS_OP_N, CUBLAS_OP_N, in, T, R, 1.0f, q->A, in, dxac, ld, 0.0f,
 				  dxd, in);
-			dropout_backward_kernel<<<grid_capped(Tin), 256, 0, g_stream>>>(dx, dxd, Tin,
+			BK_LAUNCH(dropout_backward_kernel, grid_capped(Tin), 256, 0, g_stream, dx, dxd, Tin,
 											drop, inv,
 											q->key);
-			CUDA_LAUNCH_CHECK("dropout_backward_kernel");
 		}
 	}
 }
@@ -346,8 +343,7 @@ static const void *const *proj_ptr_table(const proj_ptrs *v, int k)
 	if (g_pt_used < PT_SLOTS)
 		g_pt_used++;
 	g_pt_key[i] = *v;
-	proj_ptrs_kernel<<<1, 32, 0, g_stream>>>(g_pt_dev + (size_t)i * PROJ_PTRS, *v, k);
-	CUDA_LAUNCH_CHECK("proj_ptrs_kernel");
+	BK_LAUNCH(proj_ptrs_kernel, 1, 32, 0, g_stream, g_pt_dev + (size_t)i * PROJ_PTRS, *v, k);
 	return g_pt_dev + (size_t)i * PROJ_PTRS;
 }
 
@@ -474,8 +470,7 @@ extern "C" void bk_cuda_proj_backward_v3(float *dx, const bk_proj *p, int n, con
 	} else {
 		unsigned gx, gy;
 		proj_interleave_grid(T, ld, &gx, &gy);
-		proj_interleave_bf16_kernel<<<dim3(gx, gy), 256, 0, g_stream>>>(dyb, c, T);
-		CUDA_LAUNCH_CHECK("proj_interleave_bf16_kernel");
+		BK_LAUNCH(proj_interleave_bf16_kernel, dim3(gx, gy), 256, 0, g_stream, dyb, c, T);
 	}
 	const __nv_bfloat16 *dyj[BK_PROJ_MAX] = { 0 };
 	int ldj[BK_PROJ_MAX] = { 0 };

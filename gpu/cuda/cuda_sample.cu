@@ -329,14 +329,12 @@ extern "C" void bk_cuda_sample(int32_t *ids, const float *logits, const int32_t 
 			 top_k, top_p);
 	int nb = N < SMP_MAX_BLOCKS ? N : SMP_MAX_BLOCKS;
 	if (bk_cuda_decode_mode() == 2) {
-		sample2_kernel<SMP_THREADS><<<nb, SMP_THREADS, 0, bk_cuda_stream()>>>(
+		BK_LAUNCH(sample2_kernel<SMP_THREADS>, nb, SMP_THREADS, 0, bk_cuda_stream(),
 			ids, logits, rows, keys, counters, N, V, temperature, top_k, top_p,
 			(char *)work, per_block_bytes(V));
-		CUDA_LAUNCH_CHECK("sample2_kernel");
 		return;
 	}
-	sample_kernel<<<nb, SMP_THREADS, 0, bk_cuda_stream()>>>(ids, logits, rows, keys, counters,
+	BK_LAUNCH(sample_kernel, nb, SMP_THREADS, 0, bk_cuda_stream(), ids, logits, rows, keys, counters,
 								N, V, temperature, top_k, top_p,
 								(char *)work, per_block_bytes(V));
-	CUDA_LAUNCH_CHECK("sample_kernel");
 }

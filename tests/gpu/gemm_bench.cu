@@ -22,10 +22,8 @@ static double run(cublasHandle_t h, cudaStream_t st, int m, int n, int k, bool f
 	CUDA_CHECK(cudaMalloc(&A, na * 2));
 	CUDA_CHECK(cudaMalloc(&B, nb * 2));
 	CUDA_CHECK(cudaMalloc(&C, nc * (f32_out ? 4 : 2)));
-	fill_kernel<<<bk_cuda_blocks(na, 256), 256, 0, st>>>(A, na);
-	CUDA_LAUNCH_CHECK("fill_kernel");
-	fill_kernel<<<bk_cuda_blocks(nb, 256), 256, 0, st>>>(B, nb);
-	CUDA_LAUNCH_CHECK("fill_kernel");
+	BK_LAUNCH(fill_kernel, bk_cuda_blocks(na, 256), 256, 0, st, A, na);
+	BK_LAUNCH(fill_kernel, bk_cuda_blocks(nb, 256), 256, 0, st, B, nb);
 	float alpha = 1, beta = 0;
 	cudaEvent_t e0, e1;
 	CUDA_CHECK(cudaEventCreate(&e0));

@@ -276,8 +276,11 @@ static inline void emu_launch(emu_dim3 grid, int threads, size_t smem,
 			pthread_barrier_destroy(&emu_warp_bar[w]);
 	}
 }
-#define TC_LAUNCH(kernel, grid, threads, smem, ...)                                   \
-	emu_launch(emu_dim3(grid), threads, smem, [&]() { kernel(__VA_ARGS__); })
+/* gpu/cuda/cuda_common.cuh's launch macro; the stream is not modelled here */
+#define BK_LAUNCH_N(name, kernel, grid, threads, smem, stream, ...)                     \
+	((void)(stream), emu_launch(emu_dim3(grid), threads, smem, [&]() { kernel(__VA_ARGS__); }))
+#define BK_LAUNCH(kernel, ...) BK_LAUNCH_N(#kernel, kernel, __VA_ARGS__)
+static inline int bk_cuda_stream(void) { return 0; }
 
 /* what the host side of the file calls */
 enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
