@@ -47,7 +47,8 @@ ifeq ($(EMU),1)
 BUILD := build-emu
 CUDA  := 0
 endif
-ifneq ($(filter asan,$(MAKECMDGOALS)),)
+ifneq ($(filter asan,$(MAKECMDGOALS))$(filter 1,$(ASAN)),)
+ASAN     := 1
 BUILD    := $(BUILD)/asan
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 CFLAGS   += $(SANFLAGS)
@@ -107,10 +108,12 @@ $(BUILD)/obj/%.o: %.c
 $(BUILD)/obj/%.o: %.cc
 	@mkdir -p $(dir $@)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MMD -MP -c $< -o $@
+# ptxas's resource use of every kernel on each arch is kept as OBJ.ptxas for
+# tests/emu/resources.py (registers and shared memory against the launch configurations)
 ifneq ($(EMU),1)
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -DBK_HAVE_CUDA=1 -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -Xptxas -v -DBK_HAVE_CUDA=1 -MMD -MP -c $< -o $@ 2>$@.ptxas || { cat $@.ptxas; exit 1; }
 endif
 
 # only common/dist.c sees mpi.h, only bk-step links libmpi
@@ -151,8 +154,19 @@ $(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/obj/tests/unit/harness
 	$(CC) $(LDFLAGS) $< $(BUILD)/obj/tests/unit/harness.o $(BUILD)/libbakery.a $(LDLIBS) -o $@
 endif
 
+# make test also builds the emulation (build-emu/, or build-emu/asan under make asan) for
+# tests/t0950-emu.sh: the CUDA engine on the emulated GPU against the host twin
+ifneq ($(EMU),1)
+EMU_BUILD := build-emu$(if $(filter 1,$(ASAN)),/asan)
+.PHONY: emu-build
+emu-build:
+	@$(MAKE) --no-print-directory EMU=1 ASAN=$(ASAN) all
+test: emu-build
+else
+EMU_BUILD := $(BUILD)
+endif
 test: all
-	@BUILD=$(BUILD) tests/run.sh
+	@BUILD=$(BUILD) BK_EMU_BUILD=$(CURDIR)/$(EMU_BUILD) tests/run.sh
 
 demo: all
 	@$(MAKE) --no-print-directory -f pipelines/demo.mk BIN=$(CURDIR)/$(BUILD)/bin

@@ -23,7 +23,8 @@
 //     65535, 48 KiB of dynamic shared memory unless the kernel opted in with
 //     cudaFuncSetAttribute, and opt-ins at most sm_86's 99 KiB.
 //  6. Launches are counted per kernel; with BK_EMU_KERNEL_LOG=FILE each process appends
-//     "name count" lines there at exit (tests/emu/kernels.sh sums them).
+//     "name launches max-threads max-dynamic-smem" lines there at exit (tests/emu/compare.py
+//     sums them; tests/emu/resources.py checks them against ptxas's resource use).
 // Not modelled: speed, the hardware's rounding of mma and of __expf, true concurrency
 // between blocks (inter-block races), driver behaviour (tests/gpu/README.md).
 #ifndef BK_GPU_EMU_H
@@ -388,11 +389,15 @@ bool emu_dev_range(const void *p, size_t n);
 bool emu_ptr_ok(const void *p);
 [[noreturn]] void emu_bad_arg(const emu_launch_desc &d, int i, const void *p, const char *when);
 
+// a write past the end of the allocation holding p (its guard bytes changed) dies naming who
+void emu_guard_check(const void *p, const char *who);
 template <typename T> static inline void emu_check_one(const emu_launch_desc &d, int i, const T &v,
 							const char *when)
 {
 	if constexpr (std::is_pointer<T>::value) {
-		if (!emu_ptr_ok((const void *)v))
+		if (when[0] == 'a') // "after" the kernel ran
+			emu_guard_check((const void *)v, d.name);
+		else if (!emu_ptr_ok((const void *)v))
 			emu_bad_arg(d, i, (const void *)v, when);
 	}
 }

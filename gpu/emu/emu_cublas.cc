@@ -178,6 +178,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
 		  [g, A, B, C] {
 			  check_ranges(g, A, B, C, "cublasGemmEx (when it ran)");
 			  gemm_run(g, A, B, C);
+			  emu_guard_check(C, "cublasGemmEx");
 		  },
 		  "cublasGemmEx");
 	return CUBLAS_STATUS_SUCCESS;
@@ -209,6 +210,7 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t h, cublasOperation_t ta, cubla
 				  check_ranges(g, A[i], B[i], C[i],
 					       "cublasGemmBatchedEx (a member, when it ran)");
 				  gemm_run(g, A[i], B[i], C[i]);
+				  emu_guard_check(C[i], "cublasGemmBatchedEx");
 			  }
 		  },
 		  "cublasGemmBatchedEx");

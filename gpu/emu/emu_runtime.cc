@@ -192,14 +192,51 @@ static bool pinned_range(const void *p, size_t n)
 	return r && r->second.kind == MEM_PINNED;
 }
 
+// Without ASan, GUARD bytes of 0xff follow each allocation (a read past the end gets a NaN
+// or a -1; a write there is found by guard_ok after the kernel or GEMM that wrote it).
+// Under ASan the size is exact: its redzone starts at byte `bytes`.
+#ifdef EMU_ASAN
+static const size_t GUARD = 0;
+#else
+static const size_t GUARD = 256;
+#endif
+
 static void *exact_alloc(size_t bytes)
 {
 	void *p = NULL;
-	// exact size: ASan's redzone starts at byte `bytes`; 256-byte aligned as cudaMalloc
-	if (posix_memalign(&p, 256, bytes ? bytes : 1))
+	// 256-byte aligned as cudaMalloc; NaN-filled (all-ones bytes)
+	if (posix_memalign(&p, 256, bytes + GUARD ? bytes + GUARD : 1))
 		return NULL;
-	memset(p, 0xff, bytes ? bytes : 1);
+	memset(p, 0xff, bytes + GUARD ? bytes + GUARD : 1);
 	return p;
+}
+
+// are the guard bytes after the allocation holding p intact?  (name the first changed one)
+static bool guard_ok(const void *p, uintptr_t *base, size_t *size, size_t *at)
+{
+	if (!GUARD || !p)
+		return true;
+	std::lock_guard<std::mutex> lk(g_mu);
+	auto r = find_range(p, 0);
+	if (!r || r->second.kind == MEM_SYMBOL)
+		return true;
+	const unsigned char *g = (const unsigned char *)r->first + r->second.size;
+	for (size_t i = 0; i < GUARD; i++)
+		if (g[i] != 0xff) {
+			*base = r->first, *size = r->second.size, *at = i;
+			return false;
+		}
+	return true;
+}
+
+void emu_guard_check(const void *p, const char *who)
+{
+	uintptr_t base;
+	size_t size, at;
+	if (!guard_ok(p, &base, &size, &at))
+		emu_die("%s wrote past the end of the device allocation %p of %zu bytes (byte %zu "
+			"after its end changed)",
+			who, (void *)base, size, at);
 }
 
 static void register_alloc(void *p, size_t bytes, int kind)
@@ -218,7 +255,7 @@ static bool unregister_alloc(void *p, int kind)
 		return false;
 	if (kind == MEM_DEVICE)
 		g_dev_used -= it->second.size;
-	memset(p, 0xff, it->second.size); // a stale pointer reads NaN (ASan: freed)
+	memset(p, 0xff, it->second.size + (kind == MEM_SYMBOL ? 0 : GUARD)); // stale reads: NaN
 	g_allocs.erase(it);
 	return true;
 }
@@ -978,7 +1015,11 @@ void emu_ldmatrix_x2_trans(uint32_t &r0, uint32_t &r1, const void *row)
 // the sm_86 (RTX 3090) limits: the smallest opt-in of the targets we build for
 static const size_t SMEM_DEFAULT = 48 * 1024, SMEM_OPTIN_MAX = 99 * 1024;
 static std::map<const void *, int> g_optin; // kernel -> its max dynamic shared memory
-static std::map<std::string, unsigned long> g_counts;
+struct emu_count {
+	unsigned long launches = 0;
+	size_t max_threads = 0, max_smem = 0; // the largest block and dynamic shared memory
+};
+static std::map<std::string, emu_count> g_counts;
 static uint64_t g_launch_seq;
 
 cudaError_t emu_func_set_attribute(const void *fn, const char *, int attr, int value)
@@ -1012,7 +1053,9 @@ static void write_counts(void)
 		return;
 	std::string out;
 	for (auto &c : g_counts)
-		out += c.first + " " + std::to_string(c.second) + "\n";
+		out += c.first + " " + std::to_string(c.second.launches) + " " +
+		       std::to_string(c.second.max_threads) + " " + std::to_string(c.second.max_smem) +
+		       "\n";
 	int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
 	if (fd < 0)
 		return;
@@ -1199,8 +1242,13 @@ void emu_launch(const emu_launch_desc &d, cudaStream_t s, std::function<void()> 
 	issue(S(s),
 	      [dd, body, check_args, key, bn] {
 		      check_args("run");
-		      g_counts[bn]++;
+		      emu_count &c = g_counts[bn];
+		      c.launches++;
+		      size_t nt = (size_t)dd.block.x * dd.block.y * dd.block.z;
+		      c.max_threads = std::max(c.max_threads, nt);
+		      c.max_smem = std::max(c.max_smem, dd.smem);
 		      run_grid(dd, body, key);
+		      check_args("after");
 	      },
 	      bn);
 }

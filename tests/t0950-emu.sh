@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# t0950-emu.sh - the CUDA engine on the emulated GPU (make emu: gpu/cuda compiled for the CPU
+# against gpu/emu's runtime and cuBLAS, in build-emu/) against the host twin, tool by tool,
+# under every selectable variant (BK_ATTN, BK_ACT, BK_LINEAR, BK_LOSS, BK_DECODE), on
+# stories260K and on two tiny synthetic models of head dimension 64 (tests/emu/make_tiny.py:
+# a Gemma-3 with q/k norms, GeGLU, sandwich norms, softcaps and a sliding window; a Qwen-2
+# with q/k/v biases), so the tensor-core attention and bf16 activations run too.  Bounds
+# (tests/emu/compare.py): run.sh's for bk-step (per step |dloss| <= 5 % |loss| + 1e-3, 1 %
+# with BK_ACT=bf16; adapters within 10 % in L2), bf16 bounds for bk-teach's log-probs,
+# check_gen.sh's for bk-gen (the first greedy difference only after a near tie), 5 % for
+# bk-eval's KL.  Ends with "kernels launched: N of M" over every __global__ of gpu/cuda/:
+# a kernel no run launched fails the test.
+. "$(dirname "$0")/lib.sh"
+EMU_BUILD=${BK_EMU_BUILD:-$ROOT/build-emu}
+[ -x "$EMU_BUILD/bin/bk-step" ] || { echo "not ok - no emulation build in $EMU_BUILD (make emu)"; exit 1; }
+PATH="$EMU_BUILD/bin:$PATH"
+M="$MODELS/stories260K"
+export XDG_CACHE_HOME="$TEST_TMP/cache" OMP_NUM_THREADS=1 BK_EMU_KERNEL_LOG="$TEST_TMP/kernels.log"
+unset BK_ATTN BK_ACT BK_LINEAR BK_LOSS BK_DECODE
+set -o pipefail
+C="python3 $ROOT/tests/emu/compare.py"
+SYS="Sparky is a friendly dragon who lives in a cave."
+
+# step DIR-SUFFIX DEVICE MODEL STREAM [flags...]: a bk-step run and its metrics as JSON Lines
+step() {
+	local o=$1 dev=$2 m=$3 s=$4; shift 4
+	rm -rf "o-$o" && bk-step --model "$m" --device "$dev" --lora-r 8 --lora-alpha 16 --lr 2e-3 \
+		--seed 1 --logging-steps 1 --out "o-$o" "$@" "$s" >"m-$o.bk" 2>"e-$o" &&
+		bk-dump "m-$o.bk" >"m-$o.jsonl" || { tail -3 "e-$o"; return 1; }
+}
+# same CPU-RUN CUDA-RUN [REL]: losses and adapters within bounds
+same() {
+	$C loss "m-$1.jsonl" "m-$2.jsonl" ${3:-} &&
+		$C adapter "o-$1/final/adapter_model.safetensors" "o-$2/final/adapter_model.safetensors"
+}
+
+bk-tokenize --model "$M" --system "$SYS" "$DATA/pipe/stories.txt" -o tok.bk 2>/dev/null &&
+	bk-gen --model "$M" --device cpu --num-trajectories 2 --max-new-tokens 24 --seed 1 tok.bk -o gen.bk 2>/dev/null &&
+	bk-lens -q --max-tokens 256 --seed 1 gen.bk -o b.bk || echo "not ok - stories260K stream"
+
+test_expect_success 'the op table against the host twin (test_cuda_ops, every op and shape)' '
+	"$EMU_BUILD/tests/gpu/test_cuda_ops" >ops.log 2>&1 || { tail -20 ops.log; false; } &&
+	tail -1 ops.log | grep "0 failed"
+'
+
+test_expect_success 'bk-step cuda vs cpu on stories260K: dropout 0 and 0.1, BK_LINEAR v1/v2/v3, BK_LOSS v2' '
+	step cpu0 cpu "$M" b.bk --lora-dropout 0 --epochs 2 &&
+	step cuda0 cuda "$M" b.bk --lora-dropout 0 --epochs 2 && same cpu0 cuda0 &&
+	step cpu1 cpu "$M" b.bk --lora-dropout 0.1 &&
+	for v in "BK_LINEAR=v1" "BK_LINEAR=v2" "BK_LINEAR=v3" "BK_LOSS=v2"; do
+		(export $v; step "cuda1-$v" cuda "$M" b.bk --lora-dropout 0.1) && same cpu1 "cuda1-$v" || return 1
+	done
+'
+
+test_expect_success 'bk-step cuda: gradient checkpointing, adamw8bit, a resume equal to the run it continues' '
+	step cpuck cpu "$M" b.bk --lora-dropout 0.1 --grad-checkpoint --optim adamw8bit --epochs 2 --save-steps 2 &&
+	step cudack cuda "$M" b.bk --lora-dropout 0.1 --grad-checkpoint --optim adamw8bit --epochs 2 --save-steps 2 &&
+	same cpuck cudack &&
+	rm -rf o-res && cp -r o-cudack o-res && rm -rf o-res/final o-res/checkpoint-4 &&
+	bk-step --model "$M" --device cuda --lora-r 8 --lora-alpha 16 --lr 2e-3 --seed 1 --logging-steps 1 \
+		--lora-dropout 0.1 --grad-checkpoint --optim adamw8bit --epochs 2 --save-steps 2 \
+		--out o-res --resume o-res/checkpoint-2 b.bk >/dev/null 2>e-res &&
+	cmp o-res/final/adapter_model.safetensors o-cudack/final/adapter_model.safetensors
+'
+
+test_expect_success 'bk-teach cuda vs cpu on stories260K (top-k 8, BK_LOSS v1 and v2; full log-probs)' '
+	bk-teach --model "$M" --device cpu --top-k 8 b.bk | bk-dump >t-cpu.jsonl &&
+	bk-teach --model "$M" --device cuda --top-k 8 b.bk | bk-dump >t-cuda.jsonl &&
+	$C teach t-cpu.jsonl t-cuda.jsonl &&
+	BK_LOSS=v2 bk-teach --model "$M" --device cuda --top-k 8 b.bk | bk-dump >t-cuda2.jsonl &&
+	$C teach t-cpu.jsonl t-cuda2.jsonl &&
+	bk-teach --model "$M" --device cuda --top-k 0 b.bk >t0.bk &&
+	step cpuT cpu "$M" t0.bk --lora-dropout 0 && step cudaT cuda "$M" t0.bk --lora-dropout 0 && same cpuT cudaT &&
+	bk-teach --model "$M" --device cuda --top-k 8 b.bk >t8.bk &&
+	step cpu8 cpu "$M" t8.bk --lora-dropout 0 && step cuda8 cuda "$M" t8.bk --lora-dropout 0 && same cpu8 cuda8
+'
+
+test_expect_success 'bk-gen cuda on stories260K: check_gen (ops, greedy vs cpu but near ties) under BK_DECODE v1 and v2' '
+	for d in v1 v2; do
+		BK_DECODE=$d "$EMU_BUILD/tests/gpu/check_gen" >cg-$d.log 2>&1 &&
+		BK_DECODE=$d "$EMU_BUILD/tests/gpu/check_gen" --e2e >>cg-$d.log 2>&1 || { tail -20 cg-$d.log; return 1; }
+	done
+'
+
+test_expect_success 'bk-gen cuda: the samples do not depend on --max-batch or a small --kv-memory (decode v1 and v2, graphs)' '
+	head -3 "$DATA/pipe/stories.txt" >three.txt &&
+	bk-tokenize --model "$M" --system "$SYS" three.txt -o three.bk 2>/dev/null &&
+	G="bk-gen --model $M --device cuda --num-trajectories 2 --max-new-tokens 12 --seed 5" &&
+	for d in v1 v2; do
+		BK_DECODE=$d $G --max-batch 1 three.bk | bk-dump | jq -c "{id, resp}" >g1-$d &&
+		BK_DECODE=$d $G --max-batch 5 three.bk | bk-dump | jq -c "{id, resp}" >g5-$d &&
+		BK_DECODE=$d $G --max-batch 5 --kv-memory 40K three.bk | bk-dump | jq -c "{id, resp}" >gk-$d &&
+		test_cmp g1-$d g5-$d && test_cmp g1-$d gk-$d && test $(wc -l <g1-$d) = 6 || return 1
+	done
+'
+
+test_expect_success 'bk-eval cuda vs cpu (held-out KL of base and baked)' '
+	printf "Once upon a time\nThe dragon said\n" >kl.txt &&
+	bk-eval --model "$M" --device cpu --adapter o-cpu0/final --system "$SYS" --kl-prompts kl.txt --kl-tokens 16 >ev-cpu.txt 2>/dev/null &&
+	bk-eval --model "$M" --device cuda --adapter o-cpu0/final --system "$SYS" --kl-prompts kl.txt --kl-tokens 16 >ev-cuda.txt 2>ev.err &&
+	$C eval ev-cpu.txt ev-cuda.txt
+'
+
+test_expect_success 'bk-bake --device cuda: the whole bake on the emulated GPU, losses as the host twin bakes' '
+	sed "s|models/stories260K|$M|; s|output_dir: out|output_dir: bake-cpu|" "$DATA/bake/tiny.yaml" >tiny.yaml &&
+	bk-bake tiny.yaml --device cpu >/dev/null 2>&1 &&
+	bk-bake tiny.yaml --device cuda --output_dir bake-cuda >bake.out 2>bake.err || { cat bake.err; false; } &&
+	test -s bake-cuda/final_model/adapter_model.safetensors && test -s bake-cuda/results.json &&
+	bk-dump bake-cpu/metrics.bk >mb-cpu.jsonl && bk-dump bake-cuda/metrics.bk >mb-cuda.jsonl &&
+	$C loss mb-cpu.jsonl mb-cuda.jsonl
+'
+
+for kind in gemma3 qwen2; do
+	python3 "$ROOT/tests/emu/make_tiny.py" "$kind" "$kind" &&
+		bk-tokenize --model "$kind" --template raw --system "$SYS" "$DATA/pipe/bake.json" 2>/dev/null |
+		bk-lens -q --max-tokens 128 -o "$kind.bk" || echo "not ok - $kind model"
+	test_expect_success "tiny $kind (head dim 64): bk-step under BK_ATTN fp32/tc x BK_ACT fp32/bf16, BK_LINEAR v3 + BK_LOSS v2" '
+		step "$kind-cpu" cpu "$kind" "$kind.bk" --lora-dropout 0.1 &&
+		for v in "BK_ATTN=fp32" "BK_ATTN=tc" "BK_ATTN=fp32 BK_ACT=bf16" "BK_ATTN=tc BK_ACT=bf16" "BK_LINEAR=v3 BK_LOSS=v2 BK_ATTN=tc"; do
+			rel=0.05; case $v in *bf16*) rel=0.01 ;; esac
+			(export $v; step "$kind-$v" cuda "$kind" "$kind.bk" --lora-dropout 0.1) &&
+				same "$kind-cpu" "$kind-$v" $rel || { echo "under $v"; return 1; }
+		done
+	'
+	test_expect_success "tiny $kind: bk-teach cuda vs cpu, bk-gen cuda (decode v1 and v2) vs cpu greedy" '
+		bk-teach --model "$kind" --device cpu --top-k 8 "$kind.bk" | bk-dump >"$kind-t-cpu.jsonl" &&
+		BK_ATTN=tc bk-teach --model "$kind" --device cuda --top-k 8 "$kind.bk" | bk-dump >"$kind-t-cuda.jsonl" &&
+		$C teach "$kind-t-cpu.jsonl" "$kind-t-cuda.jsonl" &&
+		bk-tokenize --model "$kind" --template raw --system "$SYS" "$DATA/pipe/stories.txt" -o "$kind-s.bk" 2>/dev/null &&
+		G="bk-gen --model $kind --num-trajectories 2 --max-new-tokens 12 --seed 2" &&
+		$G --device cpu "$kind-s.bk" | bk-dump | jq -c .resp >"$kind-g-cpu" &&
+		for d in v1 v2; do
+			BK_DECODE=$d $G --device cuda "$kind-s.bk" | bk-dump | jq -c .resp >"$kind-g-$d" &&
+			# sampled with the same counter-based draws: the first tokens agree
+			paste -d" " <(jq -c ".[0:2]" "$kind-g-cpu") <(jq -c ".[0:2]" "$kind-g-$d") |
+				awk "{ n++; if (\$1 == \$2) same++ } END { print same \" of \" n \" records start alike\"; exit (same < n * 3 / 4) }" || return 1
+		done
+	'
+done
+
+test_expect_success 'every kernel of gpu/cuda/ launched' '
+	$C kernels "$BK_EMU_KERNEL_LOG" "$ROOT"/gpu/cuda/*.cu "$ROOT"/gpu/cuda/*.cuh >kernels.txt; rc=$? &&
+	cat kernels.txt >&9 && test $rc = 0
+'
+
+# the static side, when the CUDA build is there (nvcc found): ptxas's registers and shared
+# memory of each kernel on sm_80/86/90 against the largest launch the runs above made
+if ls "$ROOT"/build/obj/gpu/cuda/*.o >/dev/null 2>&1; then
+	test_expect_success 'registers and shared memory of every launched kernel (ptxas, each arch) fit its launches' '
+		ls "$ROOT"/build/obj/gpu/cuda/*.o.ptxas >/dev/null &&
+		python3 "$ROOT/tests/emu/resources.py" "$BK_EMU_KERNEL_LOG" "$ROOT"/build/obj/gpu/cuda/*.o.ptxas >res.txt; rc=$? &&
+		cat res.txt >&9 && test $rc = 0
+	'
+else
+	echo "# no CUDA build in $ROOT/build (no nvcc): the static resource check is not run"
+fi
+
+test_done
