@@ -49,6 +49,9 @@ test_expect_success 'bk-step cuda vs cpu on stories260K: dropout 0 and 0.1, BK_L
 	step cpu1 cpu "$M" b.bk --lora-dropout 0.1 &&
 	for v in "BK_LINEAR=v1" "BK_LINEAR=v2" "BK_LINEAR=v3" "BK_LOSS=v2"; do
 		(export $v; step "cuda1-$v" cuda "$M" b.bk --lora-dropout 0.1) && same cpu1 "cuda1-$v" || return 1
+	done &&
+	for v in "BK_LINEAR=v2" "BK_LINEAR=v3"; do
+		(export $v; step "cuda0-$v" cuda "$M" b.bk --lora-dropout 0 --epochs 2) && same cpu0 "cuda0-$v" || return 1
 	done
 '
 
@@ -72,13 +75,15 @@ test_expect_success 'bk-teach cuda vs cpu on stories260K (top-k 8, BK_LOSS v1 an
 	bk-teach --model "$M" --device cuda --top-k 0 b.bk >t0.bk &&
 	step cpuT cpu "$M" t0.bk --lora-dropout 0 && step cudaT cuda "$M" t0.bk --lora-dropout 0 && same cpuT cudaT &&
 	bk-teach --model "$M" --device cuda --top-k 8 b.bk >t8.bk &&
-	step cpu8 cpu "$M" t8.bk --lora-dropout 0 && step cuda8 cuda "$M" t8.bk --lora-dropout 0 && same cpu8 cuda8
+	step cpu8 cpu "$M" t8.bk --lora-dropout 0 && step cuda8 cuda "$M" t8.bk --lora-dropout 0 && same cpu8 cuda8 &&
+	BK_LOSS=v2 step cuda8v2 cuda "$M" t8.bk --lora-dropout 0 && same cpu8 cuda8v2
 '
 
 test_expect_success 'bk-gen cuda on stories260K: check_gen (ops, greedy vs cpu but near ties) under BK_DECODE v1 and v2' '
 	for d in v1 v2; do
 		BK_DECODE=$d "$EMU_BUILD/tests/gpu/check_gen" >cg-$d.log 2>&1 &&
-		BK_DECODE=$d "$EMU_BUILD/tests/gpu/check_gen" --e2e >>cg-$d.log 2>&1 || { tail -20 cg-$d.log; return 1; }
+		(cd "$ROOT" && BK_DECODE=$d "$EMU_BUILD/tests/gpu/check_gen" --e2e) >>cg-$d.log 2>&1 ||
+			{ tail -20 cg-$d.log; return 1; }
 	done
 '
 
@@ -89,25 +94,27 @@ test_expect_success 'bk-gen cuda: the samples do not depend on --max-batch or a 
 	for d in v1 v2; do
 		BK_DECODE=$d $G --max-batch 1 three.bk | bk-dump | jq -c "{id, resp}" >g1-$d &&
 		BK_DECODE=$d $G --max-batch 5 three.bk | bk-dump | jq -c "{id, resp}" >g5-$d &&
-		BK_DECODE=$d $G --max-batch 5 --kv-memory 40K three.bk | bk-dump | jq -c "{id, resp}" >gk-$d &&
+		BK_DECODE=$d $G --max-batch 5 --kv-memory 200K three.bk | bk-dump | jq -c "{id, resp}" >gk-$d &&
 		test_cmp g1-$d g5-$d && test_cmp g1-$d gk-$d && test $(wc -l <g1-$d) = 6 || return 1
 	done
 '
 
 test_expect_success 'bk-eval cuda vs cpu (held-out KL of base and baked)' '
 	printf "Once upon a time\nThe dragon said\n" >kl.txt &&
-	bk-eval --model "$M" --device cpu --adapter o-cpu0/final --system "$SYS" --kl-prompts kl.txt --kl-tokens 16 >ev-cpu.txt 2>/dev/null &&
-	bk-eval --model "$M" --device cuda --adapter o-cpu0/final --system "$SYS" --kl-prompts kl.txt --kl-tokens 16 >ev-cuda.txt 2>ev.err &&
-	$C eval ev-cpu.txt ev-cuda.txt
+	bk-eval --model "$M" --device cpu --adapter o-cpu0/final --system "$SYS" --kl-prompts kl.txt --kl-tokens 16 >ev-cpu.json 2>/dev/null &&
+	bk-eval --model "$M" --device cuda --adapter o-cpu0/final --system "$SYS" --kl-prompts kl.txt --kl-tokens 16 >ev-cuda.json 2>ev.err &&
+	$C eval ev-cpu.json ev-cuda.json
 '
 
-test_expect_success 'bk-bake --device cuda: the whole bake on the emulated GPU, losses as the host twin bakes' '
+# the trajectories are sampled on each device (bf16 logits on the GPU), so the bakes train on
+# slightly different tokens: 25 % per step
+test_expect_success 'bk-bake --device cuda: the whole bake on the emulated GPU, losses near the host twin bake' '
 	sed "s|models/stories260K|$M|; s|output_dir: out|output_dir: bake-cpu|" "$DATA/bake/tiny.yaml" >tiny.yaml &&
 	bk-bake tiny.yaml --device cpu >/dev/null 2>&1 &&
 	bk-bake tiny.yaml --device cuda --output_dir bake-cuda >bake.out 2>bake.err || { cat bake.err; false; } &&
 	test -s bake-cuda/final_model/adapter_model.safetensors && test -s bake-cuda/results.json &&
 	bk-dump bake-cpu/metrics.bk >mb-cpu.jsonl && bk-dump bake-cuda/metrics.bk >mb-cuda.jsonl &&
-	$C loss mb-cpu.jsonl mb-cuda.jsonl
+	$C loss mb-cpu.jsonl mb-cuda.jsonl 0.25
 '
 
 for kind in gemma3 qwen2; do
@@ -123,8 +130,8 @@ for kind in gemma3 qwen2; do
 		done
 	'
 	test_expect_success "tiny $kind: bk-teach cuda vs cpu, bk-gen cuda (decode v1 and v2) vs cpu greedy" '
-		bk-teach --model "$kind" --device cpu --top-k 8 "$kind.bk" | bk-dump >"$kind-t-cpu.jsonl" &&
-		BK_ATTN=tc bk-teach --model "$kind" --device cuda --top-k 8 "$kind.bk" | bk-dump >"$kind-t-cuda.jsonl" &&
+		bk-teach --model "$kind" --device cpu --top-k 8 --min-mass 0 "$kind.bk" | bk-dump >"$kind-t-cpu.jsonl" &&
+		BK_ATTN=tc bk-teach --model "$kind" --device cuda --top-k 8 --min-mass 0 "$kind.bk" | bk-dump >"$kind-t-cuda.jsonl" &&
 		$C teach "$kind-t-cpu.jsonl" "$kind-t-cuda.jsonl" &&
 		bk-tokenize --model "$kind" --template raw --system "$SYS" "$DATA/pipe/stories.txt" -o "$kind-s.bk" 2>/dev/null &&
 		G="bk-gen --model $kind --num-trajectories 2 --max-new-tokens 12 --seed 2" &&

@@ -14,7 +14,7 @@ Reads bk-dump's JSON Lines (binary fields as {"$bin": base64}).  Python standard
       compounded over the layers; the logits' own scale sets the error, so a position
       whose top-1 holds 97 % shows the largest: stories260K measured a mean of 0.019, one
       position at 0.17); |rest_cuda - rest_cpu| <= 0.03
-  compare.py eval CPU.txt CUDA.txt             bk-eval's KL lines within 5 % + 1e-3
+  compare.py eval CPU.json CUDA.json           bk-eval's KL per token (base, baked) within 5 % + 1e-3
   compare.py kernels LOG FILE...               "kernels launched: N of M": M every __global__
       defined in FILEs, N those the launch log (BK_EMU_KERNEL_LOG lines "name count") has;
       then one "not launched: NAME" line each; exit 1 unless N = M
@@ -134,17 +134,14 @@ def teach(a, b):
 
 def evalkl(a, b):
     def nums(path):
-        out = []
-        for line in open(path):
-            if line.strip().startswith(("base", "baked")):
-                out.append(float(line.split()[2]))
-        return out
+        kl = json.load(open(path))["kl"]
+        return [kl[k]["per_token"] for k in ("base", "baked") if k in kl]
     x, y = nums(a), nums(b)
     if not x or len(x) != len(y):
-        fail("eval: KL lines %s vs %s" % (x, y))
+        fail("eval: KL figures %s vs %s" % (x, y))
     worst = max(abs(q - p) / max(abs(p), 1e-12) for p, q in zip(x, y))
     bad = [(p, q) for p, q in zip(x, y) if not abs(q - p) <= 0.05 * abs(p) + 1e-3]
-    msg = "eval: KL %s vs %s, worst rel diff %.2e (bound 5 %% + 1e-3)" % (x, y, worst)
+    msg = "eval: KL per token (base, baked) %s vs %s, worst rel diff %.2e (bound 5 %% + 1e-3)" % (x, y, worst)
     if bad:
         fail(msg)
     print("ok " + msg)
