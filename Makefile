@@ -94,6 +94,14 @@ $(BUILD)/obj/%.o: %.cu
 	$(CXX) -x c++ $(CPPFLAGS) $(CXXFLAGS) -Wno-unknown-pragmas -MMD -MP -c $< -o $@
 endif
 
+# the emulated runtime's own test (tests/emu/test_emu_runtime.cc, run by t0950-emu.sh)
+ifeq ($(EMU),1)
+all: $(BUILD)/tests/emu/test_emu_runtime
+$(BUILD)/tests/emu/test_emu_runtime: $(BUILD)/obj/tests/emu/test_emu_runtime.o $(BUILD)/libbakery.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $< $(BUILD)/libbakery.a $(LDLIBS) -o $@
+endif
+
 BINS := $(CMDS:%=$(BUILD)/bin/%)
 TESTBINS := $(UNIT:%=$(BUILD)/tests/%)
 

@@ -25,6 +25,7 @@ run_one() { # name, command...
 	local t0=$SECONDS
 	if "$@" >"$log" 2>&1; then
 		pass=$((pass + 1)); printf 'ok   %-40s %3ds\n' "$name" $((SECONDS - t0))
+		grep -h '^kernels launched: ' "$log" | sed 's/^/     /' # the emulation's coverage (t0950)
 	else
 		fail=$((fail + 1)); failed+=("$name"); printf 'FAIL %-40s\n' "$name"; sed 's/^/    /' "$log" | tail -n 40
 	fi

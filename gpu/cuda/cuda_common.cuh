@@ -66,9 +66,12 @@ int bk_cuda_sync_launches(void);
 // shared memory as T name[] (16-byte aligned).
 #ifdef BK_CUDA_EMU
 #define BK_LAUNCH_N(name, kernel, grid, block, smem, stream, ...)                        \
-	emu_launch_kernel(emu_launch_desc{name, nullptr, dim3(grid), dim3(block),        \
-					  (size_t)(smem), __FILE__, __LINE__},           \
-			  (stream), kernel, ##__VA_ARGS__)
+	do {                                                                           \
+		emu_launch_kernel(emu_launch_desc{name, nullptr, dim3(grid), dim3(block), \
+						  (size_t)(smem), __FILE__, __LINE__},    \
+				  (stream), kernel, ##__VA_ARGS__);                      \
+		CUDA_LAUNCH_CHECK(name);                                               \
+	} while (0)
 #define BK_DYN_SMEM(T, name) T *name = (T *)emu_dyn_smem()
 #else
 #define BK_LAUNCH_N(name, kernel, grid, block, smem, stream, ...)                        \
