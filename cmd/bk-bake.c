@@ -10,6 +10,7 @@
 #include "formats/bakeout.h"
 #include "formats/bakeplan.h"
 #include "formats/config_yaml.h"
+#include "formats/inputs.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -331,6 +332,17 @@ int main(int argc, char **argv)
 		die("%s: %d field%s cannot be baked as given (listed above)", config, p.n_refused,
 		    p.n_refused == 1 ? "" : "s");
 
+	/* system_prompt_file is checked here, under the user's name for it (NUL bytes,
+	 * UTF-8, empty), before anything is written: its copy is what bk-tokenize reads */
+	char *sys_text = NULL;
+	if (p.system_file) {
+		char *text = bk_read_text(p.system_file);
+		sys_text = bk_bake_strip(text);
+		free(text);
+		if (!*sys_text)
+			die("%s: empty system prompt", p.system_file);
+	}
+
 	bk_bake_cmds b;
 	memset(&b, 0, sizeof b);
 	b.bindir = bindir;
@@ -341,6 +353,7 @@ int main(int argc, char **argv)
 		bk_bake_build(&b, &p);
 		bk_bake_print_plan(&b, &p, 0);
 		bk_bake_cmds_free(&b);
+		free(sys_text);
 		goto done;
 	}
 
@@ -358,15 +371,9 @@ int main(int argc, char **argv)
 	if (b.tmpl_file)
 		bk_write_file_atomic(b.tmpl_file, p.system_template_text,
 				     strlen(p.system_template_text));
-	if (b.sys_file) {
-		size_t n;
-		char *text = bk_read_file(p.system_file, &n), *st = bk_bake_strip(text);
-		if (!*st)
-			die("%s: empty system prompt", p.system_file);
-		bk_write_file_atomic(b.sys_file, st, strlen(st));
-		free(text);
-		free(st);
-	}
+	if (b.sys_file)
+		bk_write_file_atomic(b.sys_file, sys_text, strlen(sys_text));
+	free(sys_text);
 	pipe_start(&b.tok, 1);
 	pipe_wait(&b.tok, 1);
 	show_log_warnings("bk-tokenize");

@@ -120,6 +120,12 @@ int bk_cfg_parse(bk_cfg *c, const char *text, size_t len, const char *name, char
 			what = "a YAML alias; write the value out";
 			break;
 		case YAML_SCALAR_EVENT:
+			/* a "\0" escape: the text would be cut there on its way to the tokenizer */
+			if (memchr(e.data.scalar.value, 0, e.data.scalar.length)) {
+				what = "a NUL character (\\0) in a value; text with NUL cannot be "
+				       "tokenized";
+				break;
+			}
 			if (state == 1) {
 				const char *key = (const char *)e.data.scalar.value;
 				bk_cfg_field *old = find(c, key);
