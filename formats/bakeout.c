@@ -5,6 +5,7 @@
 #include "common/files.h"
 #include "common/progress.h"
 #include "formats/stream.h"
+#include "formats/tokenizer.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -157,13 +158,15 @@ char *bk_bake_response_text(const char *answer)
 
 int64_t bk_bake_prompt_tokens(const char *model_dir, int64_t sp_tokens)
 {
-	char *p = bk_path_join(model_dir, "tokenizer_config.json");
-	json_t *tc = bk_file_exists(p) ? json_load_file(p, JSON_DECODE_INT_AS_REAL, NULL) : NULL;
-	free(p);
-	json_t *b = tc ? json_object_get(tc, "add_bos_token") : NULL;
-	int bos = !b || json_is_true(b);
-	json_decref(tc);
-	return sp_tokens + bos;
+	/* what the tokenizer itself puts around one sequence (its post-processor, or
+	 * SentencePiece's BOS as tokenizer_config.json's add_bos_token says), as the
+	 * RAW template and bk-tokenize use it: no guess from the config alone */
+	bk_tok *t = bk_tok_open(model_dir);
+	const int32_t *pre, *suf;
+	size_t np, ns;
+	bk_tok_added_ids(t, &pre, &np, &suf, &ns);
+	bk_tok_free(t);
+	return sp_tokens + (int64_t)(np + ns);
 }
 
 /* ---- results.json ---- */

@@ -25,9 +25,10 @@ void bk_bake_lower(char *s);
  * lower-cased, at most 200 code points.  malloc'd. */
 char *bk_bake_response_text(const char *answer);
 
-/* The number of tokens the tool reports for the system prompt: the sentencepiece
- * count plus one when the model's tokenizer adds a BOS (tokenizer_config.json
- * add_bos_token, true when absent, as HF's LlamaTokenizer). */
+/* The number of tokens the tool reports for the system prompt, HF's
+ * len(tokenizer.encode(system_prompt)): the bare count plus the ids the model's
+ * tokenizer adds around one sequence (bk_tok_added_ids: tokenizer.json's
+ * post-processor; for tokenizer.model the BOS unless add_bos_token is false). */
 int64_t bk_bake_prompt_tokens(const char *model_dir, int64_t sp_tokens);
 
 /* results.json as the tool writes it, from bk-eval's JSON (NULL without evaluation):

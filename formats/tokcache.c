@@ -141,7 +141,7 @@ static int scan_body(bk_tokcache *c, const char *body, size_t blen, uint64_t n, 
  * made by the old one.  Bump it with any change to formats/template.c, formats/spm.cc,
  * formats/bpe.c or formats/tokenizer.c that changes ids.  (The template part of a key is
  * bk_template_variant(): qwen3's thinking mode and the Llama-3.x date are in it.) */
-#define BK_TOKCACHE_CODE "bakery-0.1.0/templates-2/bpe-1"
+#define BK_TOKCACHE_CODE "bakery-0.1.0/templates-3/bpe-1" /* 3: spm add_bos_token */
 
 /* mkdir -p that reports failure instead of dying (it is only a cache) */
 static int try_mkdir_p(const char *path)
