@@ -520,10 +520,10 @@ void bk_bake_read_metrics(const char *path, bk_bake_logged *m)
 	while ((rec = bk_reader_next(r))) {
 		const msgpack_object *s = bk_obj_get(rec, "step"), *l = bk_obj_get(rec, "loss"),
 				     *c = bk_obj_get(rec, "checkpoints");
-		if (s && s->type == MSGPACK_OBJECT_POSITIVE_INTEGER && l &&
-		    l->type == MSGPACK_OBJECT_FLOAT64) {
+		double loss;
+		if (s && s->type == MSGPACK_OBJECT_POSITIVE_INTEGER && bk_obj_number(l, &loss)) {
 			m->step = (int64_t)s->via.u64;
-			m->loss = l->via.f64;
+			m->loss = loss;
 		}
 		if (c && c->type == MSGPACK_OBJECT_ARRAY)
 			for (uint32_t i = 0; i < c->via.array.size; i++)

@@ -736,8 +736,11 @@ static void index_file(run *R, bk_reader *in, file_index *fx)
 	BK_VEC(long) ls = {0}, lt = {0};
 	int64_t prev_batch = 0;
 	long sum_s = 0, sum_t = 0, max_T = 1;
+	bk_batch_order bo = {0};
 	while ((rec = bk_reader_next(in))) {
 		load_slot(R, in, rec, &sl);
+		if (!o->batch_size) /* a batch that comes back is refused */
+			bk_batch_next(&bo, in, rec, &sl.batch);
 		size_t len;
 		const char *raw = bk_reader_raw(in, &len);
 		if (off + len > fx->map.len || memcmp(fx->map.data + off, raw, len))
@@ -780,6 +783,7 @@ static void index_file(run *R, bk_reader *in, file_index *fx)
 	free(ls.v), free(lt.v);
 	free(sl.s), free(sl.t), free(sl.r);
 	bk_teacher_free(&sl.tc);
+	bk_batch_order_free(&bo);
 }
 
 static size_t micro_per_epoch(const file_index *fx, const bk_step_opts *o)
@@ -888,6 +892,7 @@ static void train_pipe(run *R, bk_reader *in)
 {
 	const bk_step_opts *o = R->o;
 	mbatch mb = {0};
+	bk_batch_order bo = {0};
 	const msgpack_object *rec;
 	int64_t skip = R->prog.records, epoch_field = 0;
 	while (skip > 0 && (rec = bk_reader_next(in)))
@@ -904,6 +909,8 @@ static void train_pipe(run *R, bk_reader *in)
 			if (!o->batch_size && !s->has_batch)
 				bk_reader_die(in, "no 'batch' field: plan batches with bk-lens or "
 					      "give --batch-size");
+			if (!o->batch_size) /* a batch that comes back is refused */
+				bk_batch_next(&bo, in, rec, &s->batch);
 			bk_rec_int_opt(in, rec, "epoch", &epoch_field);
 			int full = o->batch_size ? mb.n + 1 == o->batch_size
 						 : mb.n > 0 && s->batch != mb.v[0].batch;
@@ -931,6 +938,7 @@ static void train_pipe(run *R, bk_reader *in)
 		stop = should_stop(R);
 	}
 	mb_free(&mb);
+	bk_batch_order_free(&bo);
 }
 
 /* ---- the whole run ---- */
@@ -945,11 +953,8 @@ static void check_stream(run *R, bk_reader *in)
 	bk_reader_expect(in, "model", R->lm.fingerprint, "model");
 	if (o->system)
 		bk_reader_expect_system(in, o->system);
-	const msgpack_object *pt = bk_reader_prov(in, "temperature");
-	if (pt && (pt->type == MSGPACK_OBJECT_FLOAT64 || pt->type == MSGPACK_OBJECT_FLOAT32 ||
-		   pt->type == MSGPACK_OBJECT_POSITIVE_INTEGER)) {
-		double t = pt->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (double)pt->via.u64
-								       : pt->via.f64;
+	double t;
+	if (bk_obj_number(bk_reader_prov(in, "temperature"), &t)) {
 		if (fabs(t - o->temperature) > 1e-6 * fmax(1, o->temperature))
 			die("%s: stream was made with teacher temperature %g, given --temperature %g",
 			    bk_reader_name(in), t, o->temperature);
