@@ -357,6 +357,7 @@ int main(int argc, char **argv)
 		goto done;
 	}
 
+	bk_dir_lock(od, "bk-bake", "output_dir"); /* one bake at a time in output_dir */
 	char *resume_owned;
 	b.resume = bk_bake_resolve_resume(&p, &resume_owned);
 	if (p.overwrite)

@@ -1048,6 +1048,8 @@ int bk_step_run(const bk_step_opts *o)
 		die_usage("--epochs %ld needs a STREAM file; a pipe is read once (bk-gen "
 			  "--epochs makes fresh trajectories per epoch)", o->epochs);
 	check_out(&R);
+	if (!R.dist.rank) /* one run at a time in --out (rank 0 alone writes there) */
+		bk_dir_lock(o->out, "bk-step", "--out");
 
 	const bk_ops *ops = bk_device_select(o->device);
 	bk_reader *in = bk_reader_open(o->input); /* a file: verified whole here */

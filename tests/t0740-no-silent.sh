@@ -43,4 +43,34 @@ test_expect_success 'a binary system_prompt_file is named as the user gave it, n
 	grep -q "^bk-bake: error: bin.txt: line 1: invalid utf-8" err && test ! -e out
 '
 
+M="$MODELS/stories260K"
+printf 'Once upon a time\nThe dragon said\nLily went to the park\nA cat sat\n' >p.txt
+bk-tokenize --model "$M" --system "Sparky the dragon." p.txt 2>/dev/null | bk-lens -q --max-tokens 64 |
+	bk-gen --model "$M" --device cpu --num-trajectories 1 --max-new-tokens 6 2>/dev/null |
+	bk-teach --model "$M" --device cpu --top-k 8 2>/dev/null >teach.bk
+S="--model $M --device cpu --lora-r 2 --max-steps 2"
+
+# until FILE holds a line (at most ~20 s)
+wait_for_line() { for i in $(seq 200); do test -s "$1" && return 0; sleep 0.1; done; return 1; }
+test_expect_success 'two bk-step runs into one --out: the second is refused naming the first one.s pid' '
+	mkfifo in.fifo &&
+	{ bk-step $S --out o --overwrite in.fifo >/dev/null 2>step1.err & p1=$!; } &&
+	wait_for_line o/.bk-step.lock &&
+	test_must_fail bk-step $S --out o --overwrite teach.bk >/dev/null 2>err; rc=$?
+	timeout 30 sh -c "cat teach.bk >in.fifo"; wait $p1 && test $rc = 0 &&
+	grep -q "^bk-step: error: --out o is in use by another bk-step run (pid $p1)" err &&
+	test -f o/final/adapter_model.safetensors && ! test -e o/.bk-step.lock &&
+	bk-step $S --out o --overwrite teach.bk >/dev/null 2>&1 && ! test -e o/.bk-step.lock
+'
+
+test_expect_success 'a refused bk-step leaves no --out behind; a bake in use is refused in one line' '
+	test_must_fail bk-step $S --out new-out p.txt 2>err && ! test -e new-out &&
+	mkdir held && echo 4242 >held/.bk-bake.lock &&
+	{ flock held/.bk-bake.lock sleep 30 & fp=$!; } &&
+	for i in $(seq 100); do flock -n held/.bk-bake.lock true || break; sleep 0.1; done &&
+	test_must_fail bk-bake small.yaml --output_dir held 2>err; rc=$?; kill $fp; wait $fp 2>/dev/null
+	test $rc = 0 && grep -q "^bk-bake: error: output_dir held is in use by another bk-bake run (pid 4242)" err &&
+	! test -e held/logs
+'
+
 test_done
