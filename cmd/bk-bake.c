@@ -139,6 +139,16 @@ static int pipe_start(bk_bake_cmd *v, int n)
 	return result;
 }
 
+/* A resumed bake: bk-step's metrics go to metrics_part, joined to the earlier run's
+ * metrics.bk (its steps up to the checkpoint) when bk-step ends, stopped or not. */
+static const char *metrics_path, *metrics_part, *metrics_resume;
+static void join_metrics(void)
+{
+	const char *part = metrics_part;
+	metrics_part = NULL;
+	bk_bake_metrics_join(metrics_path, part, metrics_resume);
+}
+
 /* Waits for every stage; dies naming the first failing one (pipe order) with the
  * tail of its log. */
 static void pipe_wait(bk_bake_cmd *v, int n)
@@ -150,6 +160,8 @@ static void pipe_wait(bk_bake_cmd *v, int n)
 	n_kids = 0;
 	if (interrupted) {
 		/* the stages have stopped; bk-step said on its log which checkpoint it saved */
+		if (metrics_part) /* the steps of this run stay in metrics.bk */
+			join_metrics();
 		error("interrupted by signal %d; the checkpoint bk-step saved is named in its "
 		      "log (logs/bk-step.log)", (int)interrupted);
 		exit(128 + interrupted);
@@ -396,20 +408,28 @@ int main(int argc, char **argv)
 	if (verbose)
 		bk_bake_print_plan(&b, &p, 1);
 
+	/* resumed: metrics.bk keeps the earlier run's steps up to the checkpoint */
+	char *part = b.resume ? xasprintf("%s.resumed", b.metrics) : NULL;
+	metrics_path = b.metrics, metrics_resume = b.resume;
 	if (paired) {
 		b.teach.out = "/dev/null"; /* it writes -o teach.bk */
 		pipe_start(&b.teach, 1);
 		pipe_wait(&b.teach, 1);
 		int fd = pipe_start(&b.step, 1);
-		bk_bake_metrics_copy(fd, b.metrics, b.total);
+		bk_bake_metrics_copy(fd, part ? part : b.metrics, b.total);
+		metrics_part = part;
 		pipe_wait(&b.step, 1);
 	} else {
 		bk_bake_cmd v[] = {b.lens, b.gen, b.teach, b.step};
 		int fd = pipe_start(v, 4);
-		bk_bake_metrics_copy(fd, b.metrics, b.total);
+		bk_bake_metrics_copy(fd, part ? part : b.metrics, b.total);
+		metrics_part = part;
 		pipe_wait(v, 4);
 		show_log_warnings("bk-gen");
 	}
+	if (metrics_part)
+		join_metrics();
+	free(part);
 	show_log_warnings("bk-teach");
 	double t2 = now_s();
 	char *fin = bk_path_join(od, "final");

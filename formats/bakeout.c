@@ -312,6 +312,46 @@ void bk_bake_metrics_final(const char *path, const char *from, const char *to)
 	free(tmp);
 }
 
+void bk_bake_metrics_join(const char *path, const char *part, const char *resume)
+{
+	char *ts = bk_path_join(resume, "trainer_state.json");
+	json_error_t err;
+	json_t *st = json_load_file(ts, 0, &err);
+	if (!st || !json_is_integer(json_object_get(st, "step")))
+		die("%s: %s", ts, st ? "key 'step' is missing or not an integer" : err.text);
+	int64_t step0 = (int64_t)json_integer_value(json_object_get(st, "step"));
+	json_decref(st);
+	free(ts);
+	bk_reader *np = bk_reader_open(part);
+	char *tmp = xasprintf("%s.join", path);
+	bk_writer *w = bk_writer_open(tmp);
+	bk_writer_header_obj(w, bk_reader_provenance(np), NULL, 0);
+	const msgpack_object *rec;
+	if (bk_file_exists(path)) {
+		bk_reader *old = bk_reader_open(path);
+		while ((rec = bk_reader_next(old))) {
+			int64_t s;
+			if (!bk_rec_int_opt(old, rec, "step", &s) || s > step0)
+				continue; /* its summary (checkpoints, final) and later steps */
+			size_t len;
+			const char *raw = bk_reader_raw(old, &len);
+			bk_writer_raw(w, raw, len);
+		}
+		bk_reader_close(old);
+	}
+	while ((rec = bk_reader_next(np))) {
+		size_t len;
+		const char *raw = bk_reader_raw(np, &len);
+		bk_writer_raw(w, raw, len);
+	}
+	bk_reader_close(np);
+	bk_writer_close(w);
+	if (rename(tmp, path))
+		die("%s -> %s: %s", tmp, path, strerror(errno));
+	unlink(part);
+	free(tmp);
+}
+
 /* ---- output_dir ---- */
 
 char *bk_bake_last_checkpoint(const char *output_dir)

@@ -65,6 +65,13 @@ void bk_bake_model_card(const char *dir, const char *base_model, const char *bod
 int64_t bk_bake_epoch_order(const char *tokens, const char *out, int64_t epochs,
 			    int64_t last_epoch_records, uint64_t seed);
 
+/* A resumed bake's metrics: path (the earlier run's metrics.bk, if any) is rewritten
+ * atomically as its step records up to the step of checkpoint dir resume (its
+ * trainer_state.json) followed by every record of part (the resumed bk-step's stream,
+ * whose header it takes); part is removed.  So metrics.bk keeps the steps before the
+ * resume, as HF's log_history does. */
+void bk_bake_metrics_join(const char *path, const char *part, const char *resume);
+
 /* Copies bk-step's metrics stream from fd into path byte for byte, drawing a progress
  * line (total steps, 0 = unknown) from its step records; closes fd. */
 void bk_bake_metrics_copy(int fd, const char *path, int64_t total);

@@ -642,6 +642,14 @@ static void finish_step(run *R, double epoch_pos)
 		bk_rec_key(R->w, "elapsed");
 		msgpack_pack_double(pk, R->elapsed0 + (t - R->t0));
 		bk_rec_end(R->w);
+	}
+	if (step % R->o->logging_steps == 0) { /* trainer_state.json's, as HF's */
+		if (!p->log_history)
+			p->log_history = json_array();
+		json_array_append_new(p->log_history,
+				      json_pack("{s:f, s:f, s:f, s:f, s:I}", "epoch", epoch_pos,
+						"grad_norm", norm, "learning_rate", lr, "loss",
+						R->log_loss / R->log_steps, "step", (json_int_t)step));
 		R->log_loss = 0;
 		R->log_steps = R->log_tokens = 0;
 		R->log_t0 = t;
@@ -1182,6 +1190,7 @@ done:
 		free(R.set[i].value);
 	free(R.set);
 	free(R.resume_kind);
+	json_decref(R.prog.log_history);
 	bk_trainer_free(R.tr);
 	bk_model_unload(&R.lm);
 	bk_reader_close(in);

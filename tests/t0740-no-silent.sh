@@ -43,6 +43,22 @@ test_expect_success 'a binary system_prompt_file is named as the user gave it, n
 	grep -q "^bk-bake: error: bin.txt: line 1: invalid utf-8" err && test ! -e out
 '
 
+test_expect_success 'a resumed bake keeps the steps before its checkpoint: metrics.bk and log_history' '
+	bk-bake small.yaml --output_dir rs --num_train_epochs 3 >/dev/null 2>&1 &&
+	bk-dump rs/metrics.bk | jq -c "select(.step) | [.step, .loss]" >steps.full &&
+	test $(wc -l <steps.full) = 3 &&
+	jq -c "[.log_history[] | [.step, .loss]]" rs/checkpoint-3/trainer_state.json >lh.full &&
+	test "$(jq -c "map(.[0])" lh.full)" = "[1,2,3]" &&
+	bk-bake small.yaml --output_dir rs --num_train_epochs 3 --resume_from_checkpoint rs/checkpoint-1 >/dev/null 2>&1 &&
+	bk-dump rs/metrics.bk | jq -c "select(.step) | [.step, .loss]" >steps &&
+	test_cmp steps.full steps && ! test -e rs/metrics.bk.resumed &&
+	bk-dump rs/metrics.bk | jq -s -e "map(select(.final)) | length == 1" &&
+	jq -c "[.log_history[] | [.step, .loss]]" rs/checkpoint-3/trainer_state.json >lh &&
+	test_cmp lh.full lh &&
+	jq -c "[.log_history[] | [.step, .loss]]" rs/final_model/trainer_state.json >lh.final &&
+	test_cmp lh.full lh.final
+'
+
 M="$MODELS/stories260K"
 printf 'Once upon a time\nThe dragon said\nLily went to the park\nA cat sat\n' >p.txt
 bk-tokenize --model "$M" --system "Sparky the dragon." p.txt 2>/dev/null | bk-lens -q --max-tokens 64 |
