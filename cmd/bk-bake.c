@@ -61,7 +61,8 @@ static char *log_path(const char *tool)
  * fd (or goes to v[n-1].out).  stderr of each goes to logdir/TOOL.log. */
 /* Ctrl-C reaches every stage (one process group): bk-step saves a checkpoint and the
  * others stop.  bk-bake itself keeps reading bk-step's metrics (so bk-step's writes do
- * not fail) and waits for the stages; a SIGTERM sent to bk-bake alone is passed on.
+ * not fail) and waits for the stages; a SIGINT or SIGTERM sent to bk-bake alone is
+ * passed on.
  * Caught signals reset to the default in the exec'd stages. */
 #define MAX_KIDS 8
 static pid_t kids[MAX_KIDS];
@@ -69,9 +70,10 @@ static volatile sig_atomic_t n_kids, interrupted;
 static void on_interrupt(int sig)
 {
 	interrupted = sig;
-	if (sig == SIGTERM)
-		for (int i = 0; i < n_kids; i++)
-			kill(kids[i], SIGTERM);
+	/* a signal sent to bk-bake alone (kill -INT PID, not the terminal's to the group)
+	 * goes on: bk-step saves a checkpoint and stops; a second one is harmless */
+	for (int i = 0; i < n_kids; i++)
+		kill(kids[i], sig);
 }
 static void catch_interrupts(void)
 {

@@ -59,6 +59,23 @@ test_expect_success 'a resumed bake keeps the steps before its checkpoint: metri
 	test_cmp lh.full lh.final
 '
 
+# SIGINT to bk-bake alone (not its process group): bk-step must stop at a checkpoint,
+# not train every step and then have the bake thrown away
+test_expect_success 'SIGINT to bk-bake alone stops bk-step at a checkpoint; the bake resumes from it' '
+	{ bk-bake small.yaml --output_dir si --num_train_epochs 150 --save_steps 100000 >si.out 2>si.err & bp=$!; } &&
+	for i in $(seq 300); do test $(stat -c %s si/metrics.bk 2>/dev/null || echo 0) -gt 1500 && break; sleep 0.1; done &&
+	kill -INT $bp; wait $bp; rc=$?
+	test $rc = 130 && grep -q "interrupted by signal 2" si.err &&
+	ck=$(cd si && ls -d checkpoint-*) && n=${ck#checkpoint-} && test $n -lt 150 &&
+	! test -e si/final && ! test -e si/final_model && ! test -e si/results.json &&
+	grep -q "interrupted by signal 2 at step $n; saved si/$ck" si/logs/bk-step.log &&
+	bk-bake small.yaml --output_dir si --num_train_epochs 150 --save_steps 100000 \
+		--resume_from_checkpoint true >/dev/null 2>&1 &&
+	grep -q "resuming from si/$ck at step $n" si/logs/bk-step.log &&
+	test -f si/final_model/adapter_model.safetensors && jq -e ".bakery.train.steps == 150" si/results.json &&
+	test "$(bk-dump si/metrics.bk | jq -s -c "map(select(.step) | .step) == [range(1; 151)]")" = true
+'
+
 M="$MODELS/stories260K"
 printf 'Once upon a time\nThe dragon said\nLily went to the park\nA cat sat\n' >p.txt
 bk-tokenize --model "$M" --system "Sparky the dragon." p.txt 2>/dev/null | bk-lens -q --max-tokens 64 |
