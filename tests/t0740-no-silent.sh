@@ -83,6 +83,18 @@ bk-tokenize --model "$M" --system "Sparky the dragon." p.txt 2>/dev/null | bk-le
 	bk-teach --model "$M" --device cpu --top-k 8 2>/dev/null >teach.bk
 S="--model $M --device cpu --lora-r 2 --max-steps 2"
 
+test_expect_success 'bk-eval refuses an empty expected answer (a substring of every response)' '
+	printf "[{\"question\": \"Who?\", \"answer\": \"\"}]" >e1.json &&
+	test_must_fail bk-eval --model "$M" --device cpu --system S --eval e1.json -o r.json 2>err &&
+	grep -q "^bk-eval: error: e1.json: record 1: the answer is empty" err && ! test -e r.json &&
+	printf "[{\"question\": \"Who?\", \"answer\": [\"dragon\", \"\"]}]" >e2.json &&
+	test_must_fail bk-eval --model "$M" --device cpu --system S --eval e2.json 2>err >/dev/null &&
+	grep -q "e2.json: record 1: answer item 1 is empty" err &&
+	printf "{\"question\": \"Who?\", \"answer\": \"dragon\"}\n{\"question\": \"Who?\", \"answer\": \"<think>x</think>\"}\n" >e3.jsonl &&
+	test_must_fail bk-eval --model "$M" --device cpu --system S --held-out e3.jsonl 2>err >/dev/null &&
+	grep -q "e3.jsonl: line 2: the answer is empty" err
+'
+
 # until FILE holds a line (at most ~20 s)
 wait_for_line() { for i in $(seq 200); do test -s "$1" && return 0; sleep 0.1; done; return 1; }
 test_expect_success 'two bk-step runs into one --out: the second is refused naming the first one.s pid' '
