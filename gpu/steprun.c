@@ -974,6 +974,8 @@ static void add_settings(run *R, int is_file, size_t nrec, int64_t warmup)
 	const bk_step_opts *o = R->o;
 	/* the flags that change the result must not change on --resume */
 	add_setting(R, "model", xstrdup(R->lm.fingerprint));
+	/* the base's family, for bk-merge and bk-eval (bk_adapter_check_base) */
+	add_setting(R, "model-type", xstrdup(R->lm.cfg->model_type ? R->lm.cfg->model_type : "-"));
 	add_setting(R, "input", xstrdup(is_file ? "file" : "pipe"));
 	add_setting(R, "ranks", xasprintf("%d", R->dist.size)); /* before what it changes */
 	add_setting(R, "records", is_file ? xasprintf("%zu", nrec) : xstrdup("-"));
