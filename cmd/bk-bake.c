@@ -11,6 +11,7 @@
 #include "formats/bakeplan.h"
 #include "formats/config_yaml.h"
 #include "formats/inputs.h"
+#include "formats/template.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -345,6 +346,15 @@ int main(int argc, char **argv)
 	if (p.n_refused)
 		die("%s: %d field%s cannot be baked as given (listed above)", config, p.n_refused,
 		    p.n_refused == 1 ? "" : "s");
+	/* a model without a chat template: raw, where the tool fails; said once, here
+	 * (the stages are told raw) */
+	if (!p.template_name && is_dir(p.model) && bk_template_detect(p.model) == BK_TMPL_RAW) {
+		warn("%s has no chat template (chat_template.jinja or tokenizer_config.json's "
+		     "chat_template): baking with 'raw' (BOS, the system prompt, a space, the user "
+		     "text), where the tool fails; 'template: raw' chooses it",
+		     p.model);
+		p.template_name = "raw";
+	}
 
 	/* system_prompt_file is checked here, under the user's name for it (NUL bytes,
 	 * UTF-8, empty), before anything is written: its copy is what bk-tokenize reads */

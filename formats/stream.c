@@ -504,22 +504,35 @@ int bk_batch_next(bk_batch_order *o, const bk_reader *r, const msgpack_object *r
 		return 0;
 	bk_rec_int_opt(r, rec, "epoch", &e);
 	*batch = b;
-	if (o->has_cur && o->cur_e == e && o->cur_b == b)
-		return 1;
-	if (o->has_cur)
-		batch_finish(o, o->cur_e, o->cur_b);
-	if (o->cap && o->used[batch_slot(o, e, b)])
-		bk_reader_die(r, "batch %lld (epoch %lld) comes back after other batches: records "
-			      "of one batch must be adjacent (a merge with the wrong reference, or "
-			      "an edited stream?)",
-			      (long long)b, (long long)e);
-	o->has_cur = 1, o->cur_e = e, o->cur_b = b;
+	if (!o->has_cur || b != o->cur_b) { /* a run of records of one batch ends */
+		for (size_t i = 0; i < o->n_run; i++)
+			batch_finish(o, o->run_e[i], o->cur_b);
+		o->n_run = 0;
+		if (o->cap && o->used[batch_slot(o, e, b)])
+			bk_reader_die(r, "batch %lld (epoch %lld) comes back after other batches: "
+				      "records of one batch must be adjacent (a merge with the wrong "
+				      "reference, or an edited stream?)",
+				      (long long)b, (long long)e);
+		o->has_cur = 1, o->cur_b = b;
+	}
+	/* the epochs of this run (bk-lens after bk-gen mixes them in one batch; bk-gen
+	 * after bk-lens repeats each batch number once per epoch) */
+	size_t i = 0;
+	while (i < o->n_run && o->run_e[i] != e)
+		i++;
+	if (i == o->n_run) {
+		if (o->n_run == o->cap_run) {
+			o->cap_run = o->cap_run ? 2 * o->cap_run : 8;
+			o->run_e = xrealloc(o->run_e, o->cap_run * sizeof *o->run_e);
+		}
+		o->run_e[o->n_run++] = e;
+	}
 	return 1;
 }
 
 void bk_batch_order_free(bk_batch_order *o)
 {
-	free(o->e), free(o->b), free(o->used);
+	free(o->e), free(o->b), free(o->used), free(o->run_e);
 	memset(o, 0, sizeof *o);
 }
 

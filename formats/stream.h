@@ -72,18 +72,22 @@ char *bk_rec_str_opt(const bk_reader *r, const msgpack_object *rec, const char *
 
 /* ---------------- batches ---------------- */
 
-/* Records of one batch are adjacent (bk-stream(5)): within an epoch (the 'epoch' field,
- * 0 when absent) a batch number is over for good once another one starts.  Every reader
- * of 'batch' keeps one bk_batch_order (zeroed) and passes each record through
- * bk_batch_next, which dies naming the record when a finished batch comes back (a
- * merge with the wrong reference, a hand-edited stream).  Returns 0 when the record has
- * no 'batch', else 1 with it in *batch. */
+/* Records of one batch are adjacent (bk-stream(5)): a batch number, in the epochs (the
+ * 'epoch' field, 0 when absent) its run of records had, is over for good once another
+ * batch starts.  (bk-gen after bk-lens repeats each batch number in every epoch; bk-lens
+ * after bk-gen mixes epochs in one batch.)  Every reader of 'batch' keeps one
+ * bk_batch_order (zeroed) and passes each record through bk_batch_next, which dies
+ * naming the record when a finished batch comes back (a merge with the wrong
+ * reference, a hand-edited stream).  Returns 0 when the record has no 'batch', else 1
+ * with it in *batch. */
 typedef struct {
 	int64_t *e, *b; /* finished (epoch, batch) pairs: open addressing */
 	uint8_t *used;
 	size_t cap, n;
 	int has_cur;
-	int64_t cur_e, cur_b;
+	int64_t cur_b;
+	int64_t *run_e; /* the epochs of the current batch's run */
+	size_t n_run, cap_run;
 } bk_batch_order;
 int bk_batch_next(bk_batch_order *o, const bk_reader *r, const msgpack_object *rec,
 		  int64_t *batch);

@@ -182,6 +182,13 @@ bk_tokcache *bk_tokcache_open(uint64_t tokenizer_hash)
 	char *file = bk_try_read_file(c->path, &flen);
 	if (!file)
 		return c; /* no cache yet */
+	if (flen >= 8 && !memcmp(file, MAGIC, 6) && memcmp(file, MAGIC, 8)) {
+		/* BKTOKC01/02: another version of this code; replaced at close */
+		warn("%s: a cache of another bakery version (%.8s); rebuilding it", c->path, file);
+		c->dropped = 1;
+		free(file);
+		return c;
+	}
 	if (flen < HDR || memcmp(file, MAGIC, 8) || rd64(file + 8) != tokenizer_hash) {
 		warn("%s: not a cache for this tokenizer; ignoring it", c->path);
 		free(file);

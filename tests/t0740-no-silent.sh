@@ -43,6 +43,26 @@ test_expect_success 'a binary system_prompt_file is named as the user gave it, n
 	grep -q "^bk-bake: error: bin.txt: line 1: invalid utf-8" err && test ! -e out
 '
 
+test_expect_success 'ranges: num_train_epochs -1 and 0 are refused alike, bounds are written in full' '
+	for v in -1 0 70000; do
+		test_must_fail bk-bake --dry-run small.yaml --num_train_epochs $v 2>err >/dev/null &&
+		grep -q "field .num_train_epochs.: $v is not in (0, 65536]" err || return 1
+	done &&
+	test_must_fail bk-bake --dry-run small.yaml --trajectory_length 2000000 2>err >/dev/null &&
+	grep -q "field .trajectory_length.: 2000000 is not in \[1, 1048576\]" err &&
+	test_must_fail bk-bake --dry-run small.yaml --top_p 2 2>err >/dev/null &&
+	grep -q "field .top_p.: 2 is not in \[1e-09, 1\]" err
+'
+
+test_expect_success 'bk-bake on a model with no chat template: raw, said once' '
+	grep -v "^template:" small.yaml >nt.yaml &&
+	bk-bake --dry-run nt.yaml 2>err >plan &&
+	test $(grep -c "has no chat template" err) = 1 &&
+	grep -q "^bk-bake: warning: $MODELS/stories260K has no chat template .*baking with .raw.*where the tool fails" err &&
+	grep -q "^bk-tokenize .*--template raw" plan &&
+	bk-bake --dry-run small.yaml 2>err >/dev/null && ! grep -q "chat template" err
+'
+
 test_expect_success 'a resumed bake keeps the steps before its checkpoint: metrics.bk and log_history' '
 	bk-bake small.yaml --output_dir rs --num_train_epochs 3 >/dev/null 2>&1 &&
 	bk-dump rs/metrics.bk | jq -c "select(.step) | [.step, .loss]" >steps.full &&
