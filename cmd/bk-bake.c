@@ -10,6 +10,8 @@
 #include "formats/bakeout.h"
 #include "formats/bakeplan.h"
 #include "formats/config_yaml.h"
+#include "formats/inputs.h"
+#include "formats/template.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -60,7 +62,8 @@ static char *log_path(const char *tool)
  * fd (or goes to v[n-1].out).  stderr of each goes to logdir/TOOL.log. */
 /* Ctrl-C reaches every stage (one process group): bk-step saves a checkpoint and the
  * others stop.  bk-bake itself keeps reading bk-step's metrics (so bk-step's writes do
- * not fail) and waits for the stages; a SIGTERM sent to bk-bake alone is passed on.
+ * not fail) and waits for the stages; a SIGINT or SIGTERM sent to bk-bake alone is
+ * passed on.
  * Caught signals reset to the default in the exec'd stages. */
 #define MAX_KIDS 8
 static pid_t kids[MAX_KIDS];
@@ -68,9 +71,10 @@ static volatile sig_atomic_t n_kids, interrupted;
 static void on_interrupt(int sig)
 {
 	interrupted = sig;
-	if (sig == SIGTERM)
-		for (int i = 0; i < n_kids; i++)
-			kill(kids[i], SIGTERM);
+	/* a signal sent to bk-bake alone (kill -INT PID, not the terminal's to the group)
+	 * goes on: bk-step saves a checkpoint and stops; a second one is harmless */
+	for (int i = 0; i < n_kids; i++)
+		kill(kids[i], sig);
 }
 static void catch_interrupts(void)
 {
@@ -138,6 +142,16 @@ static int pipe_start(bk_bake_cmd *v, int n)
 	return result;
 }
 
+/* A resumed bake: bk-step's metrics go to metrics_part, joined to the earlier run's
+ * metrics.bk (its steps up to the checkpoint) when bk-step ends, stopped or not. */
+static const char *metrics_path, *metrics_part, *metrics_resume;
+static void join_metrics(void)
+{
+	const char *part = metrics_part;
+	metrics_part = NULL;
+	bk_bake_metrics_join(metrics_path, part, metrics_resume);
+}
+
 /* Waits for every stage; dies naming the first failing one (pipe order) with the
  * tail of its log. */
 static void pipe_wait(bk_bake_cmd *v, int n)
@@ -149,6 +163,8 @@ static void pipe_wait(bk_bake_cmd *v, int n)
 	n_kids = 0;
 	if (interrupted) {
 		/* the stages have stopped; bk-step said on its log which checkpoint it saved */
+		if (metrics_part) /* the steps of this run stay in metrics.bk */
+			join_metrics();
 		error("interrupted by signal %d; the checkpoint bk-step saved is named in its "
 		      "log (logs/bk-step.log)", (int)interrupted);
 		exit(128 + interrupted);
@@ -330,6 +346,26 @@ int main(int argc, char **argv)
 	if (p.n_refused)
 		die("%s: %d field%s cannot be baked as given (listed above)", config, p.n_refused,
 		    p.n_refused == 1 ? "" : "s");
+	/* a model without a chat template: raw, where the tool fails; said once, here
+	 * (the stages are told raw) */
+	if (!p.template_name && is_dir(p.model) && bk_template_detect(p.model) == BK_TMPL_RAW) {
+		warn("%s has no chat template (chat_template.jinja or tokenizer_config.json's "
+		     "chat_template): baking with 'raw' (BOS, the system prompt, a space, the user "
+		     "text), where the tool fails; 'template: raw' chooses it",
+		     p.model);
+		p.template_name = "raw";
+	}
+
+	/* system_prompt_file is checked here, under the user's name for it (NUL bytes,
+	 * UTF-8, empty), before anything is written: its copy is what bk-tokenize reads */
+	char *sys_text = NULL;
+	if (p.system_file) {
+		char *text = bk_read_text(p.system_file);
+		sys_text = bk_bake_strip(text);
+		free(text);
+		if (!*sys_text)
+			die("%s: empty system prompt", p.system_file);
+	}
 
 	bk_bake_cmds b;
 	memset(&b, 0, sizeof b);
@@ -341,9 +377,11 @@ int main(int argc, char **argv)
 		bk_bake_build(&b, &p);
 		bk_bake_print_plan(&b, &p, 0);
 		bk_bake_cmds_free(&b);
+		free(sys_text);
 		goto done;
 	}
 
+	bk_dir_lock(od, "bk-bake", "output_dir"); /* one bake at a time in output_dir */
 	char *resume_owned;
 	b.resume = bk_bake_resolve_resume(&p, &resume_owned);
 	if (p.overwrite)
@@ -358,15 +396,9 @@ int main(int argc, char **argv)
 	if (b.tmpl_file)
 		bk_write_file_atomic(b.tmpl_file, p.system_template_text,
 				     strlen(p.system_template_text));
-	if (b.sys_file) {
-		size_t n;
-		char *text = bk_read_file(p.system_file, &n), *st = bk_bake_strip(text);
-		if (!*st)
-			die("%s: empty system prompt", p.system_file);
-		bk_write_file_atomic(b.sys_file, st, strlen(st));
-		free(text);
-		free(st);
-	}
+	if (b.sys_file)
+		bk_write_file_atomic(b.sys_file, sys_text, strlen(sys_text));
+	free(sys_text);
 	pipe_start(&b.tok, 1);
 	pipe_wait(&b.tok, 1);
 	show_log_warnings("bk-tokenize");
@@ -388,20 +420,28 @@ int main(int argc, char **argv)
 	if (verbose)
 		bk_bake_print_plan(&b, &p, 1);
 
+	/* resumed: metrics.bk keeps the earlier run's steps up to the checkpoint */
+	char *part = b.resume ? xasprintf("%s.resumed", b.metrics) : NULL;
+	metrics_path = b.metrics, metrics_resume = b.resume;
 	if (paired) {
 		b.teach.out = "/dev/null"; /* it writes -o teach.bk */
 		pipe_start(&b.teach, 1);
 		pipe_wait(&b.teach, 1);
 		int fd = pipe_start(&b.step, 1);
-		bk_bake_metrics_copy(fd, b.metrics, b.total);
+		bk_bake_metrics_copy(fd, part ? part : b.metrics, b.total);
+		metrics_part = part;
 		pipe_wait(&b.step, 1);
 	} else {
 		bk_bake_cmd v[] = {b.lens, b.gen, b.teach, b.step};
 		int fd = pipe_start(v, 4);
-		bk_bake_metrics_copy(fd, b.metrics, b.total);
+		bk_bake_metrics_copy(fd, part ? part : b.metrics, b.total);
+		metrics_part = part;
 		pipe_wait(v, 4);
 		show_log_warnings("bk-gen");
 	}
+	if (metrics_part)
+		join_metrics();
+	free(part);
 	show_log_warnings("bk-teach");
 	double t2 = now_s();
 	char *fin = bk_path_join(od, "final");

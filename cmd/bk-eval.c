@@ -216,6 +216,7 @@ int main(int argc, char **argv)
 	bk_lora *lora = NULL;
 	if (o.adapter) {
 		bk_adapter *ad = bk_adapter_load(o.adapter, lm.cfg);
+		bk_adapter_check_base(o.adapter, ad, o.model, lm.cfg, lm.fingerprint);
 		lora = bk_lora_create(lm.model, ad->r, (float)ad->alpha, 0.0f, ad->targets);
 		bk_lora_from_adapter(lm.model, lora, ad);
 		bk_adapter_free(ad);

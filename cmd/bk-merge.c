@@ -6,6 +6,7 @@
 #include "formats/hfconfig.h"
 #include "formats/merge.h"
 #include "formats/peft.h"
+#include "gpu/load.h"
 
 static const char usage[] =
 	"usage: bk-merge --model DIR --adapter DIR --out DIR [--dtype auto|f32|bf16|f16] [-v]\n"
@@ -41,6 +42,7 @@ int main(int argc, char **argv)
 
 	bk_config *cfg = bk_config_load(model);
 	bk_adapter *ad = bk_adapter_load(adapter, cfg);
+	bk_adapter_check_base(adapter, ad, model, cfg, NULL); /* another family: refused */
 	bk_merge_stats st = bk_merge_model(model, ad, out, dtype);
 	note("%s: %d tensors (%d merged, r %d, alpha %g), %zu bytes of weights", out, st.tensors,
 	     st.merged, ad->r, ad->alpha, st.bytes);

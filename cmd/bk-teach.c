@@ -212,6 +212,7 @@ int main(int argc, char **argv)
 	const msgpack_object *rec;
 	bk_progress pg;
 	bk_progress_start(&pg, "records", 0);
+	bk_batch_order bo = {0}; /* records of a batch are adjacent: checked */
 	while ((rec = bk_reader_next(in))) {
 		if (!bk_shard_owns(&shard, in, rec))
 			continue; /* another shard's record */
@@ -237,7 +238,7 @@ int main(int argc, char **argv)
 
 		/* a batch ends before this record? */
 		int64_t key = 0;
-		int has_key = !batch_size && bk_rec_int_opt(in, rec, "batch", &key);
+		int has_key = !batch_size && bk_batch_next(&bo, in, rec, &key);
 		long cost = (long)(na + nr) - 1;
 		int cut = 0;
 		if (g.a.n && batch_size)
@@ -273,6 +274,7 @@ int main(int argc, char **argv)
 	bk_progress_end(&pg, nrec, bk_teach_stats_get(tc)->tokens);
 	bk_writer_close(out);
 	bk_reader_close(in);
+	bk_batch_order_free(&bo);
 
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -257,6 +258,81 @@ int bk_remove_flat_dir(const char *dir)
 	if (rmdir(dir) != 0 && errno != ENOENT)
 		rc = -1;
 	return rc;
+}
+
+/* ---- directory locks ---- */
+
+#define BK_MAX_LOCKS 4
+static struct {
+	char *path, *dir;
+	int made_dir;
+} locks[BK_MAX_LOCKS];
+static int n_locks;
+
+static void release_locks(void)
+{
+	/* unlinked while still held (the fds close at exit): a run that opened the old
+	 * file and locks it after us sees it is gone and takes the new one */
+	for (int i = 0; i < n_locks; i++) {
+		unlink(locks[i].path);
+		if (locks[i].made_dir)
+			rmdir(locks[i].dir); /* only when the run left it empty */
+	}
+	n_locks = 0;
+}
+
+void bk_dir_lock(const char *dir, const char *name, const char *what)
+{
+	if (n_locks == BK_MAX_LOCKS)
+		BUG("too many directory locks");
+	struct stat st;
+	int made = 0;
+	if (stat(dir, &st) != 0) {
+		if (errno != ENOENT)
+			die("%s %s: %s", what, dir, strerror(errno));
+		bk_mkdir_p(dir);
+		made = 1;
+	} else if (!S_ISDIR(st.st_mode)) {
+		die("%s %s: exists and is not a directory", what, dir);
+	}
+	char *path = xasprintf("%s/.%s.lock", dir, name);
+	int fd;
+	for (;;) {
+		fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+		if (fd < 0)
+			die("%s %s: cannot make the lock file %s: %s", what, dir, path, strerror(errno));
+		if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+			int e = errno;
+			if (e == EINTR) {
+				close(fd);
+				continue;
+			}
+			if (e != EWOULDBLOCK)
+				die("%s %s: cannot lock %s: %s", what, dir, path, strerror(e));
+			char pid[32];
+			ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+			pid[n > 0 ? n : 0] = 0;
+			pid[strcspn(pid, "\n")] = 0;
+			die("%s %s is in use by another %s run (pid %s): wait for it to end, or give "
+			    "another directory",
+			    what, dir, name, *pid ? pid : "unknown");
+		}
+		struct stat a, b; /* still the file at path (not unlinked by a run that ended)? */
+		if (fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
+		    a.st_ino == b.st_ino)
+			break;
+		close(fd);
+	}
+	char pid[32];
+	int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+	if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n)
+		die("%s: cannot write: %s", path, strerror(errno));
+	if (!n_locks)
+		atexit(release_locks); /* die() exits through exit() too */
+	locks[n_locks].path = path;
+	locks[n_locks].dir = xstrdup(dir);
+	locks[n_locks].made_dir = made;
+	n_locks++;
 }
 
 void bk_mkdir_p(const char *path)

@@ -42,6 +42,13 @@ void bk_stdout_close(void);
  * 0 when done or absent, -1 with errno set otherwise (never dies: safe in cleanup). */
 int bk_remove_flat_dir(const char *dir);
 
+/* One run at a time in an output directory: an exclusive flock on DIR/.NAME.lock
+ * (NAME: the tool), held until the process exits, the file holding our pid.  DIR is
+ * made when missing (and removed at exit when the run left it empty).  Another run
+ * holding it: dies "WHAT DIR is in use by another NAME run (pid P)".  The lock file is
+ * removed at exit. */
+void bk_dir_lock(const char *dir, const char *name, const char *what);
+
 /* mkdir -p; dies on failure. */
 void bk_mkdir_p(const char *path);
 int bk_file_exists(const char *path);

@@ -5,6 +5,7 @@
 #include "common/files.h"
 #include "common/progress.h"
 #include "formats/stream.h"
+#include "formats/tokenizer.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -157,13 +158,15 @@ char *bk_bake_response_text(const char *answer)
 
 int64_t bk_bake_prompt_tokens(const char *model_dir, int64_t sp_tokens)
 {
-	char *p = bk_path_join(model_dir, "tokenizer_config.json");
-	json_t *tc = bk_file_exists(p) ? json_load_file(p, JSON_DECODE_INT_AS_REAL, NULL) : NULL;
-	free(p);
-	json_t *b = tc ? json_object_get(tc, "add_bos_token") : NULL;
-	int bos = !b || json_is_true(b);
-	json_decref(tc);
-	return sp_tokens + bos;
+	/* what the tokenizer itself puts around one sequence (its post-processor, or
+	 * SentencePiece's BOS as tokenizer_config.json's add_bos_token says), as the
+	 * RAW template and bk-tokenize use it: no guess from the config alone */
+	bk_tok *t = bk_tok_open(model_dir);
+	const int32_t *pre, *suf;
+	size_t np, ns;
+	bk_tok_added_ids(t, &pre, &np, &suf, &ns);
+	bk_tok_free(t);
+	return sp_tokens + (int64_t)(np + ns);
 }
 
 /* ---- results.json ---- */
@@ -306,6 +309,46 @@ void bk_bake_metrics_final(const char *path, const char *from, const char *to)
 	bk_writer_close(w);
 	if (rename(tmp, path))
 		die("%s -> %s: %s", tmp, path, strerror(errno));
+	free(tmp);
+}
+
+void bk_bake_metrics_join(const char *path, const char *part, const char *resume)
+{
+	char *ts = bk_path_join(resume, "trainer_state.json");
+	json_error_t err;
+	json_t *st = json_load_file(ts, 0, &err);
+	if (!st || !json_is_integer(json_object_get(st, "step")))
+		die("%s: %s", ts, st ? "key 'step' is missing or not an integer" : err.text);
+	int64_t step0 = (int64_t)json_integer_value(json_object_get(st, "step"));
+	json_decref(st);
+	free(ts);
+	bk_reader *np = bk_reader_open(part);
+	char *tmp = xasprintf("%s.join", path);
+	bk_writer *w = bk_writer_open(tmp);
+	bk_writer_header_obj(w, bk_reader_provenance(np), NULL, 0);
+	const msgpack_object *rec;
+	if (bk_file_exists(path)) {
+		bk_reader *old = bk_reader_open(path);
+		while ((rec = bk_reader_next(old))) {
+			int64_t s;
+			if (!bk_rec_int_opt(old, rec, "step", &s) || s > step0)
+				continue; /* its summary (checkpoints, final) and later steps */
+			size_t len;
+			const char *raw = bk_reader_raw(old, &len);
+			bk_writer_raw(w, raw, len);
+		}
+		bk_reader_close(old);
+	}
+	while ((rec = bk_reader_next(np))) {
+		size_t len;
+		const char *raw = bk_reader_raw(np, &len);
+		bk_writer_raw(w, raw, len);
+	}
+	bk_reader_close(np);
+	bk_writer_close(w);
+	if (rename(tmp, path))
+		die("%s -> %s: %s", tmp, path, strerror(errno));
+	unlink(part);
 	free(tmp);
 }
 
@@ -517,10 +560,10 @@ void bk_bake_read_metrics(const char *path, bk_bake_logged *m)
 	while ((rec = bk_reader_next(r))) {
 		const msgpack_object *s = bk_obj_get(rec, "step"), *l = bk_obj_get(rec, "loss"),
 				     *c = bk_obj_get(rec, "checkpoints");
-		if (s && s->type == MSGPACK_OBJECT_POSITIVE_INTEGER && l &&
-		    l->type == MSGPACK_OBJECT_FLOAT64) {
+		double loss;
+		if (s && s->type == MSGPACK_OBJECT_POSITIVE_INTEGER && bk_obj_number(l, &loss)) {
 			m->step = (int64_t)s->via.u64;
-			m->loss = l->via.f64;
+			m->loss = loss;
 		}
 		if (c && c->type == MSGPACK_OBJECT_ARRAY)
 			for (uint32_t i = 0; i < c->via.array.size; i++)

@@ -25,9 +25,10 @@ void bk_bake_lower(char *s);
  * lower-cased, at most 200 code points.  malloc'd. */
 char *bk_bake_response_text(const char *answer);
 
-/* The number of tokens the tool reports for the system prompt: the sentencepiece
- * count plus one when the model's tokenizer adds a BOS (tokenizer_config.json
- * add_bos_token, true when absent, as HF's LlamaTokenizer). */
+/* The number of tokens the tool reports for the system prompt, HF's
+ * len(tokenizer.encode(system_prompt)): the bare count plus the ids the model's
+ * tokenizer adds around one sequence (bk_tok_added_ids: tokenizer.json's
+ * post-processor; for tokenizer.model the BOS unless add_bos_token is false). */
 int64_t bk_bake_prompt_tokens(const char *model_dir, int64_t sp_tokens);
 
 /* results.json as the tool writes it, from bk-eval's JSON (NULL without evaluation):
@@ -63,6 +64,13 @@ void bk_bake_model_card(const char *dir, const char *base_model, const char *bod
  * last_epoch_records (< 0: all).  Returns the number of records written. */
 int64_t bk_bake_epoch_order(const char *tokens, const char *out, int64_t epochs,
 			    int64_t last_epoch_records, uint64_t seed);
+
+/* A resumed bake's metrics: path (the earlier run's metrics.bk, if any) is rewritten
+ * atomically as its step records up to the step of checkpoint dir resume (its
+ * trainer_state.json) followed by every record of part (the resumed bk-step's stream,
+ * whose header it takes); part is removed.  So metrics.bk keeps the steps before the
+ * resume, as HF's log_history does. */
+void bk_bake_metrics_join(const char *path, const char *part, const char *resume);
 
 /* Copies bk-step's metrics stream from fd into path byte for byte, drawing a progress
  * line (total steps, 0 = unknown) from its step records; closes fd. */

@@ -120,6 +120,12 @@ int bk_cfg_parse(bk_cfg *c, const char *text, size_t len, const char *name, char
 			what = "a YAML alias; write the value out";
 			break;
 		case YAML_SCALAR_EVENT:
+			/* a "\0" escape: the text would be cut there on its way to the tokenizer */
+			if (memchr(e.data.scalar.value, 0, e.data.scalar.length)) {
+				what = "a NUL character (\\0) in a value; text with NUL cannot be "
+				       "tokenized";
+				break;
+			}
 			if (state == 1) {
 				const char *key = (const char *)e.data.scalar.value;
 				bk_cfg_field *old = find(c, key);
@@ -266,7 +272,19 @@ static const char *scalar(mapper *m, const char *key)
 	return f->v[0];
 }
 
-static int get_double(mapper *m, const char *key, double *dst, double lo, double hi)
+/* a range bound as written: whole numbers in full (1048576, not 1.04858e+06) */
+static const char *bound(double v, char *buf, size_t n)
+{
+	if (v == floor(v) && fabs(v) < 1e15)
+		snprintf(buf, n, "%.0f", v);
+	else
+		snprintf(buf, n, "%g", v);
+	return buf;
+}
+
+/* lo_open: the range is (lo, hi], lo itself refused */
+static int get_double_in(mapper *m, const char *key, double *dst, double lo, double hi,
+			 int lo_open)
 {
 	const char *s = scalar(m, key);
 	if (!s)
@@ -277,10 +295,17 @@ static int get_double(mapper *m, const char *key, double *dst, double lo, double
 	const bk_cfg_field *f = find(m->c, key);
 	if (end == s || *end || errno || !isfinite(v))
 		die("%s: field '%s': '%s' is not a number", where(m, f, w, sizeof w), key, s);
-	if (v < lo || v > hi)
-		die("%s: field '%s': %s is not in [%g, %g]", where(m, f, w, sizeof w), key, s, lo, hi);
+	char bl[32], bh[32];
+	if (v < lo || v > hi || (lo_open && v == lo))
+		die("%s: field '%s': %s is not in %c%s, %s]", where(m, f, w, sizeof w), key, s,
+		    lo_open ? '(' : '[', bound(lo, bl, sizeof bl), bound(hi, bh, sizeof bh));
 	*dst = v;
 	return 1;
+}
+
+static int get_double(mapper *m, const char *key, double *dst, double lo, double hi)
+{
+	return get_double_in(m, key, dst, lo, hi, 0);
 }
 
 static int get_long(mapper *m, const char *key, long *dst, long lo, long hi)
@@ -838,13 +863,9 @@ static void map_training(mapper *m, const bk_bake_caps *caps)
 	get_double(m, "temperature", &p->temperature, 1e-6, 1e6);
 	get_long(m, "teacher_top_k", &p->top_k, 0, 1L << 30);
 	double ep;
-	if (get_double(m, "num_train_epochs", &ep, 0, 1 << 16)) {
-		if (!(ep > 0))
-			note_add(m, BK_CFG_UNSUPPORTED, "num_train_epochs",
-				 "%g: no training (give more than 0)", ep);
-		else
-			p->epochs = ep;
-	}
+	/* (0, 65536]: -1 and 0 are refused alike, by the range they miss */
+	if (get_double_in(m, "num_train_epochs", &ep, 0, 1 << 16, 1))
+		p->epochs = ep;
 	long ms;
 	if (get_long(m, "max_steps", &ms, -1, 1L << 40) && ms > 0)
 		p->max_steps = ms;

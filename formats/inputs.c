@@ -508,6 +508,8 @@ static char *read_text(const char *path, int strip_newlines)
 	return s;
 }
 
+char *bk_read_text(const char *path) { return read_text(path, 0); }
+
 static json_t *read_json(const char *path)
 {
 	size_t len;

@@ -102,6 +102,10 @@ void bk_dataset_free(bk_dataset *ds); /* frees every string; leaves ds zeroed */
  * Returns a malloc'd string, or NULL when no source is given.  Dies when two sources
  * are given, when a template or a corpus format comes without a corpus, when the
  * template has no "{corpus}", on unreadable/invalid files, or on an empty result. */
+/* A whole UTF-8 text file ("-" = stdin) without its BOM: dies naming the file and line
+ * on a NUL byte or invalid UTF-8 (text with a NUL cannot reach a tokenizer whole). */
+char *bk_read_text(const char *path);
+
 char *bk_system_prompt(const char *system, const char *system_file, const char *corpus_file,
 		       const char *corpus_format, const char *system_template_file);
 

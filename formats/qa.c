@@ -48,6 +48,18 @@ static void add_row(bk_qa_set *set, json_t *row, const char *path, const char *w
 	} else {
 		die("%s: %s: answer is not a string or a non-empty list of strings", path, where);
 	}
+	/* an empty answer is a substring of every response: the tool counts it always
+	 * correct, which only inflates the accuracy; refused, as an empty list is */
+	for (size_t i = 0; i < qa.n_answers; i++) {
+		char *kw = bk_qa_clean(qa.answers[i]);
+		int empty = !*kw;
+		free(kw);
+		if (empty && json_is_string(a))
+			die("%s: %s: the answer is empty (it is in every response)", path, where);
+		if (empty)
+			die("%s: %s: answer item %zu is empty (it is in every response)", path, where,
+			    i);
+	}
 	set->v = xrealloc(set->v, (set->n + 1) * sizeof *set->v);
 	set->v[set->n++] = qa;
 }
@@ -161,8 +173,6 @@ int bk_qa_correct(const char *generated, const bk_qa *qa)
 	char *text = bk_qa_clean(generated);
 	int ok = 0;
 	for (size_t i = 0; i < qa->n_answers && !ok; i++) {
-		if (!*qa->answers[i])
-			continue;
 		char *kw = bk_qa_clean(qa->answers[i]);
 		ok = strstr(text, kw) != NULL;
 		free(kw);

@@ -98,6 +98,7 @@ typedef struct {
 	msgpack_object_array a;
 	msgpack_object *items;
 	msgpack_object_kv **kvs;
+	uint8_t *sharded; /* entry i had a 'shard' key */
 } stripped;
 
 static void strip_shard(const msgpack_object_array *p, stripped *s, bk_shard *found,
@@ -105,6 +106,7 @@ static void strip_shard(const msgpack_object_array *p, stripped *s, bk_shard *fo
 {
 	s->items = xcalloc(p->size ? p->size : 1, sizeof *s->items);
 	s->kvs = xcalloc(p->size ? p->size : 1, sizeof *s->kvs);
+	s->sharded = xcalloc(p->size ? p->size : 1, 1);
 	found->n = 0;
 	for (uint32_t i = 0; i < p->size; i++) {
 		const msgpack_object *e = &p->ptr[i];
@@ -121,6 +123,7 @@ static void strip_shard(const msgpack_object_array *p, stripped *s, bk_shard *fo
 				char *t = xstrndup(kv->val.via.str.ptr, kv->val.via.str.size);
 				*found = bk_shard_parse("header 'shard'", t); /* the newest one */
 				free(t);
+				s->sharded[i] = 1;
 				continue;
 			}
 			s->kvs[i][k++] = *kv;
@@ -138,6 +141,7 @@ static void free_stripped(stripped *s)
 		free(s->kvs[i]);
 	free(s->kvs);
 	free(s->items);
+	free(s->sharded);
 }
 
 static void pack_array(const msgpack_object_array *a, msgpack_sbuffer *sb)
@@ -166,6 +170,41 @@ static void find_range(const ent *e, size_t n, const char *id, int64_t epoch, si
 	while (a < n && !strcmp(e[a].id, id) && e[a].epoch == epoch)
 		a++;
 	*hi = a;
+}
+
+/* The name of provenance entry e ('tool'), for messages. */
+static char *entry_tool(const msgpack_object *e)
+{
+	const msgpack_object *t = e->type == MSGPACK_OBJECT_MAP ? bk_obj_get(e, "tool") : NULL;
+	return t && t->type == MSGPACK_OBJECT_STR ? xstrndup(t->via.str.ptr, t->via.str.size)
+						 : xstrdup("?");
+}
+
+/* REF must be the stream the shards read, or one before it with only sharded stages
+ * (or merges of them) between: its provenance is the start of the shards' and every
+ * entry after it is a sharded stage or a merge.  A REF that lacks a stage the shards
+ * have (bk-lens: it reorders) would give another order (batches torn apart). */
+static void check_ref(const msgpack_object_array *ref, const char *ref_name,
+		      const stripped *st, const char *shard_name)
+{
+	uint32_t m = ref->size, n = st->a.size;
+	for (uint32_t i = 0; i < m; i++)
+		if (i >= n || !msgpack_object_equal(ref->ptr[i], st->a.ptr[i])) {
+			char *t = entry_tool(&ref->ptr[i]);
+			die("%s: its provenance entry %u (%s) is not in %s's: not the stream the "
+			    "shards read (give that stream as REF)",
+			    ref_name, i + 1, t, shard_name);
+		}
+	for (uint32_t i = m; i < n; i++) {
+		const msgpack_object *e = &st->a.ptr[i];
+		if (st->sharded[i] ||
+		    (e->type == MSGPACK_OBJECT_MAP && bk_obj_get(e, "merged_shards")))
+			continue;
+		char *t = entry_tool(e);
+		die("%s: lacks the %s stage the shards of %s read (provenance entry %u): give "
+		    "the stream the shards read as REF",
+		    ref_name, t, shard_name, i + 1);
+	}
 }
 
 static int cmp_i64(const void *a, const void *b)
@@ -233,10 +272,11 @@ void bk_shard_merge(const char *ref, const char *const *paths, int n, const char
 		die("%d streams given for %d shards", n, N);
 	qsort(v.v, v.n, sizeof *v.v, cmp_ent);
 
+	bk_reader *rr = bk_reader_open(ref);
+	check_ref(bk_reader_provenance(rr), bk_reader_name(rr), &st0, paths[0]);
 	bk_writer *w = bk_writer_open(out);
 	bk_kv kv[] = {BK_KV_I("merged_shards", N)};
 	bk_writer_header_obj(w, &st0.a, kv, 1);
-	bk_reader *rr = bk_reader_open(ref);
 	const msgpack_object *rec;
 	int per_record = -1;
 	BK_VEC(char *) ids = {0};

@@ -344,6 +344,8 @@ void bk_reader_expect(const bk_reader *r, const char *key, const char *want, con
 		snprintf(got, sizeof got, "%g", v->via.f64);
 	else if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
 		snprintf(got, sizeof got, "%" PRIu64, v->via.u64);
+	else if (v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+		snprintf(got, sizeof got, "%" PRId64, v->via.i64);
 	die("%s: stream was made with another %s (stream: %s, given: %s)", r->name, what, got,
 	    want);
 }
@@ -457,6 +459,94 @@ int bk_rec_int_opt(const bk_reader *r, const msgpack_object *rec, const char *ke
 	else
 		bk_reader_die(r, "field '%s' is not an integer", key);
 	return 1;
+}
+
+/* ---- batch order ---- */
+
+static size_t batch_slot(const bk_batch_order *o, int64_t e, int64_t b)
+{
+	uint64_t h = (uint64_t)b * 0x9E3779B97F4A7C15ull ^ ((uint64_t)e + 0x632BE59BD9B4E019ull);
+	h ^= h >> 29;
+	size_t i = (size_t)(h & (o->cap - 1));
+	while (o->used[i] && (o->e[i] != e || o->b[i] != b))
+		i = (i + 1) & (o->cap - 1);
+	return i;
+}
+
+static void batch_finish(bk_batch_order *o, int64_t e, int64_t b)
+{
+	if ((o->n + 1) * 2 > o->cap) {
+		bk_batch_order g = {0};
+		g.cap = o->cap ? o->cap * 2 : 64;
+		g.e = xcalloc(g.cap, sizeof *g.e);
+		g.b = xcalloc(g.cap, sizeof *g.b);
+		g.used = xcalloc(g.cap, 1);
+		for (size_t i = 0; i < o->cap; i++)
+			if (o->used[i]) {
+				size_t j = batch_slot(&g, o->e[i], o->b[i]);
+				g.used[j] = 1, g.e[j] = o->e[i], g.b[j] = o->b[i];
+			}
+		free(o->e), free(o->b), free(o->used);
+		o->e = g.e, o->b = g.b, o->used = g.used, o->cap = g.cap;
+	}
+	size_t j = batch_slot(o, e, b);
+	if (!o->used[j]) {
+		o->used[j] = 1, o->e[j] = e, o->b[j] = b;
+		o->n++;
+	}
+}
+
+int bk_batch_next(bk_batch_order *o, const bk_reader *r, const msgpack_object *rec,
+		  int64_t *batch)
+{
+	int64_t b, e = 0;
+	if (!bk_rec_int_opt(r, rec, "batch", &b))
+		return 0;
+	bk_rec_int_opt(r, rec, "epoch", &e);
+	*batch = b;
+	if (!o->has_cur || b != o->cur_b) { /* a run of records of one batch ends */
+		for (size_t i = 0; i < o->n_run; i++)
+			batch_finish(o, o->run_e[i], o->cur_b);
+		o->n_run = 0;
+		if (o->cap && o->used[batch_slot(o, e, b)])
+			bk_reader_die(r, "batch %lld (epoch %lld) comes back after other batches: "
+				      "records of one batch must be adjacent (a merge with the wrong "
+				      "reference, or an edited stream?)",
+				      (long long)b, (long long)e);
+		o->has_cur = 1, o->cur_b = b;
+	}
+	/* the epochs of this run (bk-lens after bk-gen mixes them in one batch; bk-gen
+	 * after bk-lens repeats each batch number once per epoch) */
+	size_t i = 0;
+	while (i < o->n_run && o->run_e[i] != e)
+		i++;
+	if (i == o->n_run) {
+		if (o->n_run == o->cap_run) {
+			o->cap_run = o->cap_run ? 2 * o->cap_run : 8;
+			o->run_e = xrealloc(o->run_e, o->cap_run * sizeof *o->run_e);
+		}
+		o->run_e[o->n_run++] = e;
+	}
+	return 1;
+}
+
+void bk_batch_order_free(bk_batch_order *o)
+{
+	free(o->e), free(o->b), free(o->used), free(o->run_e);
+	memset(o, 0, sizeof *o);
+}
+
+int bk_obj_number(const msgpack_object *o, double *v)
+{
+	if (!o)
+		return 0;
+	switch (o->type) {
+	case MSGPACK_OBJECT_FLOAT32:
+	case MSGPACK_OBJECT_FLOAT64: *v = o->via.f64; return 1;
+	case MSGPACK_OBJECT_POSITIVE_INTEGER: *v = (double)o->via.u64; return 1;
+	case MSGPACK_OBJECT_NEGATIVE_INTEGER: *v = (double)o->via.i64; return 1;
+	default: return 0;
+	}
 }
 
 int64_t bk_rec_int(const bk_reader *r, const msgpack_object *rec, const char *key)

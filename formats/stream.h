@@ -54,6 +54,10 @@ _Noreturn void bk_reader_die(const bk_reader *r, const char *fmt, ...)
 /* ---------------- map access ---------------- */
 
 const msgpack_object *bk_obj_get(const msgpack_object *map, const char *key);
+/* A number where a number is meant: a float or an integer (jq and other JSON tools write
+ * 1.0 as 1, and bk-dump --from-json packs it as an integer).  0 when o is NULL or not a
+ * number. */
+int bk_obj_number(const msgpack_object *o, double *v);
 int bk_obj_is(const msgpack_object *o, const char *s); /* o is the string s */
 /* Field accessors for the current record: die naming the field when the type is wrong;
  * the *_opt forms return 0 when the field is absent. */
@@ -65,6 +69,29 @@ int64_t bk_rec_int(const bk_reader *r, const msgpack_object *rec, const char *ke
 int bk_rec_int_opt(const bk_reader *r, const msgpack_object *rec, const char *key, int64_t *v);
 /* string field copied to a malloc'd NUL-terminated string; NULL when absent */
 char *bk_rec_str_opt(const bk_reader *r, const msgpack_object *rec, const char *key);
+
+/* ---------------- batches ---------------- */
+
+/* Records of one batch are adjacent (bk-stream(5)): a batch number, in the epochs (the
+ * 'epoch' field, 0 when absent) its run of records had, is over for good once another
+ * batch starts.  (bk-gen after bk-lens repeats each batch number in every epoch; bk-lens
+ * after bk-gen mixes epochs in one batch.)  Every reader of 'batch' keeps one
+ * bk_batch_order (zeroed) and passes each record through bk_batch_next, which dies
+ * naming the record when a finished batch comes back (a merge with the wrong
+ * reference, a hand-edited stream).  Returns 0 when the record has no 'batch', else 1
+ * with it in *batch. */
+typedef struct {
+	int64_t *e, *b; /* finished (epoch, batch) pairs: open addressing */
+	uint8_t *used;
+	size_t cap, n;
+	int has_cur;
+	int64_t cur_b;
+	int64_t *run_e; /* the epochs of the current batch's run */
+	size_t n_run, cap_run;
+} bk_batch_order;
+int bk_batch_next(bk_batch_order *o, const bk_reader *r, const msgpack_object *rec,
+		  int64_t *batch);
+void bk_batch_order_free(bk_batch_order *o);
 
 /* ---------------- writing ---------------- */
 

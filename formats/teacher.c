@@ -71,11 +71,10 @@ int bk_teacher_read(const bk_reader *r, const msgpack_object *rec, bk_teacher *t
 	t->k = (int)get_int(r, m, "k");
 	t->n = (int)get_int(r, m, "n");
 	t->v = (int)get_int(r, m, "v");
-	const msgpack_object *T = bk_obj_get(m, "temperature");
-	if (!T || (T->type != MSGPACK_OBJECT_FLOAT64 && T->type != MSGPACK_OBJECT_FLOAT32) ||
-	    !(T->via.f64 > 0))
+	double T;
+	if (!bk_obj_number(bk_obj_get(m, "temperature"), &T) || !(T > 0))
 		bk_reader_die(r, "field 'teacher.temperature' is missing or not a positive number");
-	t->temperature = (float)T->via.f64;
+	t->temperature = (float)T;
 	if (t->v <= 0 || t->k > t->v)
 		bk_reader_die(r, "field 'teacher': k %d and v %d do not fit", t->k, t->v);
 	size_t n = (size_t)t->n, per = t->k ? (size_t)t->k : (size_t)t->v;

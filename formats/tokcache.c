@@ -1,6 +1,8 @@
 /* tokcache.c - see tokcache.h.
- * File layout (little-endian): "BKTOKC01", u64 tokenizer hash, u64 entry count, then
- * per entry: u64 key, u32 nt, u32 ns, u32 nr, u32 has_resp, i32 ids[nt + ns + nr].
+ * File layout (little-endian): "BKTOKC03", u64 tokenizer hash, u64 entry count, then
+ * per entry: u64 key, u32 nt, u32 ns, u32 nr, u32 has_resp, u64 check, i32 ids[nt + ns
+ * + nr]; check is XXH3-64 of the entry's other bytes (key, counts, ids), so a damaged
+ * entry is found and dropped (the run that needs it tokenizes it again and puts it back).
  * In memory: the entries back to back in one buffer (the loaded file body plus new
  * entries) and an open-addressing table key -> offset.
  * Concurrency: runs that share a cache (make -j) merge on write.  Close takes an
@@ -22,9 +24,10 @@
 #include <string.h>
 #include <xxhash.h>
 
-#define MAGIC "BKTOKC02" /* 02: keys carry BK_TOKCACHE_CODE (below) */
+#define MAGIC "BKTOKC03" /* 02: keys carry BK_TOKCACHE_CODE (below); 03: entry checks */
 #define HDR 24
-#define ENT 24
+#define ENT 32
+#define CHK 24 /* offset of the entry's check */
 
 struct bk_tokcache {
 	char *path;
@@ -33,6 +36,7 @@ struct bk_tokcache {
 	size_t len, cap;
 	size_t *slot; /* offset + 1; 0 = empty */
 	size_t nslot, count, added;
+	size_t dropped; /* damaged entries left out at load: the file is rewritten */
 };
 
 static uint64_t rd64(const char *p)
@@ -46,6 +50,12 @@ static uint32_t rd32(const char *p)
 	uint32_t v;
 	memcpy(&v, p, 4);
 	return v;
+}
+
+/* the check of the entry at p with tot ids: its bytes but the check itself */
+static uint64_t entry_check(const char *p, uint64_t tot)
+{
+	return XXH3_64bits_withSeed(p + ENT, 4 * (size_t)tot, XXH3_64bits(p, CHK));
 }
 
 static void table_insert(bk_tokcache *c, uint64_t key, size_t off);
@@ -79,21 +89,51 @@ static void table_insert(bk_tokcache *c, uint64_t key, size_t off)
 	c->count++;
 }
 
-/* validates a loaded body; returns 0 if damaged */
-static int index_body(bk_tokcache *c, uint64_t n)
+/* raw append of one entry (no "added" count): an entry read from a file */
+static void append_entry(bk_tokcache *c, const char *p, size_t need)
+{
+	if (c->len + need > c->cap) {
+		c->cap = (c->len + need) * 2;
+		c->buf = xrealloc(c->buf, c->cap);
+	}
+	memcpy(c->buf + c->len, p, need);
+	table_insert(c, rd64(p), c->len);
+	c->len += need;
+}
+
+/* Walks a body of n entries: returns 0 if its framing is damaged (counts that overrun
+ * the body, a wrong entry count), else 1, with *bad the entries whose check fails.
+ * With keep, the good entries are appended to c (those c has already are skipped). */
+static int scan_body(bk_tokcache *c, const char *body, size_t blen, uint64_t n, int keep,
+		     size_t *bad)
 {
 	size_t off = 0;
+	*bad = 0;
 	for (uint64_t k = 0; k < n; k++) {
-		if (c->len - off < ENT)
+		if (blen - off < ENT)
 			return 0;
-		uint64_t tot = (uint64_t)rd32(c->buf + off + 8) + rd32(c->buf + off + 12) +
-			       rd32(c->buf + off + 16);
-		if (tot > (c->len - off - ENT) / 4)
+		uint64_t tot = (uint64_t)rd32(body + off + 8) + rd32(body + off + 12) +
+			       rd32(body + off + 16);
+		if (tot > (blen - off - ENT) / 4)
 			return 0;
-		table_insert(c, rd64(c->buf + off), off);
 		off += ENT + 4 * (size_t)tot;
 	}
-	return off == c->len;
+	if (off != blen)
+		return 0;
+	for (off = 0; off < blen;) {
+		const char *p = body + off;
+		uint64_t tot = (uint64_t)rd32(p + 8) + rd32(p + 12) + rd32(p + 16);
+		size_t need = ENT + 4 * (size_t)tot;
+		off += need;
+		if (entry_check(p, tot) != rd64(p + CHK)) {
+			(*bad)++;
+			continue;
+		}
+		bk_tokcache_entry e;
+		if (keep && !bk_tokcache_get(c, rd64(p), &e))
+			append_entry(c, p, need);
+	}
+	return 1;
 }
 
 /* Version of the code that turns texts into ids (templates, the sentencepiece shim, the
@@ -101,7 +141,7 @@ static int index_body(bk_tokcache *c, uint64_t n)
  * made by the old one.  Bump it with any change to formats/template.c, formats/spm.cc,
  * formats/bpe.c or formats/tokenizer.c that changes ids.  (The template part of a key is
  * bk_template_variant(): qwen3's thinking mode and the Llama-3.x date are in it.) */
-#define BK_TOKCACHE_CODE "bakery-0.1.0/templates-2/bpe-1"
+#define BK_TOKCACHE_CODE "bakery-0.1.0/templates-3/bpe-1" /* 3: spm add_bos_token */
 
 /* mkdir -p that reports failure instead of dying (it is only a cache) */
 static int try_mkdir_p(const char *path)
@@ -142,24 +182,35 @@ bk_tokcache *bk_tokcache_open(uint64_t tokenizer_hash)
 	char *file = bk_try_read_file(c->path, &flen);
 	if (!file)
 		return c; /* no cache yet */
+	if (flen >= 8 && !memcmp(file, MAGIC, 6) && memcmp(file, MAGIC, 8)) {
+		/* BKTOKC01/02: another version of this code; replaced at close */
+		warn("%s: a cache of another bakery version (%.8s); rebuilding it", c->path, file);
+		c->dropped = 1;
+		free(file);
+		return c;
+	}
 	if (flen < HDR || memcmp(file, MAGIC, 8) || rd64(file + 8) != tokenizer_hash) {
 		warn("%s: not a cache for this tokenizer; ignoring it", c->path);
 		free(file);
 		return c;
 	}
-	uint64_t n = rd64(file + 16);
-	c->len = c->cap = flen - HDR;
-	c->buf = xmalloc(c->cap + 1);
-	memcpy(c->buf, file + HDR, c->len);
-	free(file);
-	if (!index_body(c, n)) {
+	size_t bad;
+	c->cap = flen - HDR + 1;
+	c->buf = xmalloc(c->cap);
+	if (!scan_body(c, file + HDR, flen - HDR, rd64(file + 16), 1, &bad)) {
 		warn("%s: damaged cache file; ignoring it", c->path);
 		free(c->slot);
 		c->slot = NULL;
 		c->nslot = c->count = 0;
 		c->len = 0;
 		table_grow(c);
+		c->dropped = 1;
+	} else if (bad) {
+		warn("%s: %zu damaged entr%s dropped (failed checksum); tokenizing %s again",
+		     c->path, bad, bad == 1 ? "y" : "ies", bad == 1 ? "it" : "them");
+		c->dropped = bad;
 	}
+	free(file);
 	return c;
 }
 
@@ -223,6 +274,8 @@ void bk_tokcache_put(bk_tokcache *c, uint64_t key, const bk_tokcache_entry *e)
 		memcpy(p + ENT + 4 * e->nt, e->s, 4 * e->ns);
 	if (e->nr)
 		memcpy(p + ENT + 4 * (e->nt + e->ns), e->r, 4 * e->nr);
+	uint64_t check = entry_check(p, e->nt + e->ns + e->nr);
+	memcpy(p + CHK, &check, 8);
 	/* ids are int32 aligned: ENT and every entry size are multiples of 4 */
 	table_insert(c, key, c->len);
 	c->len += need;
@@ -231,56 +284,23 @@ void bk_tokcache_put(bk_tokcache *c, uint64_t key, const bk_tokcache_entry *e)
 
 const char *bk_tokcache_path(const bk_tokcache *c) { return c->path; }
 
-/* raw append of one entry (no "added" count): an entry another run wrote */
-static void append_entry(bk_tokcache *c, const char *p, size_t need)
-{
-	if (c->len + need > c->cap) {
-		c->cap = (c->len + need) * 2;
-		c->buf = xrealloc(c->buf, c->cap);
-	}
-	memcpy(c->buf + c->len, p, need);
-	table_insert(c, rd64(p), c->len);
-	c->len += need;
-}
-
 /* adds the entries of the file on disk now that c lacks; a damaged or foreign file
- * adds nothing (it is replaced) */
+ * adds nothing (it is replaced), a damaged entry is left out */
 static void merge_from_disk(bk_tokcache *c)
 {
-	size_t flen;
+	size_t flen, bad;
 	char *file = bk_try_read_file(c->path, &flen);
 	if (!file)
 		return;
-	if (flen >= HDR && !memcmp(file, MAGIC, 8) && rd64(file + 8) == c->tok_hash) {
-		/* validate the whole body before taking anything from it */
-		uint64_t n = rd64(file + 16), k = 0;
-		const char *body = file + HDR;
-		size_t blen = flen - HDR, off = 0;
-		for (; k < n && blen - off >= ENT; k++) {
-			uint64_t tot = (uint64_t)rd32(body + off + 8) + rd32(body + off + 12) +
-				       rd32(body + off + 16);
-			if (tot > (blen - off - ENT) / 4)
-				break;
-			off += ENT + 4 * (size_t)tot;
-		}
-		if (k == n && off == blen) {
-			bk_tokcache_entry e;
-			for (off = 0; off < blen;) {
-				size_t need = ENT + 4 * ((size_t)rd32(body + off + 8) +
-							 rd32(body + off + 12) + rd32(body + off + 16));
-				if (!bk_tokcache_get(c, rd64(body + off), &e))
-					append_entry(c, body + off, need);
-				off += need;
-			}
-		}
-	}
+	if (flen >= HDR && !memcmp(file, MAGIC, 8) && rd64(file + 8) == c->tok_hash)
+		scan_body(c, file + HDR, flen - HDR, rd64(file + 16), 1, &bad);
 	free(file);
 }
 
 size_t bk_tokcache_close(bk_tokcache *c)
 {
 	size_t added = c->added;
-	if (added) {
+	if (added || c->dropped) { /* a damaged file or entry is rewritten without it */
 		/* the lock: other runs sharing this cache merge one at a time (a lock that
 		 * cannot be had, e.g. on a file system without flock, only loses the merge) */
 		char *lock_path = xasprintf("%s.lock", c->path);

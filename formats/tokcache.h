@@ -5,7 +5,8 @@
  * atomically at close, so a crash never leaves a torn cache.  Close merges under a
  * lock (PATH.lock): the entries of runs that closed meanwhile are kept, so concurrent
  * runs sharing a cache (make -j) lose none.
- * A damaged cache file is reported once and ignored (it is only a cache). */
+ * A damaged cache file is reported once and ignored (it is only a cache); every entry
+ * carries a checksum, and a damaged entry is dropped, reported once and rebuilt. */
 #ifndef BK_TOKCACHE_H
 #define BK_TOKCACHE_H
 

@@ -22,7 +22,8 @@ struct bk_tok {
 	char *path;
 	uint64_t hash;
 	int32_t bos, eos, unk, pad;
-	int32_t spm_prefix[1];
+	int32_t spm_prefix[1], spm_suffix[1];
+	size_t spm_np, spm_ns;
 };
 
 char *bk_tok_file(const char *dir)
@@ -105,6 +106,31 @@ static void bpe_specials(bk_tok *t)
 	free(cfg_path);
 }
 
+/* What HF's slow tokenizers (LlamaTokenizer, GemmaTokenizer) put around one sequence:
+ * BOS unless tokenizer_config.json next to the model says add_bos_token: false, EOS
+ * when it says add_eos_token: true. */
+static void spm_added(bk_tok *t)
+{
+	t->spm_np = t->bos >= 0;
+	t->spm_ns = 0;
+	char *dir = xstrdup(t->path), *slash = strrchr(dir, '/');
+	if (slash)
+		*slash = 0;
+	char *cfg_path = slash ? bk_path_join(dir, "tokenizer_config.json")
+			       : xstrdup("tokenizer_config.json");
+	free(dir);
+	json_t *cfg = bk_file_exists(cfg_path)
+			      ? json_load_file(cfg_path, JSON_DECODE_INT_AS_REAL, NULL)
+			      : NULL;
+	free(cfg_path);
+	json_t *ab = json_object_get(cfg, "add_bos_token"), *ae = json_object_get(cfg, "add_eos_token");
+	if (json_is_false(ab))
+		t->spm_np = 0;
+	if (json_is_true(ae) && t->eos >= 0)
+		t->spm_ns = 1;
+	json_decref(cfg);
+}
+
 bk_tok *bk_tok_open(const char *path)
 {
 	bk_tok *t = xcalloc(1, sizeof *t);
@@ -129,6 +155,8 @@ bk_tok *bk_tok_open(const char *path)
 		t->unk = bk_spm_unk(t->spm);
 		t->pad = bk_spm_pad(t->spm);
 		t->spm_prefix[0] = t->bos;
+		t->spm_suffix[0] = t->eos;
+		spm_added(t);
 	}
 	return t;
 }
@@ -175,9 +203,9 @@ void bk_tok_added_ids(const bk_tok *t, const int32_t **prefix, size_t *np,
 		return;
 	}
 	*prefix = t->spm_prefix;
-	*np = t->bos >= 0;
-	*suffix = NULL;
-	*ns = 0;
+	*np = t->spm_np;
+	*suffix = t->spm_suffix;
+	*ns = t->spm_ns;
 }
 
 char *bk_tok_decode(const bk_tok *t, const int32_t *ids, size_t n)

@@ -44,7 +44,9 @@ void bk_tok_encode_segment(const bk_tok *t, const char *text, size_t len, int32_
 			   size_t *n);
 int bk_tok_metaspace(const bk_tok *t);
 /* What add_special_tokens=True puts around one sequence (the post-processor's ids; for
- * tokenizer.model: BOS when the model has one, nothing after). */
+ * tokenizer.model, as HF's slow LlamaTokenizer: BOS when the model has one unless
+ * tokenizer_config.json next to it says add_bos_token: false; EOS after when it says
+ * add_eos_token: true). */
 void bk_tok_added_ids(const bk_tok *t, const int32_t **prefix, size_t *np,
 		      const int32_t **suffix, size_t *ns);
 /* The text of ids, special tokens dropped (HF's skip_special_tokens=True); malloc'd. */

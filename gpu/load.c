@@ -4,6 +4,7 @@
 #include "common/files.h"
 #include "common/hash.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,79 @@ void bk_model_fingerprint(const char *dir, char out[17])
 	bk_st_close(s);
 	bk_hash_hex(XXH3_64bits_digest(st), out);
 	XXH3_freeState(st);
+}
+
+/* the text model's type of a config.json: text_config.model_type, else model_type */
+static char *config_model_type(const char *dir)
+{
+	char *path = bk_path_join(dir, "config.json");
+	json_t *o = bk_file_exists(path) ? json_load_file(path, JSON_DECODE_INT_AS_REAL, NULL) : NULL;
+	free(path);
+	json_t *tc = json_object_get(o, "text_config");
+	json_t *mt = json_object_get(json_is_object(tc) ? tc : o, "model_type");
+	if (!json_is_string(mt))
+		mt = json_object_get(o, "model_type");
+	char *r = json_is_string(mt) ? xstrdup(json_string_value(mt)) : NULL;
+	json_decref(o);
+	return r;
+}
+
+static int same_dir(const char *a, const char *b)
+{
+	char *ra = realpath(a, NULL), *rb = realpath(b, NULL);
+	int same = ra && rb && !strcmp(ra, rb);
+	free(ra);
+	free(rb);
+	return same;
+}
+
+void bk_adapter_check_base(const char *adapter_dir, const bk_adapter *ad, const char *model_dir,
+			   const bk_config *cfg, const char *fingerprint)
+{
+	char *fp = NULL, *type = NULL, *ts = bk_path_join(adapter_dir, "trainer_state.json");
+	const char *from = ts;
+	json_t *o = bk_file_exists(ts) ? json_load_file(ts, 0, NULL) : NULL;
+	json_t *set = json_object_get(o, "settings");
+	if (json_is_string(json_object_get(set, "model")))
+		fp = xstrdup(json_string_value(json_object_get(set, "model")));
+	if (json_is_string(json_object_get(set, "model-type")))
+		type = xstrdup(json_string_value(json_object_get(set, "model-type")));
+	json_decref(o);
+	if (type && !strcmp(type, "-")) { /* recorded as unknown */
+		free(type);
+		type = NULL;
+	}
+	const char *base = ad->base_model;
+	char *base_cfg = base ? bk_path_join(base, "config.json") : NULL;
+	int base_local = base_cfg && bk_file_exists(base_cfg);
+	free(base_cfg);
+	if (!type && base_local) { /* an adapter made elsewhere, or before model-type */
+		type = config_model_type(base);
+		from = base;
+	}
+	if (type && cfg->model_type && strcmp(type, cfg->model_type))
+		die("%s: the adapter was trained on a %s model (%s), %s is %s (%s): another "
+		    "architecture",
+		    adapter_dir, type, from, model_dir, cfg->model_type, cfg->architecture);
+	char here[17];
+	if (!fp && base_local && !same_dir(base, model_dir)) {
+		fp = xmalloc(17);
+		bk_model_fingerprint(base, fp);
+	}
+	if (fp) {
+		if (!fingerprint) {
+			bk_model_fingerprint(model_dir, here);
+			fingerprint = here;
+		}
+		if (strcmp(fp, fingerprint))
+			warn("%s: the adapter was trained on another checkpoint of this architecture "
+			     "(%s%s fingerprint %s; %s is %s)",
+			     adapter_dir, base ? base : "its base", base ? "," : "", fp, model_dir,
+			     fingerprint);
+	}
+	free(fp);
+	free(type);
+	free(ts);
 }
 
 static float *read_tensor(const bk_st *st, const char *name, int64_t rows, int64_t cols)

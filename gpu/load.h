@@ -22,6 +22,15 @@ void bk_model_unload(bk_loaded_model *lm);
 /* The fingerprint alone (for stream headers), without loading the weights. */
 void bk_model_fingerprint(const char *dir, char out[17]);
 
+/* Is the adapter at adapter_dir (loaded as ad) meant for the model at model_dir (cfg;
+ * fingerprint when known, else NULL: computed only when needed)?  Its base is what
+ * bk-step recorded in adapter_dir/trainer_state.json (the model fingerprint and model
+ * type), else base_model_name_or_path when that is a local model directory.  Another
+ * model type (family) is refused naming both; another checkpoint of the same one is
+ * a warning.  An adapter with no known base passes. */
+void bk_adapter_check_base(const char *adapter_dir, const bk_adapter *ad, const char *model_dir,
+			   const bk_config *cfg, const char *fingerprint);
+
 /* Copies an adapter's A/B into a bk_lora with the same r and targets (dies if not). */
 void bk_lora_from_adapter(const bk_model *m, bk_lora *dst, const bk_adapter *src);
 /* Copies a bk_lora into an adapter made by bk_adapter_new with the same shape. */

@@ -642,6 +642,14 @@ static void finish_step(run *R, double epoch_pos)
 		bk_rec_key(R->w, "elapsed");
 		msgpack_pack_double(pk, R->elapsed0 + (t - R->t0));
 		bk_rec_end(R->w);
+	}
+	if (step % R->o->logging_steps == 0) { /* trainer_state.json's, as HF's */
+		if (!p->log_history)
+			p->log_history = json_array();
+		json_array_append_new(p->log_history,
+				      json_pack("{s:f, s:f, s:f, s:f, s:I}", "epoch", epoch_pos,
+						"grad_norm", norm, "learning_rate", lr, "loss",
+						R->log_loss / R->log_steps, "step", (json_int_t)step));
 		R->log_loss = 0;
 		R->log_steps = R->log_tokens = 0;
 		R->log_t0 = t;
@@ -736,8 +744,11 @@ static void index_file(run *R, bk_reader *in, file_index *fx)
 	BK_VEC(long) ls = {0}, lt = {0};
 	int64_t prev_batch = 0;
 	long sum_s = 0, sum_t = 0, max_T = 1;
+	bk_batch_order bo = {0};
 	while ((rec = bk_reader_next(in))) {
 		load_slot(R, in, rec, &sl);
+		if (!o->batch_size) /* a batch that comes back is refused */
+			bk_batch_next(&bo, in, rec, &sl.batch);
 		size_t len;
 		const char *raw = bk_reader_raw(in, &len);
 		if (off + len > fx->map.len || memcmp(fx->map.data + off, raw, len))
@@ -780,6 +791,7 @@ static void index_file(run *R, bk_reader *in, file_index *fx)
 	free(ls.v), free(lt.v);
 	free(sl.s), free(sl.t), free(sl.r);
 	bk_teacher_free(&sl.tc);
+	bk_batch_order_free(&bo);
 }
 
 static size_t micro_per_epoch(const file_index *fx, const bk_step_opts *o)
@@ -888,6 +900,7 @@ static void train_pipe(run *R, bk_reader *in)
 {
 	const bk_step_opts *o = R->o;
 	mbatch mb = {0};
+	bk_batch_order bo = {0};
 	const msgpack_object *rec;
 	int64_t skip = R->prog.records, epoch_field = 0;
 	while (skip > 0 && (rec = bk_reader_next(in)))
@@ -904,6 +917,8 @@ static void train_pipe(run *R, bk_reader *in)
 			if (!o->batch_size && !s->has_batch)
 				bk_reader_die(in, "no 'batch' field: plan batches with bk-lens or "
 					      "give --batch-size");
+			if (!o->batch_size) /* a batch that comes back is refused */
+				bk_batch_next(&bo, in, rec, &s->batch);
 			bk_rec_int_opt(in, rec, "epoch", &epoch_field);
 			int full = o->batch_size ? mb.n + 1 == o->batch_size
 						 : mb.n > 0 && s->batch != mb.v[0].batch;
@@ -931,6 +946,7 @@ static void train_pipe(run *R, bk_reader *in)
 		stop = should_stop(R);
 	}
 	mb_free(&mb);
+	bk_batch_order_free(&bo);
 }
 
 /* ---- the whole run ---- */
@@ -945,11 +961,8 @@ static void check_stream(run *R, bk_reader *in)
 	bk_reader_expect(in, "model", R->lm.fingerprint, "model");
 	if (o->system)
 		bk_reader_expect_system(in, o->system);
-	const msgpack_object *pt = bk_reader_prov(in, "temperature");
-	if (pt && (pt->type == MSGPACK_OBJECT_FLOAT64 || pt->type == MSGPACK_OBJECT_FLOAT32 ||
-		   pt->type == MSGPACK_OBJECT_POSITIVE_INTEGER)) {
-		double t = pt->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (double)pt->via.u64
-								       : pt->via.f64;
+	double t;
+	if (bk_obj_number(bk_reader_prov(in, "temperature"), &t)) {
 		if (fabs(t - o->temperature) > 1e-6 * fmax(1, o->temperature))
 			die("%s: stream was made with teacher temperature %g, given --temperature %g",
 			    bk_reader_name(in), t, o->temperature);
@@ -961,6 +974,8 @@ static void add_settings(run *R, int is_file, size_t nrec, int64_t warmup)
 	const bk_step_opts *o = R->o;
 	/* the flags that change the result must not change on --resume */
 	add_setting(R, "model", xstrdup(R->lm.fingerprint));
+	/* the base's family, for bk-merge and bk-eval (bk_adapter_check_base) */
+	add_setting(R, "model-type", xstrdup(R->lm.cfg->model_type ? R->lm.cfg->model_type : "-"));
 	add_setting(R, "input", xstrdup(is_file ? "file" : "pipe"));
 	add_setting(R, "ranks", xasprintf("%d", R->dist.size)); /* before what it changes */
 	add_setting(R, "records", is_file ? xasprintf("%zu", nrec) : xstrdup("-"));
@@ -1043,6 +1058,8 @@ int bk_step_run(const bk_step_opts *o)
 		die_usage("--epochs %ld needs a STREAM file; a pipe is read once (bk-gen "
 			  "--epochs makes fresh trajectories per epoch)", o->epochs);
 	check_out(&R);
+	if (!R.dist.rank) /* one run at a time in --out (rank 0 alone writes there) */
+		bk_dir_lock(o->out, "bk-step", "--out");
 
 	const bk_ops *ops = bk_device_select(o->device);
 	bk_reader *in = bk_reader_open(o->input); /* a file: verified whole here */
@@ -1175,6 +1192,7 @@ done:
 		free(R.set[i].value);
 	free(R.set);
 	free(R.resume_kind);
+	json_decref(R.prog.log_history);
 	bk_trainer_free(R.tr);
 	bk_model_unload(&R.lm);
 	bk_reader_close(in);

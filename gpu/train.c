@@ -545,6 +545,8 @@ void bk_trainer_save(const bk_trainer *t, const bk_config *cfg, const char *base
 	json_object_set_new(pr, "elapsed", json_real(p->elapsed));
 	json_object_set_new(pr, "order_seed", json_string(seed));
 	json_object_set_new(o, "progress", pr);
+	json_object_set_new(o, "log_history",
+			    p->log_history ? json_incref(p->log_history) : json_array());
 	for (int i = 0; i < n_settings; i++)
 		json_object_set_new(st, settings[i].key, json_string(settings[i].value));
 	json_object_set_new(o, "settings", st);
@@ -643,6 +645,11 @@ void bk_trainer_resume(bk_trainer *t, const bk_config *cfg, const char *dir,
 	if (!json_is_string(seed))
 		die("%s: key 'progress.order_seed' is missing or not a string", path);
 	p->order_seed = strtoull(json_string_value(seed), NULL, 10);
+	json_t *lh = json_object_get(o, "log_history"); /* absent in older checkpoints */
+	if (lh && !json_is_array(lh))
+		die("%s: key 'log_history' is not a list", path);
+	if (json_array_size(lh))
+		p->log_history = json_incref(lh);
 	/* the optimizer: a state without 'optim' is adamw */
 	json_t *jo = json_object_get(o, "optim");
 	const char *was = jo ? json_string_value(jo) : "adamw";

@@ -154,6 +154,10 @@ typedef struct {
 	double loss_sum;          /* sum of step losses over the whole run */
 	double elapsed;           /* training seconds over the whole run */
 	uint64_t order_seed;      /* seed of the per-epoch micro-batch order */
+	/* HF's log_history: a JSON array of {epoch, grad_norm, learning_rate, loss, step}
+	 * per logged step (owned; NULL: none yet).  Saved in trainer_state.json and
+	 * restored by bk_trainer_resume, so a resumed run keeps the steps before it. */
+	struct json_t *log_history;
 } bk_train_progress;
 
 /* settings: n_settings (key, value) string pairs that must be equal on resume (the

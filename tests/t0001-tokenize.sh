@@ -50,6 +50,20 @@ test_expect_success 'a damaged cache file is ignored with a warning' '
 	cmp cold.bk again.bk && grep -q "ignoring it" err
 '
 
+# flips the low byte of the last id of FILE's last entry (the last sample's)
+flip_last_id() { python3 -c '
+import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[-4] ^= 1; open(p, "wb").write(b)' "$1"; }
+test_expect_success 'a damaged cache entry is dropped, rebuilt and reported once' '
+	export XDG_CACHE_HOME="$TEST_TMP/dmg" &&
+	bk-tokenize --tokenizer "$L" --template llama2 --system "Be brief." "$DATA/pipe/pairs.json" >d0.bk 2>/dev/null &&
+	for f in "$XDG_CACHE_HOME"/bakery/tokenize-*.cache; do flip_last_id "$f"; done &&
+	bk-tokenize -v --tokenizer "$L" --template llama2 --system "Be brief." "$DATA/pipe/pairs.json" >d1.bk 2>err1 &&
+	cmp d0.bk d1.bk && grep -q "1 damaged entry dropped (failed checksum); tokenizing it again" err1 &&
+	grep -q "cache hits 3, new cache entries 1" err1 &&
+	bk-tokenize -v --tokenizer "$L" --template llama2 --system "Be brief." "$DATA/pipe/pairs.json" >d2.bk 2>err2 &&
+	cmp d0.bk d2.bk && ! grep -q damaged err2 && grep -q "sentencepiece calls 0" err2
+'
+
 test_expect_success 'an unusable cache directory is a warning, not an error' '
 	XDG_CACHE_HOME=/proc/no-such-dir bk-tokenize --tokenizer "$L" --template llama2 --system "Be brief." \
 		"$DATA/pipe/pairs.json" >nc2.bk 2>err && cmp cold.bk nc2.bk && grep -q "without the cache" err

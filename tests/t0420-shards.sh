@@ -40,12 +40,41 @@ test_expect_success 'bad shard sets and flags are refused with one line' '
 	test_must_fail bk-dump --merge pl.bk -o x.bk gen0.bk gen0.bk gen1.bk 2>err && grep -q "given twice" err &&
 	test_must_fail bk-dump --merge pl.bk -o x.bk gen0.bk t1.bk gen2.bk 2>err && grep -q "header differs" err &&
 	test_must_fail bk-dump --merge pl.bk -o x.bk gen.bk 2>err && grep -q "not a shard stream" err &&
-	bk-tokenize --model "$M" --system "Sparky the dragon." --prompt "Other" 2>/dev/null >o.bk &&
+	bk-tokenize --model "$M" --system "Sparky the dragon." --prompt "Other" 2>/dev/null |
+	bk-lens -q --max-tokens 64 >o.bk &&
 	test_must_fail bk-dump --merge o.bk -o x.bk gen0.bk gen1.bk gen2.bk 2>err && grep -q "matches no record" err &&
 	! test -e x.bk &&
 	test_must_fail --exit 2 bk-gen $G --shard 3/3 pl.bk 2>err >/dev/null && grep -q "0 <= I < N" err &&
 	test_must_fail --exit 2 bk-teach $T --shard x pl.bk 2>err >/dev/null &&
 	bk-dump pl.bk | jq -c "del(.id)" | bk-dump --from-json >noid.bk &&
 	test_must_fail bk-gen $G --shard 0/2 noid.bk 2>err >/dev/null && grep -q "record 1: no string .id." err
+'
+test_expect_success 'a jq round trip of a teach stream (1.0 written as 1) trains the same adapter' '
+	bk-dump teach.bk | jq -c . | bk-dump --from-json >rt.bk &&
+	bk-dump rt.bk | head -1 | grep -q "\"temperature\":1," &&
+	bk-step --model "$M" --device cpu --out r0 --lora-r 4 --max-steps 2 teach.bk >/dev/null 2>&1 &&
+	bk-step --model "$M" --device cpu --out r1 --lora-r 4 --max-steps 2 rt.bk >/dev/null &&
+	cmp r0/final/adapter_model.safetensors r1/final/adapter_model.safetensors
+'
+
+# The stream before bk-lens has the same records in another order: as REF it would tear
+# batches apart (bk-teach and bk-step then trained other micro-batches, exit 0).
+test_expect_success 'a REF without a stage the shards have is refused; a batch that comes back is refused by every reader' '
+	bk-tokenize --model "$M" --system "Sparky the dragon." p.txt 2>/dev/null >tok.bk &&
+	test_must_fail bk-dump --merge tok.bk -o x.bk gen0.bk gen1.bk gen2.bk 2>err &&
+	grep -q "tok.bk: lacks the bk-lens stage the shards of gen0.bk read (provenance entry 2)" err &&
+	bk-gen $G --seed 7 pl.bk -o gen7.bk 2>/dev/null &&
+	test_must_fail bk-dump --merge gen7.bk -o x.bk t0.bk t1.bk t2.bk 2>err &&
+	grep -q "gen7.bk: its provenance entry 3 (bk-gen) is not in t0.bk.s" err && ! test -e x.bk &&
+	bk-lens -q --max-tokens 64 gen.bk >mixed.bk && bk-teach $T mixed.bk -o /dev/null 2>/dev/null &&
+	test $(bk-dump mixed.bk | jq -s "[.[] | select(.batch == 0) | .epoch] | unique | length") -gt 1 &&
+	bk-dump gen.bk | jq -c -s "sort_by(.id, .epoch, .traj)[]" | bk-dump --from-json >torn.bk &&
+	test_must_fail bk-teach $T torn.bk -o x.bk 2>err &&
+	grep -q "torn.bk: record [0-9]*: batch [0-9]* (epoch 0) comes back after other batches" err &&
+	bk-dump teach.bk | jq -c -s "sort_by(.id, .epoch, .traj)[]" | bk-dump --from-json >torn-t.bk &&
+	test_must_fail bk-step --model "$M" --device cpu --out s2 --lora-r 4 --max-steps 2 torn-t.bk 2>err &&
+	grep -q "comes back after other batches" err && ! test -e s2/final &&
+	test_must_fail --lines 2 bk-step --model "$M" --device cpu --out s3 --lora-r 4 --max-steps 2 - <torn-t.bk 2>err &&
+	grep -q "comes back after other batches" err && grep -q "saved the 1 step done" err
 '
 test_done

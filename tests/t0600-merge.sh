@@ -70,4 +70,28 @@ test_expect_success 'usage errors: missing flags, unknown dtype' '
 	bk-merge --model "$M" --adapter ad --out x --dtype f8 2>err; test $? -eq 2 && test ! -e x
 '
 
+# the same shapes in another family: stories260K relabelled as Mistral; and another
+# checkpoint of the same architecture: one weight changed
+test_expect_success 'an adapter of another architecture is refused (bk-merge, bk-eval); another checkpoint warns' '
+	cp -r "$M" mis && jq ".architectures = [\"MistralForCausalLM\"] | .model_type = \"mistral\"" \
+		"$M/config.json" >mis/config.json &&
+	cp -r ad adm && jq --arg m "$M" ".base_model_name_or_path = \$m" ad/adapter_config.json >adm/adapter_config.json &&
+	test_must_fail bk-merge --model mis --adapter adm --out x 2>err &&
+	grep -q "^bk-merge: error: adm: the adapter was trained on a llama model ($M), mis is mistral (MistralForCausalLM): another architecture" err &&
+	test ! -e x &&
+	bk-tokenize --model "$M" --system S --prompt "Once upon a time" 2>/dev/null | bk-lens -q --max-tokens 64 |
+		bk-gen --model "$M" --device cpu --num-trajectories 1 --max-new-tokens 4 2>/dev/null >g.bk &&
+	bk-step --model "$M" --device cpu --out st --lora-r 2 --max-steps 1 g.bk >/dev/null 2>&1 &&
+	test_must_fail bk-merge --model mis --adapter st/final --out x 2>err &&
+	grep -q "st/final: the adapter was trained on a llama model (st/final/trainer_state.json), mis is mistral" err &&
+	echo "[{\"question\": \"Who?\", \"answer\": \"dragon\"}]" >qa.json &&
+	test_must_fail bk-eval --model mis --device cpu --system S --adapter st/final --eval qa.json 2>err >/dev/null &&
+	grep -q "another architecture" err &&
+	cp -r "$M" ch && python3 -c "
+import sys; p = \"ch/model.safetensors\"; b = bytearray(open(p, \"rb\").read()); b[-3] ^= 1; open(p, \"wb\").write(b)" &&
+	bk-merge --model ch --adapter st/final --out mch 2>err && test -f mch/model.safetensors &&
+	grep -q "^bk-merge: warning: st/final: the adapter was trained on another checkpoint of this architecture" err &&
+	bk-merge --model "$M" --adapter st/final --out mok 2>err && test ! -s err
+'
+
 test_done

@@ -3,6 +3,7 @@
  * tests/ref/make_bpe_golden.py): Qwen2/2.5/3, Llama-3, GPT-2, SmolLM2 and their variants
  * with added-token flags; decode; the SentencePiece-style file of TinyLlama against its
  * tokenizer.model; refusals of what is not supported. */
+#include "formats/bakeout.h"
 #include "formats/tokenizer.h"
 #include "tests/harness.h"
 
@@ -107,7 +108,35 @@ static size_t check_cases(const bk_tok *t, json_t *cases, const char *name)
 	return ok;
 }
 
-static void test_golden(const char *name, size_t want_llamacpp)
+/* results.json's prompt_tokens, the tool's len(tokenizer.encode(system_prompt)), for a
+ * model directory of this tokenizer.json and the family's real tokenizer_config.json
+ * (tests/data/hf-configs/FAMILY; none: the tokenizer alone): HF's ids_special count. */
+static void check_prompt_tokens(const char *name, const char *tj, const char *family,
+				json_t *cases)
+{
+	char *dir = xasprintf("%s/%s-model", tmpdir, name);
+	char *cmd = family ? xasprintf("mkdir -p '%s' && cp '%s' '%s/' && cp "
+				       "tests/data/hf-configs/%s/tokenizer_config.json '%s/'",
+				       dir, tj, dir, family, dir)
+			   : xasprintf("mkdir -p '%s' && cp '%s' '%s/'", dir, tj, dir);
+	CHECK(system(cmd) == 0, "%s", cmd);
+	size_t i, bad = 0;
+	json_t *c;
+	int64_t added = bk_bake_prompt_tokens(dir, 0); /* opens the tokenizer: once */
+	json_array_foreach(cases, i, c) {
+		int64_t got = (int64_t)json_array_size(json_object_get(c, "ids")) + added;
+		int64_t want = (int64_t)json_array_size(json_object_get(c, "ids_special"));
+		if (got != want && bad++ < 3)
+			fprintf(stderr, "  %s (%s): prompt_tokens %lld, HF's len(encode) %lld\n", name,
+				family ? family : "no tokenizer_config.json", (long long)got,
+				(long long)want);
+	}
+	CHECK(!bad, "%s: prompt_tokens differs from HF on %zu cases", name, bad);
+	free(cmd);
+	free(dir);
+}
+
+static void test_golden(const char *name, size_t want_llamacpp, const char *family)
 {
 	char *path = xasprintf("tests/golden/bpe/%s.json", name);
 	json_error_t err;
@@ -129,6 +158,7 @@ static void test_golden(const char *name, size_t want_llamacpp)
 	CHECK(n_llamacpp == want_llamacpp, "%s: %zu llama.cpp strings, want %zu", name, n_llamacpp,
 	      want_llamacpp);
 	size_t ok = check_cases(t, cases, name);
+	check_prompt_tokens(name, tj, family, cases);
 	printf("%s: %zu/%zu cases equal to HF\n", name, ok, json_array_size(cases));
 	/* vocab: every id of the goldens has a piece that maps back to it */
 	json_array_foreach(cases, i, c) {
@@ -192,6 +222,28 @@ static void test_spm_same(const char *name, const char *model)
 	free(path);
 }
 
+/* tokenizer.model alone (HF's slow LlamaTokenizer): BOS unless add_bos_token is false,
+ * EOS when add_eos_token is true.  "Once upon a time" is 4 ids on stories260K. */
+static void test_spm_prompt_tokens(void)
+{
+	CHECK(bk_bake_prompt_tokens("models/stories260K", 4) == 5, "stories260K: BOS not counted");
+	static const char *const cfgs[] = {"{\"add_bos_token\": false}", "{\"add_eos_token\": true}",
+					   "{}"};
+	static const int64_t want[] = {4, 6, 5};
+	for (int k = 0; k < 3; k++) {
+		char *dir = xasprintf("%s/spm-%d", tmpdir, k);
+		char *cmd = xasprintf("mkdir -p '%s' && cp models/stories260K/tokenizer.model '%s/' && "
+				      "printf '%%s' '%s' >'%s/tokenizer_config.json'",
+				      dir, dir, cfgs[k], dir);
+		CHECK(system(cmd) == 0, "%s", cmd);
+		int64_t got = bk_bake_prompt_tokens(dir, 4);
+		CHECK(got == want[k], "tokenizer.model with %s: prompt_tokens %lld, want %lld", cfgs[k],
+		      (long long)got, (long long)want[k]);
+		free(cmd);
+		free(dir);
+	}
+}
+
 int main(void)
 {
 	const char *tmp = getenv("TMPDIR");
@@ -200,12 +252,14 @@ int main(void)
 		perror(tmpdir);
 		return 1;
 	}
-	test_golden("qwen", 46);
-	test_golden("llama-bpe", 46);
-	test_golden("gpt-2", 46);
-	test_golden("smollm2", 0);
-	test_golden("llama-spm", 0);
-	test_golden("spm-gemma", 0); /* Gemma: Replace normalizer, Split(" ") pre-tokenizer */
+	test_golden("qwen", 46, "Qwen2.5-0.5B-Instruct");
+	test_golden("llama-bpe", 46, NULL);
+	test_golden("gpt-2", 46, NULL);
+	test_golden("smollm2", 0, "SmolLM2-135M-Instruct");
+	test_golden("llama-spm", 0, "TinyLlama-1.1B-Chat-v1.0");
+	/* Gemma: Replace normalizer, Split(" ") pre-tokenizer */
+	test_golden("spm-gemma", 0, NULL);
+	test_spm_prompt_tokens();
 	test_spm_same("llama-spm", "models/llama2-tokenizer/tokenizer.model");
 	char *cmd = xasprintf("rm -rf '%s'", tmpdir);
 	if (system(cmd) != 0)
