@@ -281,6 +281,22 @@ static char *repo_dir(bk_hub_kind kind, const char *id)
 	return r;
 }
 
+/* a path inside the repo: relative, no "." or ".." component, no empty one */
+static int repo_path_ok(const char *p)
+{
+	if (!*p || *p == '/')
+		return 0;
+	for (const char *s = p; *s;) {
+		size_t n = strcspn(s, "/");
+		if (!n || (n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
+			return 0;
+		s += n;
+		if (*s == '/' && !*++s)
+			return 0;
+	}
+	return 1;
+}
+
 static int is_commit(const char *s)
 {
 	if (!s || strlen(s) != 40)
@@ -865,6 +881,8 @@ char *bk_hub_file(bk_hub_kind kind, const char *id, const char *revision, const 
 	const char *rev = revision ? revision : "main";
 	if (!bk_hub_is_id(id))
 		die("'%s' is not a hub repo id (Org/Name)", id);
+	if (!repo_path_ok(file))
+		die("%s %s: '%s' is not a file path inside the repo", kind_word(kind), id, file);
 	char *rdir = repo_dir(kind, id);
 	if (is_commit(rev)) { /* a commit: the cache answers without a request */
 		int missing;
@@ -1015,8 +1033,7 @@ static int list_try(bk_hub_kind kind, const char *id, const char *rev, bk_hub_li
 		if (!json_is_string(name))
 			die("%s: sibling %zu has no 'rfilename'", url, i);
 		const char *n = json_string_value(name);
-		if (!*n || *n == '/' || strstr(n, "../") || !strcmp(n, "..") ||
-		    (strlen(n) >= 3 && !strcmp(n + strlen(n) - 3, "/..")))
+		if (!repo_path_ok(n))
 			die("%s: sibling '%s' is not a path inside the repo", url, n);
 		out->v[out->n].path = xstrdup(n);
 		out->v[out->n].size = json_is_integer(size) ? (int64_t)json_integer_value(size) : -1;

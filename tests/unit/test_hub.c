@@ -131,6 +131,11 @@ static void missing_required(void *arg)
 	bk_hub_file(BK_HUB_DATASET, "org/data", NULL, "no-such.json", 0);
 }
 
+static void escaping_path(void *arg)
+{
+	bk_hub_file(BK_HUB_DATASET, "org/data", NULL, arg, 0);
+}
+
 static void list_offline(void *arg)
 {
 	bk_hub_listing l;
@@ -189,6 +194,11 @@ static void test_dataset_api(void)
 	CHECK(!f && bk_file_exists(ne), "optional missing file: NULL and .no_exist");
 	bk_expect_die("a required missing file", missing_required, NULL,
 		      "dataset org/data has no file 'no-such.json'", "404");
+	static const char *const escapes[] = {"../x", "data/../../x", "/etc/passwd", "a//b", "./a",
+					      "data/", "", NULL};
+	for (int i = 0; escapes[i]; i++)
+		bk_expect_die(escapes[i], escaping_path, (void *)escapes[i],
+			      "is not a file path inside the repo", NULL);
 
 	/* offline: the cache answers, .no_exist included */
 	setenv("HF_HUB_OFFLINE", "1", 1);
