@@ -12,6 +12,7 @@
 #include "gpu/gen.h"
 #include "gpu/load.h"
 #include "gpu/teach.h"
+#include "formats/hub.h"
 
 #include <jansson.h>
 #include <string.h>
@@ -27,7 +28,7 @@ static const char usage[] =
 	"(discrete) and base + adapter without it (baked): keyword accuracy of greedy\n"
 	"answers on Q&A files, and the mean per-token KL(teacher || student) on\n"
 	"held-out prompts.  Writes results.json to -o (default stdout).\n"
-	"  --model DIR          HF model directory (tokenizer.json or .model, template detected)\n"
+	"  --model DIR          HF model directory or hub id (tokenizer.json or .model, template detected)\n"
 	"  --adapter DIR        PEFT adapter to evaluate as 'baked' (else only base)\n"
 	"  --device D           cpu, cuda or auto (default auto)\n"
 	"  --template NAME      chat template instead of the detected one\n"
@@ -195,6 +196,9 @@ int main(int argc, char **argv)
 		die_usage("bk-eval takes no positional arguments");
 	if (!o.model)
 		die_usage("--model DIR is required");
+	const char *model_arg = o.model;
+	char *model_dir = bk_hub_model_dir(o.model, NULL);
+	o.model = model_dir;
 	if (!o.eval && !o.held_out && !o.kl_prompts)
 		die_usage("nothing to evaluate: give --eval, --held-out or --kl-prompts");
 	if (!(o.temperature > 0))
@@ -227,7 +231,7 @@ int main(int argc, char **argv)
 	bk_ids sys_ids = {0};
 	bk_tok_encode(spm, system, strlen(system), &sys_ids.v, &sys_ids.n);
 
-	json_t *res = json_pack("{s:s, s:s?, s:s, s:I}", "model", o.model, "adapter", o.adapter,
+	json_t *res = json_pack("{s:s, s:s?, s:s, s:I}", "model", model_arg, "adapter", o.adapter,
 				"template", bk_template_name(tmpl), "system_prompt_tokens",
 				(json_int_t)sys_ids.n);
 	json_t *examples = json_array();
@@ -304,6 +308,7 @@ int main(int argc, char **argv)
 	bk_tok_free(spm);
 	free(tok_path);
 	free(system);
+	free(model_dir);
 	bk_stdout_close();
 	return 0;
 }

@@ -22,6 +22,7 @@
 #include "gpu/device.h"
 #include "gpu/gen.h"
 #include "gpu/load.h"
+#include "formats/hub.h"
 
 static const char usage[] =
 	"usage: bk-gen --model DIR [--device D] [--num-trajectories N] [--temperature T]\n"
@@ -32,7 +33,7 @@ static const char usage[] =
 	"record's t_prompt) for every record without 'resp', and writes one record per\n"
 	"sample with resp, response, traj and epoch added; empty samples are dropped.\n"
 	"Records with 'resp' pass through once, untouched.  Output order is input order.\n"
-	"  --model DIR             HF model directory (config.json, safetensors, tokenizer.json or .model)\n"
+	"  --model DIR             HF model directory or hub id (config.json, safetensors, tokenizer)\n"
 	"  --device D              cpu, cuda or auto (default auto)\n"
 	"  --system TEXT           refuse a stream made with another system prompt\n"
 	"  --system-file FILE      the same, the system prompt read from FILE\n"
@@ -240,6 +241,8 @@ int main(int argc, char **argv)
 		die_usage("too many arguments");
 	if (!model)
 		die_usage("--model DIR is required");
+	char *model_dir = bk_hub_model_dir(model, NULL);
+	model = model_dir;
 	if (!(o.temperature >= 0 && o.temperature <= 100))
 		die_usage("--temperature %g is not in [0,100]", o.temperature);
 	if (!(o.top_p > 0 && o.top_p <= 1))
@@ -457,6 +460,7 @@ int main(int argc, char **argv)
 	free(stop.v);
 	free(ids);
 	free(rg.v);
+	free(model_dir);
 	bk_stdout_close();
 	return 0;
 }

@@ -6,14 +6,17 @@
 #include "formats/hfconfig.h"
 #include "formats/merge.h"
 #include "formats/peft.h"
+#include "formats/hub.h"
 #include "gpu/load.h"
+
+#include <stdlib.h>
 
 static const char usage[] =
 	"usage: bk-merge --model DIR --adapter DIR --out DIR [--dtype auto|f32|bf16|f16] [-v]\n"
 	"Writes DIR = the base model with W' = W + (lora_alpha / r) B A folded into every\n"
 	"projection the adapter targets: model.safetensors, config.json and the tokenizer\n"
 	"files.  The sums are taken in fp32 and rounded once to the output dtype.\n"
-	"  --model DIR     base HF model directory\n"
+	"  --model DIR     base HF model directory, or hub id Org/Name\n"
 	"  --adapter DIR   PEFT adapter directory (adapter_model.safetensors, adapter_config.json)\n"
 	"  --out DIR       output model directory (must not exist or be empty)\n"
 	"  --dtype D       auto (each tensor keeps the base dtype; default), f32, bf16 or f16\n"
@@ -39,6 +42,8 @@ int main(int argc, char **argv)
 	int dtype = bk_merge_dtype_parse(dtype_s);
 	if (dtype == -2)
 		die_usage("--dtype '%s' is not one of auto, f32, bf16, f16", dtype_s);
+	char *model_dir = bk_hub_model_dir(model, NULL);
+	model = model_dir;
 
 	bk_config *cfg = bk_config_load(model);
 	bk_adapter *ad = bk_adapter_load(adapter, cfg);
@@ -48,5 +53,6 @@ int main(int argc, char **argv)
 	     st.merged, ad->r, ad->alpha, st.bytes);
 	bk_adapter_free(ad);
 	bk_config_free(cfg);
+	free(model_dir);
 	return 0;
 }

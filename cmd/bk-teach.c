@@ -13,6 +13,7 @@
 #include "gpu/device.h"
 #include "gpu/load.h"
 #include "gpu/teach.h"
+#include "formats/hub.h"
 
 #include <string.h>
 #include <time.h>
@@ -25,7 +26,7 @@ static const char usage[] =
 	"Appends 'teacher' to every record: the base model's log-probs (adapter off) on\n"
 	"t_prompt + resp at each response position.  Records must carry 'resp' (run bk-gen\n"
 	"first on prompts-only data); a record without one is refused.\n"
-	"  --model DIR        HF model directory (the teacher)\n"
+	"  --model DIR        HF model directory or hub id Org/Name (the teacher)\n"
 	"  --device D         cpu, cuda or auto (default auto)\n"
 	"  --system TEXT      refuse a stream made with another system prompt\n"
 	"  --system-file FILE the same, the system prompt read from FILE\n"
@@ -165,6 +166,8 @@ int main(int argc, char **argv)
 		die_usage("too many arguments");
 	if (!model)
 		die_usage("--model DIR is required");
+	char *model_dir = bk_hub_model_dir(model, NULL);
+	model = model_dir;
 	bk_shard shard = {0, 0};
 	if (shard_spec)
 		shard = bk_shard_parse("--shard", shard_spec);
@@ -300,6 +303,7 @@ int main(int argc, char **argv)
 	bk_model_unload(&lm);
 	free(tp), free(rp);
 	free(g.raw.v), free(g.off.v), free(g.ids.v), free(g.ioff.v), free(g.a.v), free(g.n.v);
+	free(model_dir);
 	bk_stdout_close();
 	return 0;
 }
