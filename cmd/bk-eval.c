@@ -12,6 +12,7 @@
 #include "gpu/gen.h"
 #include "gpu/load.h"
 #include "gpu/teach.h"
+#include "formats/hub.h"
 
 #include <jansson.h>
 #include <string.h>
@@ -195,6 +196,9 @@ int main(int argc, char **argv)
 		die_usage("bk-eval takes no positional arguments");
 	if (!o.model)
 		die_usage("--model DIR is required");
+	const char *model_arg = o.model;
+	char *model_dir = bk_hub_model_dir(o.model, NULL);
+	o.model = model_dir;
 	if (!o.eval && !o.held_out && !o.kl_prompts)
 		die_usage("nothing to evaluate: give --eval, --held-out or --kl-prompts");
 	if (!(o.temperature > 0))
@@ -226,7 +230,7 @@ int main(int argc, char **argv)
 	bk_ids sys_ids = {0};
 	bk_tok_encode(spm, system, strlen(system), &sys_ids.v, &sys_ids.n);
 
-	json_t *res = json_pack("{s:s, s:s?, s:s, s:I}", "model", o.model, "adapter", o.adapter,
+	json_t *res = json_pack("{s:s, s:s?, s:s, s:I}", "model", model_arg, "adapter", o.adapter,
 				"template", bk_template_name(tmpl), "system_prompt_tokens",
 				(json_int_t)sys_ids.n);
 	json_t *examples = json_array();
@@ -303,6 +307,7 @@ int main(int argc, char **argv)
 	bk_tok_free(spm);
 	free(tok_path);
 	free(system);
+	free(model_dir);
 	bk_stdout_close();
 	return 0;
 }

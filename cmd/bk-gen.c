@@ -22,6 +22,7 @@
 #include "gpu/device.h"
 #include "gpu/gen.h"
 #include "gpu/load.h"
+#include "formats/hub.h"
 
 static const char usage[] =
 	"usage: bk-gen --model DIR [--device D] [--num-trajectories N] [--temperature T]\n"
@@ -240,6 +241,8 @@ int main(int argc, char **argv)
 		die_usage("too many arguments");
 	if (!model)
 		die_usage("--model DIR is required");
+	char *model_dir = bk_hub_model_dir(model, NULL);
+	model = model_dir;
 	if (!(o.temperature >= 0 && o.temperature <= 100))
 		die_usage("--temperature %g is not in [0,100]", o.temperature);
 	if (!(o.top_p > 0 && o.top_p <= 1))
@@ -457,6 +460,7 @@ int main(int argc, char **argv)
 	free(stop.v);
 	free(ids);
 	free(rg.v);
+	free(model_dir);
 	bk_stdout_close();
 	return 0;
 }

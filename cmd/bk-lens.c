@@ -6,6 +6,7 @@
 #include "common/rng.h"
 #include "formats/stream.h"
 #include "formats/tokenizer.h"
+#include "formats/hub.h"
 
 #include <string.h>
 
@@ -142,6 +143,9 @@ int main(int argc, char **argv)
 		die_usage("too many arguments");
 	if (model && tokenizer)
 		die_usage("give --model or --tokenizer, not both");
+	char *model_dir = model ? bk_hub_model_dir(model, NULL) : NULL;
+	if (model_dir)
+		model = model_dir;
 	bk_reader *in = bk_reader_open(n ? argv[0] : "-");
 	if (model || tokenizer) {
 		char *p = tokenizer ? xstrdup(tokenizer) : bk_tok_file(model);
@@ -210,6 +214,7 @@ int main(int argc, char **argv)
 	free(w.t.v);
 	free(w.s.v);
 	free(w.resp.v);
+	free(model_dir);
 	bk_stdout_close();
 	return 0;
 }

@@ -6,6 +6,9 @@
 #include "formats/hfconfig.h"
 #include "formats/merge.h"
 #include "formats/peft.h"
+#include "formats/hub.h"
+
+#include <stdlib.h>
 
 static const char usage[] =
 	"usage: bk-merge --model DIR --adapter DIR --out DIR [--dtype auto|f32|bf16|f16] [-v]\n"
@@ -38,6 +41,8 @@ int main(int argc, char **argv)
 	int dtype = bk_merge_dtype_parse(dtype_s);
 	if (dtype == -2)
 		die_usage("--dtype '%s' is not one of auto, f32, bf16, f16", dtype_s);
+	char *model_dir = bk_hub_model_dir(model, NULL);
+	model = model_dir;
 
 	bk_config *cfg = bk_config_load(model);
 	bk_adapter *ad = bk_adapter_load(adapter, cfg);
@@ -46,5 +51,6 @@ int main(int argc, char **argv)
 	     st.merged, ad->r, ad->alpha, st.bytes);
 	bk_adapter_free(ad);
 	bk_config_free(cfg);
+	free(model_dir);
 	return 0;
 }

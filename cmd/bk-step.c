@@ -7,6 +7,7 @@
 #include "formats/inputs.h"
 #include "formats/peft.h"
 #include "gpu/steprun.h"
+#include "formats/hub.h"
 
 #include <math.h>
 #include <signal.h>
@@ -123,6 +124,11 @@ int main(int argc, char **argv)
 		die_usage("too many arguments");
 	if (!o.model || !o.out)
 		die_usage("--model DIR and --out DIR are required");
+	/* a hub id: the adapter names it, as PEFT does, and the cache snapshot is read */
+	char *model_dir = bk_hub_model_dir(o.model, NULL);
+	if (!o.base_name && strcmp(model_dir, o.model))
+		o.base_name = o.model;
+	o.model = model_dir;
 	if (bk_sched_parse(o.schedule, &o.sched))
 		die_usage("--schedule: unknown schedule '%s' (linear, cosine, constant, "
 			  "constant_with_warmup)", o.schedule);
@@ -153,6 +159,7 @@ int main(int argc, char **argv)
 	o.system = sys;
 	int rc = bk_step_run(&o);
 	free(sys);
+	free(model_dir);
 	bk_stdout_close();
 	return rc;
 }

@@ -13,6 +13,7 @@
 #include "gpu/device.h"
 #include "gpu/load.h"
 #include "gpu/teach.h"
+#include "formats/hub.h"
 
 #include <string.h>
 #include <time.h>
@@ -165,6 +166,8 @@ int main(int argc, char **argv)
 		die_usage("too many arguments");
 	if (!model)
 		die_usage("--model DIR is required");
+	char *model_dir = bk_hub_model_dir(model, NULL);
+	model = model_dir;
 	bk_shard shard = {0, 0};
 	if (shard_spec)
 		shard = bk_shard_parse("--shard", shard_spec);
@@ -298,6 +301,7 @@ int main(int argc, char **argv)
 	bk_model_unload(&lm);
 	free(tp), free(rp);
 	free(g.raw.v), free(g.off.v), free(g.ids.v), free(g.ioff.v), free(g.a.v), free(g.n.v);
+	free(model_dir);
 	bk_stdout_close();
 	return 0;
 }

@@ -10,6 +10,7 @@
 #include "formats/stream.h"
 #include "formats/template.h"
 #include "formats/tokcache.h"
+#include "formats/hub.h"
 
 #include <string.h>
 
@@ -157,6 +158,9 @@ int main(int argc, char **argv)
 	int npos = bk_flags_parse(argc, argv, opts, usage);
 	if (!o.model == !o.tokenizer)
 		die_usage("give one of --model DIR or --tokenizer FILE");
+	char *model_dir = o.model ? bk_hub_model_dir(o.model, NULL) : NULL;
+	if (model_dir)
+		o.model = model_dir;
 	if (!npos && !o.prompts.n)
 		die_usage("no data: give DATA files (\"-\" for stdin) or --prompt TEXT");
 	if (o.enable_thinking && o.no_thinking)
@@ -329,6 +333,7 @@ int main(int argc, char **argv)
 	if (cfg)
 		bk_config_free(cfg);
 	bk_dataset_free(&ds);
+	free(model_dir);
 	bk_stdout_close();
 	return 0;
 }
