@@ -622,7 +622,9 @@ static size_t to_file(char *p, size_t sz, size_t nm, void *ud)
 
 static void mb(int64_t b, char *out)
 {
-	if (b >= 1 << 30)
+	if (b < 1024)
+		sprintf(out, "%lld bytes", (long long)b);
+	else if (b >= 1 << 30)
 		sprintf(out, "%.2f GB", (double)b / (1 << 30));
 	else if (b >= 1 << 20)
 		sprintf(out, "%.1f MB", (double)b / (1 << 20));
@@ -640,9 +642,18 @@ static void draw(dl_state *d, int final)
 	if (d->tty)
 		fprintf(stderr, "\r%s: downloading %s: %s of %s, %s/s   %s", bk_prog, d->label, a,
 			t, r, final ? "\n" : "");
-	else if (final)
+	else if (final && d->have >= (1 << 20)) /* a log: one line per file that took time */
 		fprintf(stderr, "%s: downloaded %s: %s, %s/s\n", bk_prog, d->label, a, r);
 	d->drawn = 1;
+}
+
+/* as common/progress.h: BK_PROGRESS=1 forces the redrawn line, 0 turns it off */
+static int progress_on(void)
+{
+	const char *e = getenv("BK_PROGRESS");
+	if (e && *e)
+		return strcmp(e, "0") != 0;
+	return isatty(2);
 }
 
 static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
@@ -691,7 +702,7 @@ static void fetch_blob(const char *url, const char *hub_url, const char *tok, co
 		meta_clear(&m);
 		CURL *c = easy(url, h, &m);
 		dl_state d = {.f = f, .label = label, .have = have, .total = size, .t0 = mono(),
-			      .tty = isatty(2)};
+			      .tty = progress_on()};
 		curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
 		curl_easy_setopt(c, CURLOPT_MAXREDIRS, 10L);
 		curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, to_file);

@@ -13,16 +13,16 @@ files answer 200 with ETag = git's blob sha1.  Control files in a repo directory
 repo files): .gated holds the one token that has accepted the licence (no token: 401
 GatedRepo; another token: 403 GatedRepo); .private likewise, answered as the hub answers
 a private repo (401 RepoNotFound); .corrupt names files whose bytes the CDN serves with
-one byte changed.  A missing repo is 401 RepoNotFound (404 with a token); an unknown
+one byte changed; .cut holds N: the CDN's first answer for one of the repo's LFS
+files ends after N bytes (a dropped connection; Range requests are honoured).  A missing repo is 401 RepoNotFound (404 with a token); an unknown
 revision 404 RevisionNotFound; a missing file 404 EntryNotFound with X-Repo-Commit.
 
 The CDN refuses (400) any request that carries Authorization (a client must drop it
-when it leaves the hub's host).  --cut N: the CDN's first answer to each file ends
-after N bytes (a dropped connection); Range requests are honoured.
+when it leaves the hub's host).
 Every request is logged to ROOT/requests.log: "HOST METHOD PATH auth=0|1 range=R".
 Writes "HUBPORT CDNPORT" to --port-file once both listen; stops on SIGTERM.
 
-Usage: hubserver.py --root DIR --port-file FILE [--cut N]
+Usage: hubserver.py --root DIR --port-file FILE
 """
 import argparse
 import hashlib
@@ -35,13 +35,12 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LFS_EXT = (".safetensors", ".model", ".parquet")
-CONTROL = (".gated", ".private", ".corrupt")
+CONTROL = (".gated", ".private", ".corrupt", ".cut")
 
 
 class Hub:
-    def __init__(self, root, cut):
+    def __init__(self, root):
         self.root = root
-        self.cut = cut
         self.cut_done = set()
         self.lock = threading.Lock()
         self.cdn_port = 0
@@ -256,9 +255,10 @@ def make_handler(hub, is_cdn):
             h = {"Content-Length": str(len(body)), "Content-Type": "application/octet-stream"}
             if rng:
                 h["Content-Range"] = "bytes %d-%d/%d" % (start, len(data) - 1, len(data))
-            key = (kind, rid, rel)
+            key = (kind, rid)  # one cut per repo
             with hub.lock:
-                cut = hub.cut and key not in hub.cut_done and not rng
+                cut = int(hub.control(d, ".cut") or 0)
+                cut = cut if cut and key not in hub.cut_done and not rng else 0
                 if cut:
                     hub.cut_done.add(key)
             self.send_response(code)
@@ -268,7 +268,7 @@ def make_handler(hub, is_cdn):
             if self.command == "HEAD":
                 return
             if cut:
-                self.wfile.write(body[:hub.cut])
+                self.wfile.write(body[:cut])
                 self.wfile.flush()
                 self.close_connection = True
                 return
@@ -281,9 +281,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", required=True)
     ap.add_argument("--port-file", required=True)
-    ap.add_argument("--cut", type=int, default=0)
     a = ap.parse_args()
-    hub = Hub(a.root, a.cut)
+    hub = Hub(a.root)
     cdn = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(hub, True))
     hub.cdn_port = cdn.server_address[1]
     srv = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(hub, False))

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Hub model ids (formats/hub.c) against tests/hubserver.py, a hub and a CDN on 127.0.0.1:
+# the cache layout huggingface_hub writes (refs, blobs named by etag, snapshot links),
+# offline and no-network use of it, a cache laid out by hand as huggingface_hub lays it
+# out, gated/private/unknown repos, HF_TOKEN and the token file, Authorization not sent
+# to the CDN, a corrupted blob refused, a partial download resumed, the lock, disk full.
+. "$(dirname "$0")/lib.sh"
+M="$MODELS/stories260K"
+set -o pipefail
+command -v python3 >/dev/null || { echo "not ok - python3 is needed"; exit 1; }
+
+mkdir -p root/models/tiny/stories260K root/models/tiny/gated root/models/tiny/private \
+	root/models/tiny/corrupt root/models/tiny/cut root/models/tiny/nosafe
+for r in stories260K gated private corrupt cut; do cp "$M"/* root/models/tiny/$r/; done
+cp "$M"/config.json "$M"/tokenizer.model root/models/tiny/nosafe/
+echo "dummy" >root/models/tiny/nosafe/pytorch_model.bin
+echo good-token >root/models/tiny/gated/.gated
+echo good-token >root/models/tiny/private/.private
+echo model.safetensors >root/models/tiny/corrupt/.corrupt
+echo 4096 >root/models/tiny/cut/.cut
+python3 "$ROOT/tests/hubserver.py" --root root --port-file port 2>server.err &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; rm -rf "$TEST_TMP"' EXIT
+for _ in $(seq 100); do [ -s port ] && break; sleep 0.1; done
+read -r HUBPORT CDNPORT <port || { echo "not ok - the hub server did not start"; cat server.err; exit 1; }
+export HF_ENDPOINT="http://127.0.0.1:$HUBPORT" HF_HUB_CACHE="$TEST_TMP/hub" HF_HOME="$TEST_TMP/hfhome"
+unset HF_TOKEN HF_HUB_OFFLINE HF_TOKEN_PATH HUGGINGFACE_HUB_CACHE
+DEAD="http://127.0.0.1:1" # nothing listens there
+C=hub/models--tiny--stories260K
+tok() { bk-tokenize --model "$1" --prompt "Once upon a time" | bk-dump | jq -c .s_prompt; }
+git_sha1() { python3 -c 'import hashlib,sys; d=open(sys.argv[1],"rb").read(); print(hashlib.sha1(b"blob %d\0" % len(d) + d).hexdigest())' "$1"; }
+
+test_expect_success 'a hub id downloads into the HF cache layout and tokenizes as the local model' '
+	BK_PROGRESS=1 tok tiny/stories260K >ids 2>err &&
+	test "$(cat ids)" = "$(tok "$M")" &&
+	grep -q "downloading tiny/stories260K model.safetensors: 1020.5 kB of 1020.5 kB, .*/s" err &&
+	commit=$(cat $C/refs/main) && test ${#commit} -eq 40 && test $(wc -c <$C/refs/main) -eq 40 &&
+	for f in config.json generation_config.json tokenizer.model tokenizer_config.json model.safetensors; do
+		link=$(readlink $C/snapshots/$commit/$f) &&
+		case $link in ../../blobs/*) ;; *) echo "$f -> $link"; exit 1 ;; esac &&
+		cmp $C/snapshots/$commit/$f "$M/$f" || exit 1
+	done &&
+	test "$(readlink $C/snapshots/$commit/model.safetensors)" = "../../blobs/$(sha256sum <"$M"/model.safetensors | cut -c1-64)" &&
+	test "$(readlink $C/snapshots/$commit/config.json)" = "../../blobs/$(git_sha1 "$M"/config.json)" &&
+	test -z "$(find hub -name "*.incomplete")" &&
+	test -f hub/.locks/models--tiny--stories260K/$(git_sha1 "$M"/config.json).lock &&
+	! grep "^cdn.*auth=1" root/requests.log
+'
+
+test_expect_success 'HF_HUB_OFFLINE=1: the cache only, no request; no network: the cache too' '
+	n=$(wc -l <root/requests.log) &&
+	HF_HUB_OFFLINE=1 tok tiny/stories260K >off &&
+	test_cmp ids off && test $(wc -l <root/requests.log) -eq $n &&
+	HF_ENDPOINT=$DEAD tok tiny/stories260K >nonet && test_cmp ids nonet &&
+	HF_HUB_OFFLINE=1 test_must_fail bk-tokenize --model tiny/notcached --prompt x 2>e &&
+	grep -q "tiny/notcached (revision .main.) is not in the cache .*HF_HUB_OFFLINE" e &&
+	HF_ENDPOINT=$DEAD test_must_fail bk-tokenize --model tiny/notcached --prompt x 2>e &&
+	grep -q "cannot be reached" e
+'
+
+test_expect_success 'a cache laid out by hand as huggingface_hub writes it is read offline' '
+	R=hand/models--org--tiny && commit=0123456789abcdef0123456789abcdef01234567 &&
+	mkdir -p $R/refs $R/blobs $R/snapshots/$commit &&
+	printf %s $commit >$R/refs/main &&
+	for f in config.json tokenizer_config.json generation_config.json; do
+		e=$(git_sha1 "$M/$f") && cp "$M/$f" $R/blobs/$e && ln -s ../../blobs/$e $R/snapshots/$commit/$f || exit 1
+	done &&
+	for f in tokenizer.model model.safetensors; do
+		e=$(sha256sum <"$M/$f" | cut -c1-64) && cp "$M/$f" $R/blobs/$e && ln -s ../../blobs/$e $R/snapshots/$commit/$f || exit 1
+	done &&
+	HF_HUB_CACHE=$TEST_TMP/hand HF_HUB_OFFLINE=1 tok org/tiny >hand.ids && test_cmp ids hand.ids &&
+	bk-tokenize --model "$M" --system "A dragon." "$DATA/pipe/stories.txt" 2>/dev/null |
+		bk-gen --device cpu --model "$M" --max-new-tokens 8 --seed 1 | bk-dump | jq -c .resp >local.gen &&
+	bk-tokenize --model "$M" --system "A dragon." "$DATA/pipe/stories.txt" 2>/dev/null |
+		HF_HUB_CACHE=$TEST_TMP/hand HF_HUB_OFFLINE=1 bk-gen --device cpu --model org/tiny --max-new-tokens 8 --seed 1 |
+		bk-dump | jq -c .resp >hand.gen &&
+	test -s hand.gen && test_cmp local.gen hand.gen &&
+	HF_HUB_CACHE=$TEST_TMP/hand HF_HUB_OFFLINE=1 XDG_CACHE_HOME=$TEST_TMP/x HF_HOME=$TEST_TMP/y \
+		bk-tokenize --model org/tiny --prompt x >/dev/null
+'
+
+test_expect_success 'the cache root: HF_HUB_CACHE, else HF_HOME/hub, else XDG_CACHE_HOME/huggingface/hub' '
+	mkdir -p y && cp -r hand/models--org--tiny y/ &&
+	mkdir -p h/hub x/huggingface/hub && cp -r hand/models--org--tiny h/hub/ && cp -r hand/models--org--tiny x/huggingface/hub/ &&
+	(unset HF_HUB_CACHE; HF_HOME=$TEST_TMP/h HF_HUB_OFFLINE=1 bk-tokenize --model org/tiny --prompt x >/dev/null) &&
+	(unset HF_HUB_CACHE HF_HOME; XDG_CACHE_HOME=$TEST_TMP/x HF_HUB_OFFLINE=1 bk-tokenize --model org/tiny --prompt x >/dev/null) &&
+	(unset HF_HUB_CACHE HF_HOME XDG_CACHE_HOME; HOME=$TEST_TMP/nohome HF_HUB_OFFLINE=1 test_must_fail bk-tokenize --model org/tiny --prompt x 2>e) &&
+	grep -q "nohome/.cache/huggingface/hub/models--org--tiny" e
+'
+
+test_expect_success 'gated: 401 and 403 name the licence page and HF_TOKEN; a good token (variable or file) downloads' '
+	test_must_fail bk-tokenize --model tiny/gated --prompt x 2>e &&
+	grep -q "model tiny/gated is gated (HTTP 401.*accept its licence at $HF_ENDPOINT/tiny/gated.*HF_TOKEN" e &&
+	HF_TOKEN=bad-token test_must_fail bk-tokenize --model tiny/gated --prompt x 2>e &&
+	grep -q "is gated (HTTP 403" e &&
+	HF_TOKEN=good-token tok tiny/gated >g && test_cmp ids g &&
+	grep -q "^hub HEAD /tiny/gated/resolve/.*/model.safetensors auth=1" root/requests.log &&
+	grep -q "^cdn GET /blob/models/tiny/gated/model.safetensors.* auth=0" root/requests.log &&
+	mkdir -p hfhome && echo good-token >hfhome/token &&
+	rm -rf hub/models--tiny--gated && tok tiny/gated >g2 && test_cmp ids g2 && rm hfhome/token
+'
+
+test_expect_success 'private (401 RepoNotFound) and unknown repos (404): one line each' '
+	test_must_fail bk-tokenize --model tiny/private --prompt x 2>e &&
+	grep -q "tiny/private: not found, or private or gated (HTTP 401): no HF_TOKEN given" e &&
+	HF_TOKEN=other test_must_fail bk-tokenize --model tiny/nothere --prompt x 2>e &&
+	grep -q "model tiny/nothere not found on the hub (HTTP 404" e &&
+	test_must_fail bk-tokenize --model tiny/nosafe --prompt x 2>e &&
+	grep -q "no model.safetensors.*never downloaded" e &&
+	! grep -q "pytorch_model.bin" root/requests.log &&
+	test_must_fail bk-tokenize --model no/such/path --prompt x 2>e &&
+	grep -q "is not a model directory" e
+'
+
+test_expect_success 'a blob whose sha256 is not its etag is refused: no blob, no snapshot link' '
+	test_must_fail bk-tokenize --model tiny/corrupt --prompt x 2>e &&
+	grep -q "model.safetensors: the downloaded bytes have sha256 .* refused" e &&
+	test -z "$(find hub/models--tiny--corrupt/blobs -size +100k)" &&
+	test -z "$(find hub/models--tiny--corrupt/snapshots -name model.safetensors)"
+'
+
+test_expect_success 'a partial download is kept and resumed with a Range request' '
+	test_must_fail bk-tokenize --model tiny/cut --prompt x 2>e &&
+	grep -q "download failed after 4096 bytes.*resumed by the next run" e &&
+	part=$(ls hub/models--tiny--cut/blobs/*.incomplete | head -1) && test $(wc -c <"$part") -eq 4096 &&
+	tok tiny/cut >c && test_cmp ids c &&
+	grep -q "^cdn GET /blob/models/tiny/cut/tokenizer.model.* range=bytes=4096-" root/requests.log &&
+	test -z "$(find hub/models--tiny--cut -name "*.incomplete")"
+'
+
+test_expect_success 'a download waits for the lock of another process on the same blob' '
+	rm -rf hub/models--tiny--stories260K &&
+	e=$(sha256sum <"$M"/model.safetensors | cut -c1-64) &&
+	mkdir -p hub/.locks/models--tiny--stories260K &&
+	flock hub/.locks/models--tiny--stories260K/$e.lock sleep 1 &
+	sleep 0.3 && tok tiny/stories260K >l 2>e && wait &&
+	test_cmp ids l && grep -q "waiting for another download of model.safetensors" e
+'
+
+test_expect_success 'disk full: one line naming the file' '
+	rm -rf hub/models--tiny--stories260K &&
+	e=$(sha256sum <"$M"/model.safetensors | cut -c1-64) &&
+	mkdir -p hub/models--tiny--stories260K/blobs &&
+	ln -s /dev/full hub/models--tiny--stories260K/blobs/$e.incomplete &&
+	test_must_fail bk-tokenize --model tiny/stories260K --prompt x 2>e &&
+	grep -q "blobs/$e.incomplete: disk full" e
+'
+
+test_done
