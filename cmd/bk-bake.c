@@ -10,6 +10,7 @@
 #include "formats/bakeout.h"
 #include "formats/bakeplan.h"
 #include "formats/config_yaml.h"
+#include "formats/hub.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,7 +24,7 @@
 #include <unistd.h>
 
 static const char usage[] =
-	"usage: bk-bake [--dry-run] [-v] CONFIG [--FIELD VALUE]...\n"
+	"usage: bk-bake [--dry-run] [-v] [--config] CONFIG [--FIELD VALUE]...\n"
 	"       bk-bake --fields\n"
 	"Bakes the system prompt of CONFIG (the Python tool's flat YAML config) into a\n"
 	"LoRA adapter: bk-tokenize, then bk-lens | bk-gen | bk-teach | bk-step in one pipe,\n"
@@ -32,6 +33,9 @@ static const char usage[] =
 	"metrics.bk and logs/; prints a summary.\n"
 	"Any config field can be overridden: --learning_rate 5e-5 (or --learning-rate=5e-5).\n"
 	"Fields bakery cannot honour are listed with the reason; unknown ones refuse the bake.\n"
+	"CONFIG may follow --config, as the tool's command line has it (bakery --config FILE).\n"
+	"model_name_or_path may be a hub id (Org/Name): it is read from the HF cache, and\n"
+	"downloaded into it when missing (HF_ENDPOINT, HF_TOKEN; HF_HUB_OFFLINE=1: cache only).\n"
 	"  --dry-run      check the config and print the commands it would run\n"
 	"  --fields       list every field bk-bake knows: origin, what is done, default, why\n"
 	"  -v, --verbose  stage messages on stderr instead of output_dir/logs/\n";
@@ -242,6 +246,17 @@ static void show_log_warnings(const char *tool)
 	fclose(f);
 }
 
+/* a field whose default is true or false */
+static int is_bool_field(const char *key)
+{
+	size_t n;
+	const bk_cfg_known *k = bk_cfg_fields(&n);
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(k[i].key, key))
+			return k[i].def && (!strcmp(k[i].def, "true") || !strcmp(k[i].def, "false"));
+	return 0;
+}
+
 static void list_fields(void)
 {
 	size_t n;
@@ -255,7 +270,9 @@ static void list_fields(void)
 int main(int argc, char **argv)
 {
 	int dry_run = 0, fields = 0;
+	const char *config_flag = NULL;
 	bk_opt opts[] = {
+		{"config", 0, BK_OPT_STR, &config_flag, 0, 0},
 		{"dry-run", 0, BK_OPT_FLAG, &dry_run, 0, 0},
 		{"fields", 0, BK_OPT_FLAG, &fields, 0, 0},
 		{"verbose", 'v', BK_OPT_FLAG, &verbose, 0, 0},
@@ -268,6 +285,7 @@ int main(int argc, char **argv)
 	int n_own = 1;
 	own[0] = argv[0];
 	BK_VEC(char *) ov = {0}; /* key, value pairs */
+	int n_config = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		int is_own = !strcmp(a, "--dry-run") || !strcmp(a, "-v") || !strcmp(a, "--verbose") ||
@@ -278,6 +296,17 @@ int main(int argc, char **argv)
 			own[n_own++] = argv[i];
 			continue;
 		}
+		/* the tool's own command line: bakery --config FILE [--field value ...] */
+		if (!strcmp(a, "--config") || !strncmp(a, "--config=", 9)) {
+			if (!a[8] && i + 1 >= argc)
+				die_usage("--config needs a FILE");
+			if (n_config++)
+				die_usage("one --config FILE, please");
+			own[n_own++] = argv[i];
+			if (!a[8])
+				own[n_own++] = argv[++i];
+			continue;
+		}
 		if (strncmp(a, "--", 2) || !a[2])
 			die_usage("unknown option '%s' (overrides are --FIELD VALUE)", a);
 		const char *eq = strchr(a, '=');
@@ -286,6 +315,8 @@ int main(int argc, char **argv)
 			if (*k == '-')
 				*k = '_';
 		const char *val = eq ? eq + 1 : NULL;
+		if (!val && (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2)) && is_bool_field(key))
+			val = "true"; /* HfArgumentParser: a bool field given bare is true */
 		if (!val) {
 			if (i + 1 >= argc)
 				die_usage("override --%s needs a value", key);
@@ -296,16 +327,16 @@ int main(int argc, char **argv)
 	}
 	int npos = bk_flags_parse(n_own, own, opts, usage);
 	if (fields) {
-		if (npos)
+		if (npos || config_flag)
 			die_usage("--fields takes no CONFIG");
 		list_fields();
 		free(own);
 		bk_stdout_close();
 		return 0;
 	}
-	if (npos != 1)
+	if (npos + (config_flag != NULL) != 1)
 		die_usage(npos ? "one CONFIG file, please" : "no CONFIG file given");
-	const char *config = own[0];
+	const char *config = config_flag ? config_flag : own[0];
 
 	ssize_t len = readlink("/proc/self/exe", bindir, sizeof bindir - 1);
 	if (len > 0) {
@@ -344,6 +375,15 @@ int main(int argc, char **argv)
 		goto done;
 	}
 
+	/* a hub id: one snapshot (downloaded into the HF cache when missing) for every
+	 * stage, so they all read one commit; the adapter names the id, as PEFT does */
+	const char *hub_id = NULL;
+	char *model_dir = bk_hub_model_dir(p.model, p.revision);
+	if (strcmp(model_dir, p.model)) {
+		hub_id = p.model;
+		b.base_name = hub_id;
+		p.model = model_dir;
+	}
 	char *resume_owned;
 	b.resume = bk_bake_resolve_resume(&p, &resume_owned);
 	if (p.overwrite)
@@ -449,7 +489,7 @@ int main(int argc, char **argv)
 	free(text);
 	free(rp);
 	char *card = bk_bake_model_card_text(&p, &b, &tr, prompt_tokens);
-	bk_bake_model_card(fm, p.model, card);
+	bk_bake_model_card(fm, hub_id ? hub_id : p.model, card);
 	free(card);
 	bk_bake_summary(&p, &b, &tr, &lg, res, t1 - t0, t2 - t1, t3 - t2);
 	json_decref(train);
@@ -460,6 +500,7 @@ int main(int argc, char **argv)
 	free(lg.ckpts.v);
 	bk_bake_cmds_free(&b);
 	free(resume_owned);
+	free(model_dir);
 	free(fm);
 	free(ld);
 done:

@@ -28,7 +28,7 @@ static const char usage[] =
 	"(discrete) and base + adapter without it (baked): keyword accuracy of greedy\n"
 	"answers on Q&A files, and the mean per-token KL(teacher || student) on\n"
 	"held-out prompts.  Writes results.json to -o (default stdout).\n"
-	"  --model DIR          HF model directory (tokenizer.json or .model, template detected)\n"
+	"  --model DIR          HF model directory or hub id (tokenizer.json or .model, template detected)\n"
 	"  --adapter DIR        PEFT adapter to evaluate as 'baked' (else only base)\n"
 	"  --device D           cpu, cuda or auto (default auto)\n"
 	"  --template NAME      chat template instead of the detected one\n"

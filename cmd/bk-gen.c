@@ -33,7 +33,7 @@ static const char usage[] =
 	"record's t_prompt) for every record without 'resp', and writes one record per\n"
 	"sample with resp, response, traj and epoch added; empty samples are dropped.\n"
 	"Records with 'resp' pass through once, untouched.  Output order is input order.\n"
-	"  --model DIR             HF model directory (config.json, safetensors, tokenizer.json or .model)\n"
+	"  --model DIR             HF model directory or hub id (config.json, safetensors, tokenizer)\n"
 	"  --device D              cpu, cuda or auto (default auto)\n"
 	"  --system TEXT           refuse a stream made with another system prompt\n"
 	"  --system-file FILE      the same, the system prompt read from FILE\n"

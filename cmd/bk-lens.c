@@ -23,7 +23,7 @@ static const char usage[] =
 	"  --seed N        shuffle seed (default 0)\n"
 	"  --reserve N     tokens to reserve per record, e.g. --max-new-tokens for bk-gen (default 0)\n"
 	"  --no-shuffle    keep arrival order inside batches and windows\n"
-	"  --model DIR     refuse a stream tokenized with another tokenizer than DIR's\n"
+	"  --model DIR     refuse a stream tokenized with another tokenizer than DIR's (or a hub id's)\n"
 	"  --tokenizer FILE  the same, with a tokenizer.json or tokenizer.model\n"
 	"  -q, --quiet     do not print the plan summary on stderr\n"
 	"  -o, --output FILE  write to FILE (atomically) instead of stdout\n";

@@ -15,7 +15,7 @@ static const char usage[] =
 	"Writes DIR = the base model with W' = W + (lora_alpha / r) B A folded into every\n"
 	"projection the adapter targets: model.safetensors, config.json and the tokenizer\n"
 	"files.  The sums are taken in fp32 and rounded once to the output dtype.\n"
-	"  --model DIR     base HF model directory\n"
+	"  --model DIR     base HF model directory, or hub id Org/Name\n"
 	"  --adapter DIR   PEFT adapter directory (adapter_model.safetensors, adapter_config.json)\n"
 	"  --out DIR       output model directory (must not exist or be empty)\n"
 	"  --dtype D       auto (each tensor keeps the base dtype; default), f32, bf16 or f16\n"

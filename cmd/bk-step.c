@@ -28,7 +28,7 @@ static const char usage[] =
 	"teacher distribution of each record (its 'teacher' field, or the base model with\n"
 	"the system prompt when records carry none).  Writes DIR/checkpoint-N/ and\n"
 	"DIR/final/ (PEFT adapter + trainer state) and a metrics stream on stdout.\n"
-	"  --model DIR          HF model directory (the base model)\n"
+	"  --model DIR          HF model directory or hub id Org/Name (the base model)\n"
 	"  --out DIR            output directory\n"
 	"  --device D           cpu, cuda or auto (default auto)\n"
 	"  --system TEXT        refuse a stream made with another system prompt\n"

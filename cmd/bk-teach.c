@@ -26,7 +26,7 @@ static const char usage[] =
 	"Appends 'teacher' to every record: the base model's log-probs (adapter off) on\n"
 	"t_prompt + resp at each response position.  Records must carry 'resp' (run bk-gen\n"
 	"first on prompts-only data); a record without one is refused.\n"
-	"  --model DIR        HF model directory (the teacher)\n"
+	"  --model DIR        HF model directory or hub id Org/Name (the teacher)\n"
 	"  --device D         cpu, cuda or auto (default auto)\n"
 	"  --system TEXT      refuse a stream made with another system prompt\n"
 	"  --system-file FILE the same, the system prompt read from FILE\n"

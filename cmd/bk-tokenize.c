@@ -24,7 +24,7 @@ static const char usage[] =
 	"Reads prompts, prompt/response pairs or chat rows and writes one record per\n"
 	"sample: id, user, response, t_prompt (teacher: with the system prompt),\n"
 	"s_prompt (student: without), resp (paired data: response + end of turn).\n"
-	"  --model DIR          HF model directory: DIR/tokenizer.json, else DIR/tokenizer.model;\n"
+	"  --model DIR          HF model directory (or hub id): DIR/tokenizer.json, else DIR/tokenizer.model;\n"
 	"                       template detected\n"
 	"  --tokenizer FILE     a tokenizer.json or a sentencepiece tokenizer.model\n"
 	"  --template NAME      raw, llama2, zephyr, mistral, mistral-v0.1, chatml, gemma,\n"

@@ -536,7 +536,10 @@ void bk_bake_summary(const bk_bake_plan *p, const bk_bake_cmds *b, const bk_bake
 {
 	const char *od = p->output_dir;
 	printf("\n======================== bakery: bake summary ========================\n");
-	printf("%-20s %s\n", "model", p->model);
+	if (b->base_name) /* a hub id, read from its cache snapshot */
+		printf("%-20s %s (%s)\n", "model", b->base_name, p->model);
+	else
+		printf("%-20s %s\n", "model", p->model);
 	int64_t pt = (int64_t)jnum(res, "prompt_tokens");
 	if (p->system)
 		printf("%-20s %lld tokens: \"%.60s%s\"\n", "system prompt", (long long)pt, p->system,

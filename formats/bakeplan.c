@@ -160,6 +160,8 @@ static void build_step(bk_bake_cmds *b, const bk_bake_plan *p)
 	bk_bake_cmd *c = &b->step;
 	bk_bake_cmd_init(c, b->bindir, "bk-step");
 	add_model(c, p);
+	if (b->base_name)
+		arg2(c, "--base-model-name", b->base_name);
 	arg2(c, "--out", p->output_dir);
 	/* over a pipe, bk-lens's batches: B prompts' trajectories (empty ones dropped, as
 	 * the tool drops them), never across an epoch's end */

@@ -33,6 +33,8 @@ typedef struct {
 	int paired, has_eval;
 	char *tokens, *order, *teach_file, *metrics, *tmpl_file, *sys_file, *eval_json;
 	const char *resume; /* the checkpoint bk-step resumes from, or NULL */
+	const char *base_name; /* bk-step --base-model-name: the hub id when the plan's model
+				* is its cache snapshot, else NULL */
 	/* the plan of steps (known after tokenizing; 0 before) */
 	int64_t prompts, epochs_written, last_records, order_records, total, per_epoch;
 } bk_bake_cmds;

@@ -4,6 +4,7 @@
 #include "formats/config_yaml.h"
 #include "common/diag.h"
 #include "common/files.h"
+#include "formats/hub.h"
 
 #include <errno.h>
 #include <math.h>
@@ -342,13 +343,6 @@ static int is_file(const char *path)
 	return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* "org/name": one slash, not a path that starts with / . or ~ */
-static int looks_like_hub_id(const char *s)
-{
-	const char *sl = strchr(s, '/');
-	return sl && sl != s && sl[1] && !strchr(sl + 1, '/') && *s != '.' && *s != '~';
-}
-
 /* ---- the fields ---- */
 
 /* how: "mapped" (map_* below), or for the table-driven ones what happens when the
@@ -378,7 +372,7 @@ static const bk_cfg_known known[] = {
 	{"max_seq_length", BC, "mapped", NULL, "bk-tokenize --max-seq-length"},
 	{"sequential_eval", BC, "note", "false", "no effect: no validation loss during training (it only lowers the tool's peak memory there)"},
 	/* DataConfig */
-	{"model_name_or_path", DC, "mapped", NULL, "--model of every stage; a local HF directory (hub ids are refused: bakery never downloads)"},
+	{"model_name_or_path", DC, "mapped", NULL, "--model of every stage: a local HF directory, else a hub id (Org/Name) through the HF cache, downloaded into it when missing (HF_HUB_OFFLINE=1: cache only)"},
 	{"torch_dtype", DC, "note", "bfloat16", "no effect: weights are read in their stored dtype; the GPU computes in bf16, the CPU twin in fp32"},
 	{"trust_remote_code", DC, "note", "false", "no effect: bakery runs Llama-family checkpoints with its own code, never the model's"},
 	{"load_in_4bit", DC, "refused", "false", "4-bit (QLoRA) base weights are not supported: bf16 on the GPU, fp32 on the CPU"},
@@ -428,9 +422,9 @@ static const bk_cfg_known known[] = {
 	{"bf16_full_eval", TA, "note", "false", "no effect: bk-eval computes as training does (bf16 on the GPU, fp32 on the CPU)"},
 	{"fp16_full_eval", TA, "note", "false", "no effect: bk-eval computes as training does (bf16 on the GPU, fp32 on the CPU)"},
 	{"tf32", TA, "note", NULL, "no effect: the GPU linears run in bf16 with fp32 accumulation"},
-	{"activation_checkpointing", TA, "mapped", NULL, "as gradient_checkpointing (its new name)"},
+	{"activation_checkpointing", TA, "mapped", "false", "as gradient_checkpointing (its new name)"},
 	{"activation_checkpointing_kwargs", TA, "note", NULL, "no effect: bk-step recomputes each layer; torch's checkpoint options do not apply"},
-	{"gradient_checkpointing", TA, "mapped", NULL, "bk-step --grad-checkpoint (same result, less memory)"},
+	{"gradient_checkpointing", TA, "mapped", "false", "bk-step --grad-checkpoint (same result, less memory)"},
 	{"gradient_checkpointing_kwargs", TA, "note", NULL, "no effect: bk-step recomputes each layer; torch's checkpoint options do not apply"},
 	{"torch_compile", TA, "note", "false", NOTORCH},
 	{"torch_compile_backend", TA, "note", NULL, NOTORCH},
@@ -542,6 +536,7 @@ static const bk_cfg_known known[] = {
 	{"top_p", EXT, "mapped", "0.9", "bk-gen --top-p (the tool's fixed 0.9)"},
 	{"top_k", EXT, "mapped", "50", "bk-gen --top-k (HF generate's default 50, which the tool's sampling gets; 0: off)"},
 	{"device", EXT, "mapped", "auto", "--device of every stage: cpu, cuda or auto"},
+	{"revision", EXT, "mapped", "main", "the hub model's branch, tag or commit (transformers' from_pretrained revision)"},
 	{"use_flash_attention", EXT, "note", "false", "no effect: bakery's attention runs over packed sequences with its own kernels; there is no switch"},
 	{"validation_split", EXT, "ignored", NULL, NOVAL},
 	{"use_peft", EXT, "refused", "true", "bakery only trains LoRA adapters"},
@@ -679,14 +674,10 @@ static void map_model(mapper *m)
 		note_add(m, BK_CFG_UNSUPPORTED, "model_name_or_path",
 			 "missing: the base model's local directory is required");
 	} else if (!is_dir(p->model)) {
-		if (looks_like_hub_id(p->model))
+		/* a hub id: bk-bake resolves it through the HF cache before the stages */
+		if (!bk_hub_is_id(p->model))
 			note_add(m, BK_CFG_UNSUPPORTED, "model_name_or_path",
-				 "'%s' is a hub model id, not a local directory: bakery never "
-				 "downloads; fetch it (huggingface-cli download %s --local-dir DIR) "
-				 "and give DIR", p->model, p->model);
-		else
-			note_add(m, BK_CFG_UNSUPPORTED, "model_name_or_path",
-				 "'%s' is not a directory", p->model);
+				 "'%s' is neither a directory nor a hub id (Org/Name)", p->model);
 	} else {
 		char *cj = bk_path_join(p->model, "config.json"),
 		     *tk = bk_path_join(p->model, "tokenizer.model"),
@@ -959,6 +950,7 @@ static void map_outputs(mapper *m)
 	p->held_out_file = h1 ? h1 : h2;
 	p->kl_prompts = scalar(m, "kl_prompts");
 	p->template_name = scalar(m, "template");
+	p->revision = scalar(m, "revision");
 	if ((s = scalar(m, "device"))) {
 		if (strcmp(s, "cpu") && strcmp(s, "cuda") && strcmp(s, "auto"))
 			note_add(m, BK_CFG_UNSUPPORTED, "device", "'%s': cpu, cuda or auto", s);

@@ -2,7 +2,8 @@
  * fields (a scalar or a list of scalars, with the line each key is on), overridden
  * from the command line, and mapped onto the options of the bakery stages.
  * Not a general YAML model: nested mappings are refused; the mapping does no I/O
- * other than checking that model_name_or_path is a local directory. */
+ * other than checking that model_name_or_path is a local directory (or else a hub
+ * id, which bk-bake resolves through the HF cache: formats/hub.h). */
 #ifndef BK_CONFIG_YAML_H
 #define BK_CONFIG_YAML_H
 
@@ -75,6 +76,7 @@ typedef struct {
 	 * system_template_text (default BK_TOOL_CORPUS_TEMPLATE, "{{" "}}" unescaped as
 	 * str.format does) */
 	const char *model, *system, *system_file, *corpus, *corpus_format, *template_name;
+	const char *revision; /* of a hub model id (NULL: main) */
 	char *system_template_text; /* malloc'd */
 	bk_cfg_strs prompts, data;
 	long max_seq_length;

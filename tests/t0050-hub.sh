@@ -11,7 +11,10 @@ command -v python3 >/dev/null || { echo "not ok - python3 is needed"; exit 1; }
 
 mkdir -p root/models/tiny/stories260K root/models/tiny/gated root/models/tiny/private \
 	root/models/tiny/corrupt root/models/tiny/cut root/models/tiny/nosafe
-for r in stories260K gated private corrupt cut; do cp "$M"/* root/models/tiny/$r/; done
+mkdir -p root/models/Qwen/Qwen3-0.6B
+for r in tiny/stories260K tiny/gated tiny/private tiny/corrupt tiny/cut Qwen/Qwen3-0.6B; do
+	cp "$M"/* root/models/$r/
+done
 cp "$M"/config.json "$M"/tokenizer.model root/models/tiny/nosafe/
 echo "dummy" >root/models/tiny/nosafe/pytorch_model.bin
 echo good-token >root/models/tiny/gated/.gated
@@ -56,6 +59,16 @@ test_expect_success 'HF_HUB_OFFLINE=1: the cache only, no request; no network: t
 	grep -q "tiny/notcached (revision .main.) is not in the cache .*HF_HUB_OFFLINE" e &&
 	HF_ENDPOINT=$DEAD test_must_fail bk-tokenize --model tiny/notcached --prompt x 2>e &&
 	grep -q "cannot be reached" e
+'
+
+test_expect_success 'the tool.s basic.yaml as it is (its hub id served by the stand-in): bk-bake --config' '
+	bk-bake --config "$DATA/bake/tool/basic.yaml" --output_dir out-basic >sum 2>notes &&
+	grep -q "^model  *Qwen/Qwen3-0.6B ($TEST_TMP/hub/models--Qwen--Qwen3-0.6B/snapshots/[0-9a-f]*)" sum &&
+	grep -q "^optimizer steps *15 " sum &&
+	jq -e ".base_model_name_or_path == \"Qwen/Qwen3-0.6B\"" out-basic/final_model/adapter_config.json &&
+	grep -q "^base_model: Qwen/Qwen3-0.6B" out-basic/final_model/README.md &&
+	cmp out-basic/final_model/tokenizer.model "$M"/tokenizer.model &&
+	test $(grep -c "GET /api/models/Qwen/Qwen3-0.6B/revision/main" root/requests.log) -eq 1
 '
 
 test_expect_success 'a cache laid out by hand as huggingface_hub writes it is read offline' '

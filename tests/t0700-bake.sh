@@ -104,9 +104,29 @@ test_expect_success 'an unknown field or an unsupported value refuses the bake, 
 	grep -q "3 fields cannot be baked" err
 '
 
-test_expect_success 'a hub model id is refused with the reason' '
-	{ bk-bake --dry-run every.yaml --model_name_or_path meta-llama/Llama-2-7b-chat-hf 2>err; test $? = 1; } &&
-	grep -q "unsupported .model_name_or_path.: .meta-llama/Llama-2-7b-chat-hf. is a hub model id, not a local directory" err
+test_expect_success 'a hub model id is accepted (tests/t0050-hub.sh bakes one); offline and not cached: one line' '
+	bk-bake --dry-run every.yaml --model_name_or_path meta-llama/Llama-2-7b-chat-hf >plan 2>err &&
+	grep -q "^ *bk-step --model meta-llama/Llama-2-7b-chat-hf " plan &&
+	test_must_fail --list env HF_HUB_OFFLINE=1 HF_HUB_CACHE="$TEST_TMP/nocache" bk-bake every.yaml \
+		--model_name_or_path meta-llama/Llama-2-7b-chat-hf --output_dir hubout >/dev/null 2>err.all &&
+	grep -v ": note " err.all >err && test $(grep -c "" err) = 1 && test ! -e hubout &&
+	grep -q "model meta-llama/Llama-2-7b-chat-hf (revision .main.) is not in the cache .*/nocache/models--meta-llama--Llama-2-7b-chat-hf, and HF_HUB_OFFLINE is set" err &&
+	{ bk-bake --dry-run every.yaml --model_name_or_path ./no/such 2>err; test $? = 1; } &&
+	grep -q "unsupported .model_name_or_path.: .\./no/such. is neither a directory nor a hub id" err
+'
+
+test_expect_success 'the tool.s command line: --config FILE, --config=FILE, bare --flag of a bool field' '
+	bk-bake --dry-run every.yaml --seed 5 >plan.pos 2>/dev/null &&
+	bk-bake --dry-run --config every.yaml --seed 5 >plan.cfg 2>/dev/null &&
+	bk-bake --dry-run --seed 5 --config=every.yaml >plan.eq 2>/dev/null &&
+	test_cmp plan.pos plan.cfg && test_cmp plan.pos plan.eq &&
+	bk-bake --dry-run --config every.yaml --gradient_checkpointing false --seed 5 >plan.nogc 2>/dev/null &&
+	bk-bake --dry-run --config every.yaml --gradient_checkpointing false --gradient_checkpointing --seed 5 >plan.gc 2>/dev/null &&
+	grep -q "^ *bk-step .*--grad-checkpoint" plan.gc && ! grep -q -- "--grad-checkpoint" plan.nogc &&
+	test_must_fail --exit 2 bk-bake --config every.yaml every.yaml &&
+	test_must_fail --exit 2 bk-bake --config &&
+	test_must_fail --exit 2 bk-bake --config a.yaml --config b.yaml &&
+	test_must_fail --exit 2 bk-bake --dry-run --config every.yaml --seed
 '
 
 test_expect_success 'a bad YAML file is one error line with its line number' '

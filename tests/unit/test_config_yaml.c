@@ -182,7 +182,7 @@ static void test_refusals(void)
 	char err[256];
 	bk_cfg c;
 	CHECK(parse(&c,
-		    "model_name_or_path: meta-llama/Llama-2-7b-chat-hf\n"
+		    "model_name_or_path: ./not/a/dir\n"
 		    "system_prompt: x\n"
 		    "training_prompts: [a]\n"
 		    "lr_scheduler_type: polynomial\n"
@@ -198,8 +198,20 @@ static void test_refusals(void)
 	bk_bake_plan p;
 	bk_bake_plan_make(&p, &c, &caps);
 	const bk_cfg_note *n = note_for(&p, "model_name_or_path");
-	CHECK(n && n->kind == BK_CFG_UNSUPPORTED && strstr(n->text, "hub model id") && n->line == 1,
-	      "hub id");
+	CHECK(n && n->kind == BK_CFG_UNSUPPORTED &&
+		      strstr(n->text, "neither a directory nor a hub id") && n->line == 1,
+	      "not a directory, not a hub id");
+	/* a hub id is mapped as it is: bk-bake resolves it through the HF cache */
+	bk_cfg h;
+	CHECK(parse(&h, "model_name_or_path: meta-llama/Llama-2-7b-chat-hf\nrevision: v1\n", err,
+		    sizeof err) == 0, "%s", err);
+	bk_bake_plan hp;
+	bk_bake_plan_make(&hp, &h, &caps);
+	CHECK(!note_for(&hp, "model_name_or_path") && !strcmp(hp.model, "meta-llama/Llama-2-7b-chat-hf") &&
+		      hp.revision && !strcmp(hp.revision, "v1"),
+	      "hub id mapped");
+	bk_bake_plan_free(&hp);
+	bk_cfg_free(&h);
 	static const char *const keys[] = {"lr_scheduler_type", "optim", "target_modules",
 					   "load_in_4bit", "adam_beta2", "neftune_noise_alpha",
 					   "bias", NULL};
