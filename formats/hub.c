@@ -677,7 +677,8 @@ static _Noreturn void die_write(const char *path, int err)
 }
 
 /* GET url into part (resumed from its size), checked against etag and size; then
- * renamed to blob.  Returns 0, or a curl code of a network failure. */
+ * renamed to blob.  Dies with one line on any failure (the partial file is kept for
+ * the next run unless its bytes are wrong). */
 static void fetch_blob(const char *url, const char *hub_url, const char *tok, const char *part,
 		       const char *blob, const char *etag, int64_t size, const char *label,
 		       const req_ctx *q, const char *rev)
@@ -724,13 +725,9 @@ static void fetch_blob(const char *url, const char *hub_url, const char *tok, co
 			d.err = errno;
 		if (d.err)
 			die_write(part, d.err);
-		if (rc == CURLE_OK && have && status == 200 && attempt == 0) {
-			/* the server ignored Range and sent it all after what we had: redo */
-			truncate(part, 0) == 0 ? (void)0 : die_write(part, errno);
-			meta_clear(&m);
-			continue;
-		}
-		if (rc == CURLE_OK && status == 416 && attempt == 0) { /* stale partial */
+		/* a server that ignored Range sent it all after what we had; 416: a stale
+		 * partial file.  Either way: once more from the start */
+		if (rc == CURLE_OK && attempt == 0 && ((have && status == 200) || status == 416)) {
 			if (truncate(part, 0))
 				die_write(part, errno);
 			meta_clear(&m);
@@ -746,7 +743,11 @@ static void fetch_blob(const char *url, const char *hub_url, const char *tok, co
 		}
 		if (status >= 400) {
 			m.status = status;
-			hub_http_die(q, &m, rev);
+			if (same_host(url, hub_url))
+				hub_http_die(q, &m, rev);
+			meta_clear(&m);
+			die("%s: the download host answered HTTP %ld (run again; the hub signs a "
+			    "new URL each time)", label, status);
 		}
 		meta_clear(&m);
 		draw(&d, 1);
@@ -1060,6 +1061,8 @@ static char *snapshot_offline(bk_hub_kind kind, const char *id, const char *rev,
 	if (!snap || !is_dir(snap))
 		die("%s %s (revision '%s') is not in the cache %s, and %s", kind_word(kind), id, rev,
 		    rdir, why);
+	if (strcmp(why, WHY_OFFLINE)) /* as huggingface_hub: the cached copy, said so */
+		warn("%s; %s %s: the cached snapshot %s", why, kind_word(kind), id, commit);
 	free(commit);
 	free(rdir);
 	return snap;

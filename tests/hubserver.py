@@ -14,7 +14,9 @@ repo files): .gated holds the one token that has accepted the licence (no token:
 GatedRepo; another token: 403 GatedRepo); .private likewise, answered as the hub answers
 a private repo (401 RepoNotFound); .corrupt names files whose bytes the CDN serves with
 one byte changed; .cut holds N: the CDN's first answer for one of the repo's LFS
-files ends after N bytes (a dropped connection; Range requests are honoured).  A missing repo is 401 RepoNotFound (404 with a token); an unknown
+files ends after N bytes (a dropped connection; Range requests are honoured);
+.expired: the CDN answers 403, as S3 does to an expired signed URL.  A missing repo is
+401 RepoNotFound (404 with a token); an unknown
 revision 404 RevisionNotFound; a missing file 404 EntryNotFound with X-Repo-Commit.
 
 The CDN refuses (400) any request that carries Authorization (a client must drop it
@@ -35,7 +37,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LFS_EXT = (".safetensors", ".model", ".parquet")
-CONTROL = (".gated", ".private", ".corrupt", ".cut")
+CONTROL = (".gated", ".private", ".corrupt", ".cut", ".expired")
 
 
 class Hub:
@@ -241,6 +243,9 @@ def make_handler(hub, is_cdn):
                 return self.send(404, {}, b"no")
             with open(os.path.join(d, rel), "rb") as f:
                 data = f.read()
+            if hub.control(d, ".expired") is not None:
+                return self.send(403, {}, b"<Error><Code>AccessDenied</Code>"
+                                 b"<Message>Request has expired</Message></Error>")
             corrupt = (hub.control(d, ".corrupt") or "").split()
             if rel in corrupt:
                 data = bytes([data[0] ^ 1]) + data[1:]

@@ -10,9 +10,9 @@ set -o pipefail
 command -v python3 >/dev/null || { echo "not ok - python3 is needed"; exit 1; }
 
 mkdir -p root/models/tiny/stories260K root/models/tiny/gated root/models/tiny/private \
-	root/models/tiny/corrupt root/models/tiny/cut root/models/tiny/nosafe
+	root/models/tiny/corrupt root/models/tiny/cut root/models/tiny/nosafe root/models/tiny/expired
 mkdir -p root/models/Qwen/Qwen3-0.6B
-for r in tiny/stories260K tiny/gated tiny/private tiny/corrupt tiny/cut Qwen/Qwen3-0.6B; do
+for r in tiny/stories260K tiny/gated tiny/private tiny/corrupt tiny/cut tiny/expired Qwen/Qwen3-0.6B; do
 	cp "$M"/* root/models/$r/
 done
 cp "$M"/config.json "$M"/tokenizer.model root/models/tiny/nosafe/
@@ -21,6 +21,7 @@ echo good-token >root/models/tiny/gated/.gated
 echo good-token >root/models/tiny/private/.private
 echo model.safetensors >root/models/tiny/corrupt/.corrupt
 echo 4096 >root/models/tiny/cut/.cut
+touch root/models/tiny/expired/.expired
 python3 "$ROOT/tests/hubserver.py" --root root --port-file port 2>server.err &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; rm -rf "$TEST_TMP"' EXIT
@@ -54,7 +55,8 @@ test_expect_success 'HF_HUB_OFFLINE=1: the cache only, no request; no network: t
 	n=$(wc -l <root/requests.log) &&
 	HF_HUB_OFFLINE=1 tok tiny/stories260K >off &&
 	test_cmp ids off && test $(wc -l <root/requests.log) -eq $n &&
-	HF_ENDPOINT=$DEAD tok tiny/stories260K >nonet && test_cmp ids nonet &&
+	HF_ENDPOINT=$DEAD tok tiny/stories260K >nonet 2>e && test_cmp ids nonet &&
+	grep -q "warning: the hub $DEAD cannot be reached (.*); model tiny/stories260K: the cached snapshot [0-9a-f]\{40\}" e &&
 	HF_HUB_OFFLINE=1 test_must_fail bk-tokenize --model tiny/notcached --prompt x 2>e &&
 	grep -q "tiny/notcached (revision .main.) is not in the cache .*HF_HUB_OFFLINE" e &&
 	HF_ENDPOINT=$DEAD test_must_fail bk-tokenize --model tiny/notcached --prompt x 2>e &&
@@ -130,6 +132,11 @@ test_expect_success 'a blob whose sha256 is not its etag is refused: no blob, no
 	grep -q "model.safetensors: the downloaded bytes have sha256 .* refused" e &&
 	test -z "$(find hub/models--tiny--corrupt/blobs -size +100k)" &&
 	test -z "$(find hub/models--tiny--corrupt/snapshots -name model.safetensors)"
+'
+
+test_expect_success 'the download host refusing (an expired signed URL): one line, not a gated repo' '
+	test_must_fail bk-tokenize --model tiny/expired --prompt x 2>e &&
+	grep -q "tiny/expired tokenizer.model: the download host answered HTTP 403" e
 '
 
 test_expect_success 'a partial download is kept and resumed with a Range request' '
