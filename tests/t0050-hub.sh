@@ -29,6 +29,9 @@ for _ in $(seq 100); do [ -s port ] && break; sleep 0.1; done
 read -r HUBPORT CDNPORT <port || { echo "not ok - the hub server did not start"; cat server.err; exit 1; }
 export HF_ENDPOINT="http://127.0.0.1:$HUBPORT" HF_HUB_CACHE="$TEST_TMP/hub" HF_HOME="$TEST_TMP/hfhome"
 unset HF_TOKEN HF_HUB_OFFLINE HF_TOKEN_PATH HUGGINGFACE_HUB_CACHE
+# libcurl honours proxy variables, as huggingface_hub does: never for the loopback hub
+unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY ALL_PROXY all_proxy
+export NO_PROXY=127.0.0.1 no_proxy=127.0.0.1
 DEAD="http://127.0.0.1:1" # nothing listens there
 C=hub/models--tiny--stories260K
 tok() { bk-tokenize --model "$1" --prompt "Once upon a time" | bk-dump | jq -c .s_prompt; }

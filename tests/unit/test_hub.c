@@ -155,6 +155,7 @@ static void test_dataset_api(void)
 		goto out;
 	char *ep = xasprintf("http://127.0.0.1:%d", port), *cache = xasprintf("%s/cache", tmp);
 	setenv("HF_ENDPOINT", ep, 1);
+	setenv("NO_PROXY", "127.0.0.1", 1), setenv("no_proxy", "127.0.0.1", 1);
 	setenv("HF_HUB_CACHE", cache, 1);
 	unsetenv("HF_TOKEN"), unsetenv("HF_HUB_OFFLINE");
 	setenv("HF_HOME", tmp, 1);
