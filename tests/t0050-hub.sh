@@ -154,9 +154,14 @@ test_expect_success 'a partial download is kept and resumed with a Range request
 test_expect_success 'a download waits for the lock of another process on the same blob' '
 	rm -rf hub/models--tiny--stories260K &&
 	e=$(sha256sum <"$M"/model.safetensors | cut -c1-64) &&
-	mkdir -p hub/.locks/models--tiny--stories260K &&
-	flock hub/.locks/models--tiny--stories260K/$e.lock sleep 1 &
-	sleep 0.3 && tok tiny/stories260K >l 2>e && wait &&
+	mkdir -p hub/.locks/models--tiny--stories260K && rm -f locked e &&
+	# the other process holds the lock until this one says it waits (30 s at most)
+	( flock 8 && touch locked &&
+	  for _ in $(seq 300); do grep -q "waiting for another download" e 2>/dev/null && break; sleep 0.1; done
+	) 8>hub/.locks/models--tiny--stories260K/$e.lock &
+	holder=$! &&
+	for _ in $(seq 100); do test -e locked && break; sleep 0.05; done &&
+	tok tiny/stories260K >l 2>e && wait $holder &&
 	test_cmp ids l && grep -q "waiting for another download of model.safetensors" e
 '
 
