@@ -250,6 +250,18 @@ static size_t sharded_name(const char *path)
 	return 0;
 }
 
+/* data/NAME-KKKKK-of-MMMMM...: 1 with *k and *m set, else 0 */
+static int shard_info(const char *path, long *k, long *m)
+{
+	size_t nl = sharded_name(path);
+	if (!nl)
+		return 0;
+	const char *q = path + 5 + nl + 1;
+	*k = strtol(q, NULL, 10);
+	*m = strtol(q + 9, NULL, 10);
+	return 1;
+}
+
 static int sep_char(char c) { return c && strchr("-._ 0123456789", c); }
 
 static int in_split(const char *path, const char *split)
@@ -459,6 +471,17 @@ static void load_spec(bk_dataset *ds, repo_ctx *r, const char *spec)
 			die("%s: no data files for split '%s'%s%s%s", r->what, pt->split,
 			    names ? " (its splits: " : "", names ? names : "", names ? ")" : "");
 		free(names);
+		/* a sharded split must be whole from its first shard up to what is read:
+		 * a cache read offline may hold only the shards an earlier slice needed */
+		long shards = -1, k, m;
+		size_t have = 0;
+		while (have < nf && shard_info(files[have], &k, &m) && k == (long)have)
+			have++;
+		if (have == nf && nf && shard_info(files[0], &k, &m) && m != (long)nf)
+			shards = m;
+		else if (have != nf && shard_info(files[0], &k, &m))
+			die("%s: split '%s': its shards are not 0, 1, ... of %ld (%s)", r->what,
+			    pt->split, m, files[have < nf ? have : 0]);
 		split_file *f = xcalloc(nf, sizeof *f);
 		for (size_t i = 0; i < nf; i++)
 			f[i].name = xasprintf("%s: %s", r->what, files[i]);
@@ -473,6 +496,10 @@ static void load_spec(bk_dataset *ds, repo_ctx *r, const char *spec)
 			if (f[i].rows) /* JSON rows stay in memory only while needed */
 				file_close(&f[i]);
 		}
+		if (shards >= 0 && need_total)
+			die("%s: split '%s' has %ld shards, %zu of them here (a cache read offline "
+			    "holds those earlier reads fetched: read it online once)", r->what,
+			    pt->split, shards, nf);
 		if (need_total) {
 			if (bk_split_bounds(pt, total, &from, &to, err, sizeof err))
 				die("%s: split '%s': %s", r->what, spec, err);
@@ -496,6 +523,10 @@ static void load_spec(bk_dataset *ds, repo_ctx *r, const char *spec)
 			base += f[i].n;
 			file_close(&f[i]);
 		}
+		if (shards >= 0 && base < to)
+			die("%s: split '%s' has %ld shards, %zu of them here, and rows up to %lld "
+			    "are asked for (a cache read offline holds those earlier reads fetched: "
+			    "read it online once)", r->what, pt->split, shards, nf, (long long)to);
 		for (size_t i = 0; i < nf; i++) {
 			file_close(&f[i]);
 			free((char *)f[i].path);

@@ -5,7 +5,7 @@
 #   tests/golden/parquet/NAME.parquet   the file
 #   tests/golden/parquet/NAME.jsonl     one row per line: pyarrow's to_pylist(), json.dumps
 #   tests/golden/parquet/versions.json  the pyarrow version that wrote them
-# Cases: an ultrachat-like messages list<struct<content, role>> column (snappy,
+# Cases: clean chat rows (the hub tests' stand-in dataset), an ultrachat-like messages list<struct<content, role>> column (snappy,
 # dictionary, v1 pages, several row groups, null and empty lists, null fields), plain
 # prompt/response strings (uncompressed, no dictionary, data page v2, many small pages),
 # a dictionary that falls back to plain mid-chunk, scalar and nested types with zstd and
@@ -45,6 +45,25 @@ def ultrachat():
     t = pa.Table.from_pylist(rows, schema=pa.schema([("prompt", pa.string()), ("prompt_id", pa.string()),
                                                      ("messages", MSG)]))
     return t, dict(compression="snappy", row_group_size=4)
+
+
+def chat():
+    """clean chat rows (every row gives pairs) for the hub tests' stand-in
+    HuggingFaceH4/ultrachat_200k: tests/t0055-hub-dataset.sh serves it as its splits"""
+    topics = ["eggs", "tea", "bread", "rain", "trees", "boats", "stars", "cats", "maps", "glass"]
+    rows = []
+    for i in range(30):
+        t = topics[i % len(topics)]
+        msgs = [{"content": f"Tell me one thing about {t} (question {i}).", "role": "user"},
+                {"content": f"Here is one thing about {t}: it is number {i}.", "role": "assistant"}]
+        if i % 4 == 0:
+            msgs += [{"content": f"And another about {t}?", "role": "user"},
+                     {"content": f"Another: {t} matter {i % 7} times.", "role": "assistant"}]
+        rows.append({"prompt": msgs[0]["content"], "prompt_id": "%064x" % (i * 104729),
+                     "messages": msgs})
+    t = pa.Table.from_pylist(rows, schema=pa.schema([("prompt", pa.string()), ("prompt_id", pa.string()),
+                                                     ("messages", MSG)]))
+    return t, dict(compression="snappy", row_group_size=8)
 
 
 def pairs():
@@ -98,6 +117,7 @@ def refused():
 
 CASES = {
     "ultrachat": ultrachat,
+    "chat": chat,
     "pairs": pairs,
     "fallback": fallback,
     "types-zstd": lambda: types("zstd", "2.0"),

@@ -208,6 +208,20 @@ static void check_load(void)
 	c.spec = "train_sft[:5%](pct1_dropremainder)";
 	bk_expect_die("pct1", do_load, &c, "fewer than 100 rows (22)", NULL);
 
+	/* a cache that holds only the first of two shards (an earlier [:3] fetched it) */
+	char *s1 = bk_path_join(tmp, "data/train_sft-00001-of-00002.parquet");
+	CHECK(unlink(s1) == 0, "%s", s1);
+	free(s1);
+	load(&ds, "train_sft[:3]");
+	CHECK(ds.n == 4, "train_sft[:3] from shard 0 alone: %zu samples", ds.n);
+	bk_dataset_free(&ds);
+	c.spec = "train_sft[-2:]";
+	bk_expect_die("missing shard", do_load, &c,
+		      "repo: split 'train_sft' has 2 shards, 1 of them here", NULL);
+	c.spec = "train_sft[8:12]";
+	bk_expect_die("missing shard, slice", do_load, &c,
+		      "repo: split 'train_sft' has 2 shards, 1 of them here, and rows up to 12", NULL);
+
 	/* a repo laid out by split directories, JSON Lines and parquet mixed */
 	char *cmd = xasprintf("rm -rf %s", tmp);
 	CHECK(system(cmd) == 0, "%s", cmd);

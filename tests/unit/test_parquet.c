@@ -201,7 +201,7 @@ int main(int argc, char **argv)
 {
 	(void)argc;
 	bk_diag_init(argv[0]);
-	static const char *const files[] = {"ultrachat", "pairs", "fallback", "types-zstd",
+	static const char *const files[] = {"ultrachat", "chat", "pairs", "fallback", "types-zstd",
 					    "types-gzip"};
 	for (size_t i = 0; i < sizeof files / sizeof *files; i++)
 		check_file(files[i]);
