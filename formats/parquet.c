@@ -315,6 +315,10 @@ static void read_schema_element(tc *t, pq_node *nd)
 	}
 	if (!nd->name)
 		nd->name = xstrdup("");
+	json_t *u = json_string(nd->name); /* names become JSON keys: UTF-8 only */
+	if (!u)
+		corrupt(t->name, "a column name is not UTF-8");
+	json_decref(u);
 	if (nd->rep < R_REQUIRED || nd->rep > R_REPEATED)
 		corrupt(t->name, "bad repetition type");
 	if (nd->nchild < 0)

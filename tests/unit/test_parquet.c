@@ -167,6 +167,16 @@ static void check_refused(void)
 	bad[0] = 'X';
 	bk_expect_die("magic", do_read_all, &c, "refused.parquet: not a parquet file", NULL);
 	bad[0] = 'P';
+	/* a column name that is not UTF-8 (names become JSON keys) */
+	uint8_t *name = memmem(bad + 4, m.len - 4, "prompt", 6);
+	CHECK(name != NULL, "no column name in the footer");
+	if (name) {
+		name[1] = 0xff;
+		bk_expect_die("name", do_read_all, &c,
+			      "refused.parquet: corrupt parquet file (a column name is not UTF-8)",
+			      NULL);
+		name[1] = 'r';
+	}
 	bad[m.len - 8] ^= 0x40;
 	bk_expect_die("footer length", do_read_all, &c, "refused.parquet: corrupt parquet file",
 		      NULL);
