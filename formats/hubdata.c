@@ -382,12 +382,46 @@ static void file_close(split_file *f)
 	f->pq = NULL, f->rows = NULL;
 }
 
+/* The columns the tool reads of a hub dataset's row (bakery-py data.py _load_hf):
+ * messages, else the first present of its prompt and response columns.  Not a row's
+ * "system", "conversations" or "user_message" (local files only), nor the system
+ * messages of a chat (the tool pairs user and assistant turns only). */
+static const char *const hub_columns[] = {
+	"messages", "prompt", "input", "question", "text", "instruction",
+	"response", "completion", "output", "answer", "target", NULL,
+};
+
+/* row as the tool sees it: other keys dropped, system messages out of messages */
+static void tool_row(json_t *row)
+{
+	if (!json_is_object(row))
+		return;
+	const char *k;
+	void *tmp;
+	json_t *v;
+	json_object_foreach_safe(row, tmp, k, v) {
+		size_t i = 0;
+		while (hub_columns[i] && strcmp(hub_columns[i], k))
+			i++;
+		if (!hub_columns[i])
+			json_object_del(row, k);
+	}
+	json_t *msgs = json_object_get(row, "messages");
+	for (size_t i = json_array_size(msgs); i-- > 0;) {
+		json_t *r = json_object_get(json_array_get(msgs, i), "role");
+		if (json_is_string(r) && !strcmp(json_string_value(r), "system"))
+			json_array_remove(msgs, i);
+	}
+}
+
 static void file_rows(bk_dataset *ds, split_file *f, int64_t from, int64_t to)
 {
 	if (f->rows) {
-		for (int64_t i = from; i < to; i++)
-			bk_dataset_add_row(ds, f->name, "row", (size_t)i + 1,
-					   json_array_get(f->rows, (size_t)i));
+		for (int64_t i = from; i < to; i++) {
+			json_t *row = json_array_get(f->rows, (size_t)i);
+			tool_row(row);
+			bk_dataset_add_row(ds, f->name, "row", (size_t)i + 1, row);
+		}
 		return;
 	}
 	int64_t base = 0;
@@ -396,12 +430,13 @@ static void file_rows(bk_dataset *ds, split_file *f, int64_t from, int64_t to)
 		if (base + gn > from) {
 			int64_t a = from > base ? from - base : 0;
 			int64_t b = to < base + gn ? to - base : gn;
-			json_t *rows = bk_parquet_read_rows(f->pq, g, a, b - a,
-							    bk_dataset_row_keys());
-			for (size_t i = 0; i < json_array_size(rows); i++)
+			json_t *rows = bk_parquet_read_rows(f->pq, g, a, b - a, hub_columns);
+			for (size_t i = 0; i < json_array_size(rows); i++) {
+				json_t *row = json_array_get(rows, i);
+				tool_row(row);
 				bk_dataset_add_row(ds, f->name, "row",
-						   (size_t)(base + a) + i + 1,
-						   json_array_get(rows, i));
+						   (size_t)(base + a) + i + 1, row);
+			}
 			json_decref(rows);
 		}
 		base += gn;

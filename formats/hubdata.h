@@ -20,7 +20,13 @@
  *   - otherwise the files with a directory named S in their path, or whose file name
  *     has S at its start or after one of "-._ 0123456789" and followed by one of them
  *     (datasets' default split patterns, for any split name).
- * Files are read in sorted path order; the rows of a split are their concatenation. */
+ * Files are read in sorted path order; the rows of a split are their concatenation.
+ *
+ * Rows: the columns the tool reads of a hub dataset (bakery-py's _load_hf), through the
+ * row rules of inputs.h: messages (user/assistant pairs), else the first non-null of
+ * prompt input question text instruction, with response completion output answer
+ * target.  A row's system column, conversations, user_message and the system messages
+ * of a chat are not read (the tool reads them in local files only, or never). */
 #ifndef BK_HUBDATA_H
 #define BK_HUBDATA_H
 

@@ -346,23 +346,6 @@ void bk_dataset_add_row(bk_dataset *ds, const char *name, const char *unit, size
 	add_row(ds, &l, row);
 }
 
-const char *const *bk_dataset_row_keys(void)
-{
-	static const char *keys[32];
-	if (!keys[0]) {
-		size_t n = 0;
-		keys[n++] = "messages";
-		keys[n++] = "conversations";
-		keys[n++] = "system";
-		for (size_t i = 0; prompt_keys[i]; i++)
-			keys[n++] = prompt_keys[i];
-		for (size_t i = 0; response_keys[i]; i++)
-			keys[n++] = response_keys[i];
-		keys[n] = NULL;
-	}
-	return keys;
-}
-
 /* ---- formats ---- */
 
 static void parse_jsonl(bk_dataset *ds, const char *name, const char *buf, size_t len)

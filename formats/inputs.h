@@ -84,8 +84,6 @@ void bk_dataset_free(bk_dataset *ds); /* frees every string; leaves ds zeroed */
 struct json_t;
 void bk_dataset_add_row(bk_dataset *ds, const char *name, const char *unit, size_t no,
 			struct json_t *row);
-/* The keys the row rules read (NULL-terminated): the columns worth decoding. */
-const char *const *bk_dataset_row_keys(void);
 /* The rows of a JSON document (a list, or a list under a wrapper key as above) or, for a
  * .jsonl/.ndjson name or a document of one value per line, of JSON Lines, as a new
  * jansson array; dies naming name and the line on bad JSON. */

@@ -238,6 +238,19 @@ static void check_load(void)
 	load(&ds, "test");
 	CHECK(ds.n == 1 && !strcmp(ds.v[0].prompt, "q") && !ds.v[0].response, "test: %zu", ds.n);
 	bk_dataset_free(&ds);
+	/* the columns the tool reads: no row system, no system messages, no user_message */
+	put("valid/v.jsonl", NULL,
+	    "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", "
+	    "\"content\": \"u\"}, {\"role\": \"assistant\", \"content\": \"a\"}], \"system\": \"X\"}\n"
+	    "{\"prompt\": \"p\", \"system\": \"Y\", \"user_message\": \"um\"}\n");
+	load(&ds, "valid");
+	CHECK(ds.n == 2 && !strcmp(ds.v[0].prompt, "u") && !ds.v[0].system &&
+		      !strcmp(ds.v[1].prompt, "p") && !ds.v[1].system,
+	      "valid: %zu samples, system '%s'", ds.n, ds.n ? (ds.v[0].system ? ds.v[0].system : "") : "");
+	bk_dataset_free(&ds);
+	put("valid/v.jsonl", NULL, "{\"user_message\": \"um\"}\n");
+	c.spec = "valid";
+	bk_expect_die("user_message", do_load, &c, "repo: valid/v.jsonl: row 1: no prompt key", NULL);
 	/* a bad row names the file and the row */
 	put("train/a.jsonl", NULL, "{\"prompt\": \"j1\"}\n{\"prompt\": 3}\n");
 	c.spec = "train[:2]";
