@@ -28,7 +28,7 @@ static void check_specs(void)
 		json_t *parts = json_object_get(c, "parts");
 		char msg[512];
 		bk_split_spec sp;
-		int rc = bk_split_parse(spec, &sp, msg, sizeof msg);
+		int rc = bk_split_parse(spec, &sp, msg, sizeof msg), parsed = !rc;
 		int64_t from[16], to[16];
 		for (size_t k = 0; !rc && k < sp.n && k < 16; k++)
 			rc = bk_split_bounds(&sp.v[k], n, &from[k], &to[k], msg, sizeof msg);
@@ -55,7 +55,7 @@ static void check_specs(void)
 			}
 			nok++;
 		}
-		if (!rc)
+		if (parsed)
 			bk_split_free(&sp);
 	}
 	CHECK(nok > 200 && nerr > 50, "%zu accepted and %zu refused cases", nok, nerr);
