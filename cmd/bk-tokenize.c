@@ -187,8 +187,7 @@ int main(int argc, char **argv)
 		if (!rc && S_ISDIR(st.st_mode)) {
 			bk_dataset_load_dir(&ds, argv[i], argv[i], split);
 			hub_data = 1;
-		} else if (strcmp(argv[i], "-") && missing && bk_hub_is_id(argv[i]) &&
-			   *argv[i] != '/') {
+		} else if (missing && bk_hub_dataset_id(argv[i])) {
 			bk_dataset_load_hub(&ds, argv[i], NULL, split);
 			hub_data = 1;
 		} else {

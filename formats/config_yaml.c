@@ -716,7 +716,7 @@ static void map_data(mapper *m)
 			p->data.v[p->data.n++] = d;
 			local = 1;
 		} else if ((!stat(d, &st) && S_ISDIR(st.st_mode)) ||
-			   (errno == ENOENT && bk_hub_is_id(d) && *d != '/')) {
+			   (errno == ENOENT && bk_hub_dataset_id(d))) {
 			if (p->hub_data)
 				note_add(m, BK_CFG_UNSUPPORTED, named[i],
 					 "'%s' and '%s': give one hub dataset", p->hub_data, d);

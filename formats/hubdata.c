@@ -344,6 +344,19 @@ char **bk_split_files(const char *const *paths, size_t n, const char *split, siz
 	return out.v;
 }
 
+int bk_hub_dataset_id(const char *s)
+{
+	static const char *const exts[] = {".parquet", ".jsonl", ".ndjson", ".json", ".txt",
+					   ".csv", ".tsv", NULL};
+	if (!bk_hub_is_id(s) || !strchr(s, '/'))
+		return 0;
+	size_t n = strlen(s);
+	for (int i = 0; exts[i]; i++)
+		if (n >= strlen(exts[i]) && !strcasecmp(s + n - strlen(exts[i]), exts[i]))
+			return 0;
+	return 1;
+}
+
 /* ---- rows ---- */
 
 static int has_ext(const char *path, const char *ext)

@@ -61,6 +61,11 @@ int bk_split_bounds(const bk_split_part *p, int64_t n, int64_t *from, int64_t *t
 char **bk_split_files(const char *const *paths, size_t n, const char *split, size_t *nout,
 		      char **names);
 
+/* Does a data argument that is no local path name a hub dataset?  Org/Name as
+ * bk_hub_is_id takes it, with the Org part (a missing "train.jsonl" or
+ * "data/x.parquet" is a missing file, not a repo: no data-file extension either). */
+int bk_hub_dataset_id(const char *s);
+
 /* Appends the rows of spec from the dataset files under dir (a snapshot directory or
  * any local directory laid out as a hub repo) to ds.  what names the dataset in
  * messages.  Dies on an unknown split, a bad spec, a bad file or row. */

@@ -72,7 +72,12 @@ test_expect_success 'JSON Lines in a split directory; refusals in one line' '
 	grep -q "split .train_sft\[:200%\].: percent slice boundaries" e &&
 	test_must_fail bk-tokenize --model "$M" --split train "$ROOT/tests/data/prompts.txt" 2>e &&
 	grep -q "split applies to hub datasets" e &&
-	test_must_fail bk-tokenize --model "$M" org/nosuch 2>e && test $(grep -c "" e) -eq 1
+	test_must_fail bk-tokenize --model "$M" org/nosuch 2>e && test $(grep -c "" e) -eq 1 &&
+	n=$(wc -l <root/requests.log) &&
+	test_must_fail bk-tokenize --model "$M" nosuch.jsonl 2>e && grep -q "nosuch.jsonl: " e &&
+	test_must_fail bk-tokenize --model "$M" data/nosuch.parquet 2>e && grep -q "data/nosuch.parquet: " e &&
+	test_must_fail bk-tokenize --model "$M" nosuch 2>e && grep -q "nosuch: " e &&
+	test $(wc -l <root/requests.log) -eq $n
 '
 
 test_expect_success 'the tool.s sft_dataset.yaml unchanged but for output_dir: bk-bake --config' '
