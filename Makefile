@@ -15,7 +15,7 @@ CUDA    ?= $(if $(NVCC),1,0)
 
 DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libxxhash-dev libsentencepiece-dev \
                 libjansson-dev libopenblas-openmp-dev libyaml-dev gnuplot-nox clang jq man-db groff-base \
-                libutf8proc-dev xz-utils libcurl4-openssl-dev \
+                libutf8proc-dev xz-utils libcurl4-openssl-dev libsnappy-dev libzstd-dev zlib1g-dev \
                 libopenmpi-dev openmpi-bin python3-pip
 
 WARN     := -Wall -Wextra -Werror
@@ -26,7 +26,7 @@ BLAS_DIR := /usr/lib/x86_64-linux-gnu/openblas-openmp
 CPPFLAGS += -D_GNU_SOURCE -I. -I/usr/include/x86_64-linux-gnu/openblas-openmp
 CFLAGS   += -std=c11 $(OPT) -g $(WARN) -fopenmp
 CXXFLAGS += -std=c++17 $(OPT) -g $(WARN)
-LDLIBS   += -lmsgpackc -lxxhash -lsentencepiece -ljansson -lutf8proc -lyaml -lcurl -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lstdc++ -lm -fopenmp
+LDLIBS   += -lmsgpackc -lxxhash -lsentencepiece -ljansson -lutf8proc -lyaml -lcurl -lsnappy -lzstd -lz -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lstdc++ -lm -fopenmp
 
 # MPI (data-parallel bk-step, common/dist.c) when OpenMPI's pkg-config file is found;
 # MPI=0 builds without it (a launch of several ranks is then refused)
@@ -227,7 +227,7 @@ build/fuzz/%: tests/fuzz/%.c $(LIB_C) $(LIB_CXX)
 	@mkdir -p build/fuzz/obj
 	for f in $(LIB_CXX); do clang++ -std=c++17 -g -O1 -fsanitize=address,undefined -I. -c $$f -o build/fuzz/obj/$$(basename $$f .cc).o || exit 1; done
 	clang $(FUZZ_CFLAGS) -I/usr/include/x86_64-linux-gnu/openblas-openmp $< $(LIB_C) build/fuzz/obj/*.o \
-	    -lmsgpackc -lxxhash -lsentencepiece -ljansson -lutf8proc -lyaml -lcurl -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lstdc++ -lm -o $@
+	    -lmsgpackc -lxxhash -lsentencepiece -ljansson -lutf8proc -lyaml -lcurl -lsnappy -lzstd -lz -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lstdc++ -lm -o $@
 
 clean:
 	rm -rf build build-emu

@@ -11,14 +11,17 @@
 #include "formats/template.h"
 #include "formats/tokcache.h"
 #include "formats/hub.h"
+#include "formats/hubdata.h"
 
+#include <errno.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char usage[] =
 	"usage: bk-tokenize (--model DIR | --tokenizer FILE) [--template NAME]\n"
 	"                   [--system TEXT | --system-file FILE | --corpus FILE\n"
 	"                    [--corpus-format papers|text|list|json] [--system-template FILE]]\n"
-	"                   [--format auto|json|jsonl|text] [--prompt TEXT]...\n"
+	"                   [--format auto|json|jsonl|text] [--split SPEC] [--prompt TEXT]...\n"
 	"                   [--enable-thinking | --no-thinking] [--date DATE]\n"
 	"                   [--max-seq-length N] [--no-cache] [-o FILE] [DATA...]\n"
 	"Reads prompts, prompt/response pairs or chat rows and writes one record per\n"
@@ -39,6 +42,9 @@ static const char usage[] =
 	"  --corpus-format F    papers, text, list or json (default text)\n"
 	"  --system-template FILE  text with {corpus} where the corpus goes\n"
 	"  --format F           data format: auto (default), json, jsonl, text\n"
+	"  --split SPEC         the rows of a hub dataset (DATA = Org/Name, fetched into the HF\n"
+	"                       cache) or dataset directory: train (default), train[:1000],\n"
+	"                       test[10%:20%], train+test, ... as datasets' split syntax\n"
 	"  --prompt TEXT        an inline prompt (repeatable), in addition to DATA\n"
 	"  --max-seq-length N   cut teacher and student sequences to N tokens (0 = off)\n"
 	"  --no-cache           do not read or write the tokenization cache\n"
@@ -47,7 +53,7 @@ static const char usage[] =
 
 typedef struct {
 	const char *model, *tokenizer, *template_name, *system, *system_file, *corpus,
-		*corpus_format, *system_template, *format, *out, *date;
+		*corpus_format, *system_template, *format, *out, *date, *split;
 	bk_strlist prompts;
 	long max_seq;
 	int no_cache, enable_thinking, no_thinking;
@@ -143,6 +149,7 @@ int main(int argc, char **argv)
 		{"corpus-format", 0, BK_OPT_STR, &o.corpus_format, 0, 0},
 		{"system-template", 0, BK_OPT_STR, &o.system_template, 0, 0},
 		{"format", 0, BK_OPT_STR, &o.format, 0, 0},
+		{"split", 0, BK_OPT_STR, &o.split, 0, 0},
 		{"prompt", 0, BK_OPT_LIST, &o.prompts, 0, 0},
 		{"max-seq-length", 0, BK_OPT_INT, &o.max_seq, 0, 1L << 30},
 		{"no-cache", 0, BK_OPT_FLAG, &o.no_cache, 0, 0},
@@ -172,8 +179,23 @@ int main(int argc, char **argv)
 	/* inputs first: a bad data file fails before any output exists */
 	bk_input_format fmt = bk_input_format_parse(o.format);
 	bk_dataset ds = {0};
-	for (int i = 0; i < npos; i++)
-		bk_dataset_load(&ds, argv[i], fmt);
+	int hub_data = 0;
+	for (int i = 0; i < npos; i++) {
+		struct stat st;
+		const char *split = o.split ? o.split : "train";
+		int rc = stat(argv[i], &st), missing = rc && errno == ENOENT;
+		if (!rc && S_ISDIR(st.st_mode)) {
+			bk_dataset_load_dir(&ds, argv[i], argv[i], split);
+			hub_data = 1;
+		} else if (missing && bk_hub_dataset_id(argv[i])) {
+			bk_dataset_load_hub(&ds, argv[i], NULL, split);
+			hub_data = 1;
+		} else {
+			bk_dataset_load(&ds, argv[i], fmt);
+		}
+	}
+	if (o.split && !hub_data)
+		die_usage("--split applies to hub datasets and dataset directories; no DATA is one");
 	for (int i = 0; i < o.prompts.n; i++)
 		bk_dataset_add(&ds, o.prompts.v[i], NULL, NULL);
 	char *system = bk_system_prompt(o.system, o.system_file, o.corpus, o.corpus_format,

@@ -250,6 +250,10 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 	arg2(c, "-o", b->tokens);
 	for (int i = 0; i < p->data.n; i++)
 		arg(c, "%s", p->data.v[i]);
+	if (p->hub_data) {
+		arg2(c, "--split", p->hub_split);
+		arg(c, "%s", p->hub_data);
+	}
 
 	/* prompts-only: B prompts x T trajectories a micro-batch, as the tool; the order
 	 * stream is already shuffled per epoch, bk-lens only cuts it into batches that

@@ -5,6 +5,7 @@
 #include "common/diag.h"
 #include "common/files.h"
 #include "formats/hub.h"
+#include "formats/hubdata.h"
 
 #include <errno.h>
 #include <math.h>
@@ -406,8 +407,8 @@ static const bk_cfg_known known[] = {
 	{"attn_implementation", DC, "note", NULL, "no effect on the result: bakery's own attention (flash-style kernels on the GPU, exact on the CPU)"},
 	{"auto_install_optional_deps", DC, "note", "true", "no effect: bakery installs nothing at run time"},
 	{"use_unsloth", DC, "mapped", "false", "true: lora_dropout 0, as the tool's Unsloth path; bakery's own kernels otherwise"},
-	{"dataset", DC, "mapped", NULL, "a local JSON/JSONL file for bk-tokenize (hub datasets are refused: bakery never downloads)"},
-	{"dataset_split", DC, "mapped", "train", "hub datasets only; a local file is read whole, as the tool does"},
+	{"dataset", DC, "mapped", NULL, "bk-tokenize's data: a local JSON/JSONL file, else a hub dataset (Org/Name, or a directory laid out as one) through the HF cache, only its split's files downloaded (HF_HUB_OFFLINE=1: cache only)"},
+	{"dataset_split", DC, "mapped", "train", "bk-tokenize --split, datasets' syntax (train_sft[:1000], [:10%], a+b); a local file is read whole, as the tool does"},
 	{"training_prompts", DC, "mapped", NULL, "bk-tokenize --prompt"},
 	{"eval_dataset_split", DC, "ignored", NULL, NOVAL},
 	{"eval_dataset", DC, "ignored", NULL, NOVAL},
@@ -732,19 +733,36 @@ static void map_data(mapper *m)
 	int local = 0;
 	for (int i = 0; named[i]; i++) {
 		const char *d = scalar(m, named[i]);
+		struct stat st;
 		if (!d)
 			continue;
 		if (is_file(d)) {
 			p->data.v = xrealloc(p->data.v, (size_t)(p->data.n + 1) * sizeof(char *));
 			p->data.v[p->data.n++] = d;
 			local = 1;
+		} else if ((!stat(d, &st) && S_ISDIR(st.st_mode)) ||
+			   (errno == ENOENT && bk_hub_dataset_id(d))) {
+			if (p->hub_data)
+				note_add(m, BK_CFG_UNSUPPORTED, named[i],
+					 "'%s' and '%s': give one hub dataset", p->hub_data, d);
+			p->hub_data = d; /* bk-tokenize reads (and fetches) it */
 		} else {
 			note_add(m, BK_CFG_UNSUPPORTED, named[i],
-				 "'%s' is not a local file (hub datasets are not downloaded; save "
-				 "it as JSON/JSONL and give the file)", d);
+				 "'%s' is not a local file, a dataset directory or a hub id "
+				 "(Org/Name)", d);
 		}
 	}
 	const char *split = scalar(m, "dataset_split");
+	if (p->hub_data) {
+		char err[256];
+		bk_split_spec sp;
+		p->hub_split = split ? split : "train";
+		if (bk_split_parse(p->hub_split, &sp, err, sizeof err))
+			note_add(m, BK_CFG_UNSUPPORTED, "dataset_split", "'%s': %s", p->hub_split,
+				 err);
+		else
+			bk_split_free(&sp);
+	}
 	if (split && strcmp(split, "train") && local)
 		note_add(m, BK_CFG_NOTE, "dataset_split",
 			 "'%s' applies to hub datasets; a local file is read whole, as the tool "
@@ -753,12 +771,12 @@ static void map_data(mapper *m)
 		if (!is_file(p->data.v[i]))
 			note_add(m, BK_CFG_UNSUPPORTED, "training data",
 				 "'%s' is not a readable file", p->data.v[i]);
-	if (p->prompts.n && p->data.n)
+	if (p->prompts.n && (p->data.n || p->hub_data))
 		note_add(m, BK_CFG_NOTE, "training_prompts",
 			 "not used: the tool trains on 'dataset' when both are given");
-	if (p->prompts.n && p->data.n)
+	if (p->prompts.n && (p->data.n || p->hub_data))
 		p->prompts.n = 0;
-	if (!p->data.n && !p->prompts.n)
+	if (!p->data.n && !p->prompts.n && !p->hub_data)
 		note_add(m, BK_CFG_UNSUPPORTED, "training_prompts",
 			 "missing: no training data (dataset, training_prompts, or bakery's "
 			 "prompts_file, data_file, train_file)");

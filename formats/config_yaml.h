@@ -79,6 +79,9 @@ typedef struct {
 	const char *revision; /* of a hub model id (NULL: main) */
 	char *system_template_text; /* malloc'd */
 	bk_cfg_strs prompts, data;
+	/* a hub dataset (Org/Name, or a directory laid out as a hub repo) and the split
+	 * spec to read from it (bk-tokenize --split); NULL when the data are local files */
+	const char *hub_data, *hub_split;
 	long max_seq_length;
 	/* bk-gen */
 	long num_trajectories, trajectory_length, seed, data_seed;

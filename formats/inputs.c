@@ -337,6 +337,15 @@ static void add_row(bk_dataset *ds, const bk_loc *l, json_t *row)
 		       opt_string(l, row, "system"));
 }
 
+/* ---- rows from elsewhere (hub datasets) ---- */
+
+void bk_dataset_add_row(bk_dataset *ds, const char *name, const char *unit, size_t no,
+			json_t *row)
+{
+	bk_loc l = {name, unit, no};
+	add_row(ds, &l, row);
+}
+
 /* ---- formats ---- */
 
 static void parse_jsonl(bk_dataset *ds, const char *name, const char *buf, size_t len)
@@ -418,6 +427,52 @@ static void parse_json(bk_dataset *ds, const char *name, const char *buf, size_t
 	}
 	add_json_doc(ds, name, root);
 	json_decref(root);
+}
+
+static int has_ext(const char *name, const char *ext);
+
+json_t *bk_dataset_json_rows(const char *name, const char *buf, size_t len)
+{
+	skip_bom(&buf, &len);
+	json_t *rows = json_array();
+	if (!rows)
+		die("%s: out of memory", name);
+	json_error_t err;
+	int jsonl = has_ext(name, ".jsonl") || has_ext(name, ".ndjson");
+	json_t *root = jsonl ? NULL : json_loadb(buf, len, DATA_FLAGS, &err);
+	if (!root && !jsonl && (json_error_code(&err) != json_error_end_of_input_expected ||
+				!first_line_is_value(buf, len)))
+		die("%s: %s", name, bk_json_error(&err));
+	if (root) { /* a list of rows, or one wrapped under a known key */
+		json_t *list = root, *v;
+		if (json_is_object(root)) {
+			const char *k = first_key(root, wrapper_keys, &v);
+			if (!k)
+				die("%s: no list of samples in the top-level object (tried %s)",
+				    name, key_list(wrapper_keys));
+			list = v;
+		}
+		if (!json_is_array(list))
+			die("%s: the top level is not a list or an object", name);
+		json_array_extend(rows, list);
+		json_decref(root);
+		return rows;
+	}
+	size_t line = 0;
+	for (const char *p = buf, *end = buf + len; p < end;) {
+		const char *nl = memchr(p, '\n', end - p);
+		size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+		line++;
+		if (!is_blank(p, n)) {
+			json_t *row = json_loadb(p, n, DATA_FLAGS, &err);
+			if (!row)
+				die("%s: line %zu: column %d: %s", name, line, err.column,
+				    bk_json_error_text(&err));
+			json_array_append_new(rows, row);
+		}
+		p += n + 1;
+	}
+	return rows;
 }
 
 static void parse_text(bk_dataset *ds, const char *name, const char *buf, size_t len)

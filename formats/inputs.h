@@ -78,6 +78,17 @@ void bk_dataset_add(bk_dataset *ds, const char *prompt, const char *response,
 		    const char *system);
 void bk_dataset_free(bk_dataset *ds); /* frees every string; leaves ds zeroed */
 
+/* Rows from other sources (hub datasets: formats/hubdata.c).  A row is a jansson
+ * value (struct json_t); the rules above apply, and messages name the row as
+ * "NAME: UNIT NO" (e.g. "Org/Name: data/train-00000-of-00001.parquet: row 7"). */
+struct json_t;
+void bk_dataset_add_row(bk_dataset *ds, const char *name, const char *unit, size_t no,
+			struct json_t *row);
+/* The rows of a JSON document (a list, or a list under a wrapper key as above) or, for a
+ * .jsonl/.ndjson name or a document of one value per line, of JSON Lines, as a new
+ * jansson array; dies naming name and the line on bad JSON. */
+struct json_t *bk_dataset_json_rows(const char *name, const char *buf, size_t len);
+
 /* The default knowledge-base preamble used when a corpus comes without a template. */
 #define BK_DEFAULT_SYSTEM_TEMPLATE                                             \
 	"You are a helpful assistant with the following knowledge base:\n\n"   \

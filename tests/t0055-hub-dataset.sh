@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Hub datasets (formats/hubdata.c over formats/hub.c) against tests/hubserver.py on
+# 127.0.0.1: a split of a parquet dataset fetched into the HF cache's datasets--Org--Name
+# layout (only the files the slice needs), read again offline, refusals in one line, and
+# the tool's sft_dataset.yaml run unchanged but for output_dir, its model and dataset
+# ids served by the stand-in (stories260K as Qwen/Qwen3-0.6B, a 30-row chat file as
+# each split of HuggingFaceH4/ultrachat_200k).
+. "$(dirname "$0")/lib.sh"
+M="$MODELS/stories260K"
+G="$ROOT/tests/golden/parquet"
+set -o pipefail
+command -v python3 >/dev/null || { echo "not ok - python3 is needed"; exit 1; }
+
+U=root/datasets/HuggingFaceH4/ultrachat_200k
+mkdir -p root/models/Qwen/Qwen3-0.6B $U/data root/datasets/org/jsonl/train
+cp "$M"/* root/models/Qwen/Qwen3-0.6B/
+for s in train_sft-00000-of-00002 train_sft-00001-of-00002 test_sft-00000-of-00001; do
+	cp "$G/chat.parquet" $U/data/$s-0123abcd.parquet
+done
+printf -- '---\nconfigs:\n- config_name: default\n---\n' >$U/README.md
+printf '{"prompt": "p1", "response": "r1"}\n{"prompt": "p2", "response": "r2"}\n' \
+	>root/datasets/org/jsonl/train/part.jsonl
+python3 "$ROOT/tests/hubserver.py" --root root --port-file port 2>server.err &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; rm -rf "$TEST_TMP"' EXIT
+for _ in $(seq 100); do [ -s port ] && break; sleep 0.1; done
+read -r HUBPORT CDNPORT <port || { echo "not ok - the hub server did not start"; cat server.err; exit 1; }
+export HF_ENDPOINT="http://127.0.0.1:$HUBPORT" HF_HUB_CACHE="$TEST_TMP/hub" HF_HOME="$TEST_TMP/hfhome"
+unset HF_TOKEN HF_HUB_OFFLINE HF_TOKEN_PATH HUGGINGFACE_HUB_CACHE
+C=hub/datasets--HuggingFaceH4--ultrachat_200k
+users() { bk-dump | jq -r .user; }
+
+test_expect_success 'a slice fetches only the shard it needs into the HF cache, links into blobs' '
+	bk-tokenize --model "$M" --split "train_sft[:5]" HuggingFaceH4/ultrachat_200k >t5 &&
+	users <t5 >u5 &&
+	test $(grep -c "" u5) -eq 7 &&
+	head -1 u5 | grep -q "^Tell me one thing about eggs (question 0)\.$" &&
+	commit=$(cat $C/refs/main) && test ${#commit} -eq 40 &&
+	f=data/train_sft-00000-of-00002-0123abcd.parquet &&
+	test "$(readlink $C/snapshots/$commit/$f)" = "../../../blobs/$(sha256sum <"$G/chat.parquet" | cut -c1-64)" &&
+	cmp $C/snapshots/$commit/$f "$G/chat.parquet" &&
+	! test -e $C/snapshots/$commit/data/train_sft-00001-of-00002-0123abcd.parquet &&
+	! grep -q "test_sft" root/requests.log
+'
+
+test_expect_success 'the same rows as the repo read as a local directory; percent and + parts' '
+	bk-tokenize --model "$M" --split "train_sft[:5]" $U | users >local5 &&
+	test_cmp u5 local5 &&
+	bk-tokenize --model "$M" --split "train_sft[-10%:]+test_sft[:2]" HuggingFaceH4/ultrachat_200k | users >mix &&
+	bk-tokenize --model "$M" --split "train_sft[54:]+test_sft[:2]" $U | users >mixlocal &&
+	test_cmp mix mixlocal && test $(grep -c "" mix) -eq 11
+'
+
+test_expect_success 'HF_HUB_OFFLINE=1: read from the cache with no request; a missing shard is named' '
+	n=$(wc -l <root/requests.log) &&
+	HF_HUB_OFFLINE=1 bk-tokenize --model "$M" --split "train_sft[:5]" HuggingFaceH4/ultrachat_200k | users >off5 &&
+	test_cmp u5 off5 && test $(wc -l <root/requests.log) -eq $n &&
+	rm -rf hub2 && mkdir hub2 && cp -a hub/datasets--HuggingFaceH4--ultrachat_200k hub2/ &&
+	rm hub2/datasets--HuggingFaceH4--ultrachat_200k/snapshots/*/data/train_sft-00001-* &&
+	HF_HUB_CACHE=$TEST_TMP/hub2 HF_HUB_OFFLINE=1 test_must_fail bk-tokenize --model "$M" \
+		--split "train_sft[:50%]" HuggingFaceH4/ultrachat_200k 2>e &&
+	test $(grep -c "" e) -eq 1 &&
+	grep -q "split .train_sft. has 2 shards, 1 of them here" e
+'
+
+test_expect_success 'JSON Lines in a split directory; refusals in one line' '
+	bk-tokenize --model "$M" org/jsonl | bk-dump | jq -r .response >r &&
+	printf "r1\nr2\n" >want && test_cmp want r &&
+	test_must_fail bk-tokenize --model "$M" --split train HuggingFaceH4/ultrachat_200k 2>e &&
+	grep -q "HuggingFaceH4/ultrachat_200k: no data files for split .train. (its splits: test_sft, train_sft)" e &&
+	test_must_fail bk-tokenize --model "$M" --split "train_sft[:200%]" HuggingFaceH4/ultrachat_200k 2>e &&
+	grep -q "split .train_sft\[:200%\].: percent slice boundaries" e &&
+	test_must_fail bk-tokenize --model "$M" --split train "$ROOT/tests/data/prompts.txt" 2>e &&
+	grep -q "split applies to hub datasets" e &&
+	test_must_fail bk-tokenize --model "$M" org/nosuch 2>e && test $(grep -c "" e) -eq 1 &&
+	n=$(wc -l <root/requests.log) &&
+	test_must_fail bk-tokenize --model "$M" nosuch.jsonl 2>e && grep -q "nosuch.jsonl: " e &&
+	test_must_fail bk-tokenize --model "$M" data/nosuch.parquet 2>e && grep -q "data/nosuch.parquet: " e &&
+	test_must_fail bk-tokenize --model "$M" nosuch 2>e && grep -q "nosuch: " e &&
+	test $(wc -l <root/requests.log) -eq $n
+'
+
+test_expect_success 'the tool.s sft_dataset.yaml unchanged but for output_dir: bk-bake --config' '
+	bk-bake --config "$DATA/bake/tool/sft_dataset.yaml" --output_dir out >sum 2>notes &&
+	! grep -q "unsupported\|unknown\|ignored" notes &&
+	grep -q "^data  *76 prompt/response pairs, 1 epoch" sum &&
+	test -f out/final_model/adapter_model.safetensors &&
+	jq -e ".base_model_name_or_path == \"Qwen/Qwen3-0.6B\"" out/final_model/adapter_config.json &&
+	test -e $C/snapshots/$(cat $C/refs/main)/data/train_sft-00001-of-00002-0123abcd.parquet &&
+	bk-bake --dry-run --config "$DATA/bake/tool/sft_dataset.yaml" --output_dir out2 >plan 2>/dev/null &&
+	grep -q "bk-tokenize .*--split .train_sft\[:1000\]. HuggingFaceH4/ultrachat_200k" plan
+'
+
+test_done
