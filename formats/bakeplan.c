@@ -182,8 +182,6 @@ static void build_step(bk_bake_cmds *b, const bk_bake_plan *p)
 		arg_long(c, "--warmup-steps", (long)p->warmup_steps);
 	} else if (p->warmup_steps > 0) {
 		arg_num(c, "--warmup-ratio", p->warmup_steps);
-	} else if (p->warmup_ratio > 0) {
-		arg_num(c, "--warmup-ratio", p->warmup_ratio);
 	}
 	arg_num(c, "--weight-decay", p->weight_decay);
 	arg_num(c, "--max-grad-norm", p->max_grad_norm);

@@ -357,6 +357,7 @@ static int looks_like_hub_id(const char *s)
  * (the bake refuses: the result would differ) */
 #define TA "TrainingArguments"
 #define TA4 "TrainingArguments (transformers 4)"
+#define TA5N "TrainingArguments (transformers > 5.3)"
 #define BC "BakeryConfig"
 #define DC "DataConfig"
 #define LC "LoraConfig"
@@ -403,7 +404,8 @@ static const bk_cfg_known known[] = {
 	{"target_modules", LC, "mapped", "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj", "bk-step --target-modules (all, all-linear or the Llama projections)"},
 	{"lora_dropout", LC, "mapped", "0.05", "bk-step --lora-dropout"},
 	{"bias", LC, "refused", "none", "bakery trains no bias terms (LoRA A and B only)"},
-	/* HF TrainingArguments (transformers 5.24) */
+	/* HF TrainingArguments of transformers 5.3, the tool's pinned version (fields of
+	 * later 5.x, which 5.3 drops silently, are marked TA5N) */
 	{"output_dir", TA, "mapped", NULL, "final_model/, checkpoint-*, results.json, metrics.bk, logs/ (default 'output')"},
 	{"per_device_train_batch_size", TA, "mapped", "8", "prompts (or pairs) per micro-batch; x num_trajectories records for bk-step --batch-size"},
 	{"num_train_epochs", TA, "mapped", "3", "bk-gen --epochs (whole epochs, rounded up) and bk-step's step count (fractions as HF: ceil)"},
@@ -411,7 +413,7 @@ static const bk_cfg_known known[] = {
 	{"learning_rate", TA, "mapped", "5e-5", "bk-step --lr"},
 	{"lr_scheduler_type", TA, "mapped", "linear", "bk-step --schedule (linear, cosine, constant, constant_with_warmup)"},
 	{"lr_scheduler_kwargs", TA, "refused", NULL, "bk-step's schedules take no extra arguments"},
-	{"warmup_steps", TA, "mapped", "0", "bk-step --warmup-steps (below 1: a ratio of the steps, as HF 5)"},
+	{"warmup_steps", TA, "mapped", "0", "bk-step --warmup-steps (below 1: a ratio of the steps, as HF 5; above 1: its whole part, as HF's int())"},
 	{"optim", TA, "mapped", "adamw_torch_fused", "AdamW (adamw_torch*, adamw_hf) or bk-step --optim adamw8bit (adamw_bnb_8bit, adamw_8bit, paged_adamw_8bit)"},
 	{"optim_args", TA, "refused", NULL, "bk-step's AdamW takes no extra arguments"},
 	{"weight_decay", TA, "mapped", "0", "bk-step --weight-decay"},
@@ -428,8 +430,8 @@ static const bk_cfg_known known[] = {
 	{"bf16_full_eval", TA, "note", "false", "no effect: bk-eval computes as training does (bf16 on the GPU, fp32 on the CPU)"},
 	{"fp16_full_eval", TA, "note", "false", "no effect: bk-eval computes as training does (bf16 on the GPU, fp32 on the CPU)"},
 	{"tf32", TA, "note", NULL, "no effect: the GPU linears run in bf16 with fp32 accumulation"},
-	{"activation_checkpointing", TA, "mapped", NULL, "as gradient_checkpointing (its new name)"},
-	{"activation_checkpointing_kwargs", TA, "note", NULL, "no effect: bk-step recomputes each layer; torch's checkpoint options do not apply"},
+	{"activation_checkpointing", TA5N, "mapped", NULL, "as gradient_checkpointing (its new name)"},
+	{"activation_checkpointing_kwargs", TA5N, "note", NULL, "no effect: bk-step recomputes each layer; torch's checkpoint options do not apply"},
 	{"gradient_checkpointing", TA, "mapped", NULL, "bk-step --grad-checkpoint (same result, less memory)"},
 	{"gradient_checkpointing_kwargs", TA, "note", NULL, "no effect: bk-step recomputes each layer; torch's checkpoint options do not apply"},
 	{"torch_compile", TA, "note", "false", NOTORCH},
@@ -453,9 +455,9 @@ static const bk_cfg_known known[] = {
 	{"report_to", TA, "note", "none", NOLOG},
 	{"run_name", TA, "note", NULL, NOLOG},
 	{"project", TA, "note", "huggingface", NOLOG},
-	{"trackio_space_id", TA, "note", NULL, NOLOG},
-	{"trackio_bucket_id", TA, "note", NULL, NOLOG},
-	{"trackio_static_space_id", TA, "note", NULL, NOLOG},
+	{"trackio_space_id", TA, "note", "trackio", NOLOG},
+	{"trackio_bucket_id", TA5N, "note", NULL, NOLOG},
+	{"trackio_static_space_id", TA5N, "note", NULL, NOLOG},
 	{"eval_strategy", TA, "ignored", "no", NOVAL},
 	{"eval_steps", TA, "note", NULL, NOVAL},
 	{"eval_delay", TA, "note", "0", NOVAL},
@@ -496,8 +498,8 @@ static const bk_cfg_known known[] = {
 	{"dataloader_pin_memory", TA, "note", "true", NOLOADER},
 	{"dataloader_persistent_workers", TA, "note", "false", NOLOADER},
 	{"dataloader_prefetch_factor", TA, "note", NULL, NOLOADER},
-	{"dataloader_multiprocessing_context", TA, "note", NULL, NOLOADER},
-	{"dataloader_in_order", TA, "note", "true", NOLOADER},
+	{"dataloader_multiprocessing_context", TA5N, "note", NULL, NOLOADER},
+	{"dataloader_in_order", TA5N, "note", "true", NOLOADER},
 	{"remove_unused_columns", TA, "note", "true", "no effect (the tool sets it to false itself)"},
 	{"label_names", TA, "note", NULL, "no effect: the KL loss has no labels"},
 	{"train_sampling_strategy", TA, "refused", "random", "bk-lens shuffles the prompts with the seed (random) only"},
@@ -505,7 +507,7 @@ static const bk_cfg_known known[] = {
 	{"ddp_find_unused_parameters", TA, "note", NULL, ONEDEV},
 	{"ddp_bucket_cap_mb", TA, "note", NULL, ONEDEV},
 	{"ddp_broadcast_buffers", TA, "note", NULL, ONEDEV},
-	{"ddp_static_graph", TA, "note", NULL, ONEDEV},
+	{"ddp_static_graph", TA5N, "note", NULL, ONEDEV},
 	{"ddp_backend", TA, "note", NULL, ONEDEV},
 	{"ddp_timeout", TA, "note", "1800", ONEDEV},
 	{"fsdp", TA, "refused", NULL, "bakery trains on one device, without FSDP"},
@@ -516,16 +518,16 @@ static const bk_cfg_known known[] = {
 	{"do_train", TA, "note", "false", "no effect: the tool trains whatever it says, and so does bk-bake"},
 	{"do_eval", TA, "note", "false", "no effect: bk-eval runs when eval_file or heldout_file is given, as in the tool"},
 	{"do_predict", TA, "note", "false", "no effect: there is no prediction pass"},
-	{"resume_from_checkpoint", TA, "mapped", NULL, "bk-step --resume: a checkpoint directory, or true for the last output_dir/checkpoint-N"},
+	{"resume_from_checkpoint", TA, "mapped", NULL, "bk-step --resume: a checkpoint directory, or true for the last output_dir/checkpoint-N (the tool's trainer.train() ignores the field; a note says so)"},
 	{"local_rank", TA, "note", "-1", ONEDEV},
 	/* fields of older transformers that configs still carry */
-	{"warmup_ratio", TA4, "mapped", "0", "bk-step --warmup-ratio (transformers >= 5.2 drops it silently; bakery keeps it)"},
+	{"warmup_ratio", TA, "mapped", NULL, "as transformers 5.3: replaces warmup_steps (deprecated there; transformers 5.15 and later drop it silently; a note says so)"},
 	{"overwrite_output_dir", TA4, "mapped", "false", "true: the previous bake's outputs in output_dir are removed first"},
 	{"evaluation_strategy", TA4, "ignored", "no", NOVAL},
-	{"logging_dir", TA4, "note", NULL, NOLOG},
+	{"logging_dir", TA, "note", NULL, NOLOG},
 	{"no_cuda", TA4, "mapped", "false", "true: --device cpu"},
 	{"save_safetensors", TA4, "note", "true", "no effect: adapters are always safetensors"},
-	{"group_by_length", TA4, "refused", "false", "bk-lens does not group prompts by length"},
+	{"group_by_length", TA4, "note", "false", "no effect, as in transformers 5.3, which has no such field (the tool drops it); length grouping is train_sampling_strategy there, which bakery refuses"},
 	{"include_tokens_per_second", TA4, "note", "false", "no effect: the metrics stream always has tokens/s"},
 	/* bakery's own fields */
 	{"template", EXT, "mapped", NULL, "the chat template by name (raw, llama2, chatml, ...) for models without one"},
@@ -851,11 +853,32 @@ static void map_training(mapper *m, const bk_bake_caps *caps)
 	get_long(m, "per_device_train_batch_size", &p->batch_size, 1, 1 << 20);
 	get_long(m, "gradient_accumulation_steps", &p->grad_accum, 1, 1 << 20);
 	get_double(m, "learning_rate", &p->lr, 0, 1e3);
-	get_double(m, "warmup_ratio", &p->warmup_ratio, 0, 1);
-	get_double(m, "warmup_steps", &p->warmup_steps, 0, 1e15);
-	if (p->warmup_steps > 1 && p->warmup_steps != floor(p->warmup_steps))
-		note_add(m, BK_CFG_UNSUPPORTED, "warmup_steps",
-			 "%g: a whole number of steps, or a ratio below 1", p->warmup_steps);
+	/* transformers 5.3 (the tool's pin): a given warmup_ratio (deprecated) replaces
+	 * warmup_steps; then >= 1 is int(steps), below 1 a ratio of the steps.  Later 5.x
+	 * drop warmup_ratio silently: the one note says so (bk-bake(1) WARMUP). */
+	double wr;
+	int has_ws = get_double(m, "warmup_steps", &p->warmup_steps, 0, 1e15);
+	int has_wr = get_double(m, "warmup_ratio", &wr, 0, 1e15);
+	double given = has_wr ? wr : p->warmup_steps;
+	double v = given >= 1 ? floor(given) : given;
+	char also[160] = "";
+	if (v != given)
+		snprintf(also, sizeof also, " (%g steps: HF takes int() of a value of 1 or more)",
+			 v);
+	if (has_wr) {
+		size_t l = strlen(also);
+		if (has_ws && p->warmup_steps != wr)
+			snprintf(also + l, sizeof also - l, "; it replaces warmup_steps %g, as there",
+				 p->warmup_steps);
+		note_add(m, BK_CFG_NOTE, "warmup_ratio",
+			 "%g is taken as warmup_steps %g%s, as transformers 5.3 (the tool's pinned "
+			 "version) does; transformers 5.15 and later drop warmup_ratio silently, "
+			 "and the tool then trains without warmup: write warmup_steps", wr, wr, also);
+	} else if (v != given) {
+		note_add(m, BK_CFG_NOTE, "warmup_steps", "%g%s", given, also);
+	}
+	p->warmup_steps = v;
+	p->warmup_ratio = 0; /* all in warmup_steps */
 	get_double(m, "weight_decay", &p->weight_decay, 0, 1e3);
 	get_double(m, "max_grad_norm", &p->max_grad_norm, 0, 1e12);
 	long r = 0, r2 = 0;
@@ -941,8 +964,13 @@ static void map_perf(mapper *m, const bk_bake_caps *caps)
 				 "(adamw_bnb_8bit)", o);
 		}
 	}
-	if (get_bool(m, "use_cpu") == 1 || get_bool(m, "no_cuda") == 1)
+	int nc = get_bool(m, "no_cuda");
+	if (get_bool(m, "use_cpu") == 1 || nc == 1)
 		p->device = "cpu";
+	if (nc == 1)
+		note_add(m, BK_CFG_NOTE, "no_cuda",
+			 "transformers 5 has no no_cuda (the tool drops it silently and uses the "
+			 "GPU); bakery runs on the CPU as it asks: write use_cpu: true");
 }
 
 static void map_outputs(mapper *m)
@@ -968,6 +996,11 @@ static void map_outputs(mapper *m)
 			note_add(m, BK_CFG_UNSUPPORTED, "device", "'%s' with use_cpu: true", s);
 	}
 	p->overwrite = get_bool(m, "overwrite_output_dir") == 1;
+	if (p->overwrite)
+		note_add(m, BK_CFG_NOTE, "overwrite_output_dir",
+			 "transformers 5 has no overwrite_output_dir (the tool drops it silently "
+			 "and writes over output_dir anyway); bakery removes the previous bake's "
+			 "outputs first, as it asks");
 	s = scalar(m, "resume_from_checkpoint");
 	if (s) {
 		int b = bool_word(s);
@@ -975,6 +1008,11 @@ static void map_outputs(mapper *m)
 			p->resume = "true";
 		else if (b < 0)
 			p->resume = s; /* a directory, checked when the bake starts */
+		if (b != 0)
+			note_add(m, BK_CFG_NOTE, "resume_from_checkpoint",
+				 "the tool ignores it (its trainer.train() is called without it, "
+				 "and transformers 5.3's Trainer does not read the field): it trains "
+				 "from scratch; bakery resumes, as the field asks");
 	}
 }
 
