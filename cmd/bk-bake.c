@@ -367,6 +367,17 @@ int main(int argc, char **argv)
 		free(text);
 		free(st);
 	}
+	if (b.eval_tokens) { /* the validation records: pairs (the tool's loss is 0 else) */
+		pipe_start(&b.evtok, 1);
+		pipe_wait(&b.evtok, 1);
+		show_log_warnings("bk-tokenize");
+		int ep;
+		int64_t st;
+		if (!bk_bake_scan_tokens(b.eval_tokens, &ep, &st) || !ep)
+			die("%s: no prompt/response pairs: the tool's validation loss over prompts "
+			    "alone is 0 (it samples no trajectories to evaluate); give pairs",
+			    p.eval_data);
+	}
 	pipe_start(&b.tok, 1);
 	pipe_wait(&b.tok, 1);
 	show_log_warnings("bk-tokenize");
@@ -420,6 +431,11 @@ int main(int argc, char **argv)
 				warn("cannot remove %s: %s", lg.ckpts.v[i], strerror(errno));
 		lg.ckpts.n = 0;
 	}
+	/* HF's log_history (losses and eval_loss) in every trainer_state.json */
+	bk_vec_push(&lg.ckpts, xstrdup(fm));
+	bk_bake_log_history(b.metrics, lg.ckpts.v, lg.ckpts.n, paired ? 0 : b.per_epoch);
+	lg.ckpts.n -= 1;
+	free(lg.ckpts.v[lg.ckpts.n]);
 	bk_bake_copy_tokenizer(p.model, fm);
 	bk_bake_train tr;
 	bk_bake_train_read(fm, &tr);

@@ -209,6 +209,32 @@ static void build_step(bk_bake_cmds *b, const bk_bake_plan *p)
 		else
 			arg(c, "STEPS_PER_EPOCH");
 	}
+	if (p->eval_data) {
+		/* HF's points: steps: every eval_steps (a ratio below 1); epoch: every
+		 * epoch's end, the last partial one included (--eval-final); eval_delay in
+		 * steps, or in epochs with epoch */
+		arg2(c, "--eval", b->eval_tokens);
+		int epoch = !strcmp(p->eval_strategy, "epoch");
+		double es = epoch ? (double)b->per_epoch : p->eval_steps;
+		arg(c, "--eval-steps");
+		if (epoch && b->per_epoch <= 0)
+			arg(c, "STEPS_PER_EPOCH");
+		else if (es >= 1 || b->total > 0)
+			arg(c, "%ld", bk_bake_steps(es, (long)b->total));
+		else
+			arg(c, "CEIL_%g_STEPS", es);
+		if (epoch)
+			arg(c, "--eval-final");
+		arg_long(c, "--eval-batch-size", p->eval_batch);
+		double dl = epoch ? p->eval_delay * (double)b->per_epoch : p->eval_delay;
+		if (p->eval_delay > 0) {
+			arg(c, "--eval-delay");
+			if (epoch && b->per_epoch <= 0)
+				arg(c, "CEIL_%g_EPOCHS", p->eval_delay);
+			else
+				arg(c, "%ld", (long)ceil(dl - 1e-9));
+		}
+	}
 	if (p->save_total_limit > 0)
 		arg_long(c, "--save-total-limit", p->save_total_limit);
 	if (p->grad_checkpoint)
@@ -233,6 +259,7 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 	b->tmpl_file = p->corpus ? bk_path_join(od, "system_template.txt") : NULL;
 	b->sys_file = p->system_file ? bk_path_join(od, "system_prompt.txt") : NULL;
 	b->eval_json = bk_path_join(od, "logs/bk-eval.json");
+	b->eval_tokens = p->eval_data ? bk_path_join(od, "eval_tokens.bk") : NULL;
 
 	bk_bake_cmd *c = &b->tok;
 	bk_bake_cmd_init(c, b->bindir, "bk-tokenize");
@@ -246,6 +273,18 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 	arg2(c, "-o", b->tokens);
 	for (int i = 0; i < p->data.n; i++)
 		arg(c, "%s", p->data.v[i]);
+
+	/* the validation records: tokenized as the training data */
+	c = &b->evtok;
+	bk_bake_cmd_init(c, b->bindir, "bk-tokenize"); /* run first: its log is replaced */
+	if (p->eval_data) {
+		arg2(c, "--model", p->model);
+		add_system(c, p, b);
+		if (p->max_seq_length)
+			arg_long(c, "--max-seq-length", p->max_seq_length);
+		arg2(c, "-o", b->eval_tokens);
+		arg(c, "%s", p->eval_data);
+	}
 
 	/* prompts-only: B prompts x T trajectories a micro-batch, as the tool; the order
 	 * stream is already shuffled per epoch, bk-lens only cuts it into batches that
@@ -304,20 +343,22 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 
 void bk_bake_cmds_free(bk_bake_cmds *b)
 {
-	bk_bake_cmd *all[] = {&b->tok, &b->lens, &b->gen, &b->teach, &b->step, &b->eval};
-	for (int i = 0; i < 6; i++)
+	bk_bake_cmd *all[] = {&b->tok, &b->lens, &b->gen, &b->teach, &b->step, &b->eval,
+			      &b->evtok};
+	for (int i = 0; i < 7; i++)
 		bk_bake_cmd_free(all[i]);
 	free(b->tokens), free(b->order), free(b->teach_file), free(b->metrics);
-	free(b->tmpl_file), free(b->sys_file), free(b->eval_json);
+	free(b->tmpl_file), free(b->sys_file), free(b->eval_json), free(b->eval_tokens);
 }
 
 void bk_bake_rebuild(bk_bake_cmds *b, const bk_bake_plan *p)
 {
-	bk_bake_cmd *all[] = {&b->tok, &b->lens, &b->gen, &b->teach, &b->step, &b->eval};
-	for (int i = 0; i < 6; i++)
+	bk_bake_cmd *all[] = {&b->tok, &b->lens, &b->gen, &b->teach, &b->step, &b->eval,
+			      &b->evtok};
+	for (int i = 0; i < 7; i++)
 		bk_bake_cmd_free(all[i]);
 	free(b->tokens), free(b->order), free(b->teach_file), free(b->metrics);
-	free(b->tmpl_file), free(b->sys_file), free(b->eval_json);
+	free(b->tmpl_file), free(b->sys_file), free(b->eval_json), free(b->eval_tokens);
 	bk_bake_build(b, p);
 }
 
@@ -334,6 +375,11 @@ void bk_bake_print_plan(const bk_bake_cmds *b, const bk_bake_plan *p, int paired
 		       b->tmpl_file);
 	printf("# 1. tokenize (the prompt count sets the steps)\n");
 	print_pipe(stdout, &b->tok, 1, NULL);
+	if (p->eval_data) {
+		printf("#    the validation records (eval_strategy %s; pairs needed)\n",
+		       p->eval_strategy);
+		print_pipe(stdout, &b->evtok, 1, NULL);
+	}
 	if (!paired_known || !b->paired) {
 		printf("# 2. prompts-only data: the epochs' prompt order, then one pipe\n");
 		if (b->prompts > 0)

@@ -362,7 +362,7 @@ static int looks_like_hub_id(const char *s)
 #define DC "DataConfig"
 #define LC "LoraConfig"
 #define EXT "bakery"
-#define NOVAL "no effect: no validation loss during training; bk-eval scores eval_file and heldout_file after it"
+#define NOVAL "no effect: bakery's validation loss (eval_strategy) is the loss alone, over every record, as the tool's"
 #define ONEDEV "no effect: bakery trains in one process on one device"
 #define NOHUB "no effect: bakery never uploads; the adapter is in output_dir/final_model"
 #define NOLOG "no effect: no logging integrations; the metrics stream is output_dir/metrics.bk (bk-dump, bk-plot)"
@@ -377,7 +377,7 @@ static const bk_cfg_known known[] = {
 	{"temperature", BC, "mapped", "1.0", "the KL temperature: bk-teach, bk-step, bk-eval --temperature"},
 	{"sampling_temperature", BC, "mapped", "0.8", "bk-gen --temperature"},
 	{"max_seq_length", BC, "mapped", NULL, "bk-tokenize --max-seq-length"},
-	{"sequential_eval", BC, "note", "false", "no effect: no validation loss during training (it only lowers the tool's peak memory there)"},
+	{"sequential_eval", BC, "note", "false", "no effect on the result: it only lowers the tool's peak memory in its validation loss"},
 	/* DataConfig */
 	{"model_name_or_path", DC, "mapped", NULL, "--model of every stage; a local HF directory (hub ids are refused: bakery never downloads)"},
 	{"torch_dtype", DC, "note", "bfloat16", "no effect: weights are read in their stored dtype; the GPU computes in bf16, the CPU twin in fp32"},
@@ -391,8 +391,8 @@ static const bk_cfg_known known[] = {
 	{"dataset", DC, "mapped", NULL, "a local JSON/JSONL file for bk-tokenize (hub datasets are refused: bakery never downloads)"},
 	{"dataset_split", DC, "mapped", "train", "hub datasets only; a local file is read whole, as the tool does"},
 	{"training_prompts", DC, "mapped", NULL, "bk-tokenize --prompt"},
-	{"eval_dataset_split", DC, "ignored", NULL, NOVAL},
-	{"eval_dataset", DC, "ignored", NULL, NOVAL},
+	{"eval_dataset_split", DC, "mapped", NULL, "with eval_strategy: the validation records from dataset (a local file is read whole, as the tool does)"},
+	{"eval_dataset", DC, "mapped", NULL, "with eval_strategy: the validation records, a local prompt/response file (bk-tokenize, then bk-step --eval)"},
 	{"eval_file", DC, "mapped", NULL, "bk-eval --eval: baseline_none, baseline_discrete, baked_eval"},
 	{"heldout_file", DC, "mapped", NULL, "bk-eval --held-out: heldout_discrete, baked_heldout"},
 	{"corpus_file", DC, "mapped", NULL, "bk-tokenize --corpus"},
@@ -458,12 +458,12 @@ static const bk_cfg_known known[] = {
 	{"trackio_space_id", TA, "note", "trackio", NOLOG},
 	{"trackio_bucket_id", TA5N, "note", NULL, NOLOG},
 	{"trackio_static_space_id", TA5N, "note", NULL, NOLOG},
-	{"eval_strategy", TA, "ignored", "no", NOVAL},
-	{"eval_steps", TA, "note", NULL, NOVAL},
-	{"eval_delay", TA, "note", "0", NOVAL},
-	{"per_device_eval_batch_size", TA, "note", "8", "no effect on the result: bk-eval batches its greedy answers itself"},
+	{"eval_strategy", TA, "mapped", "no", "steps: bk-step --eval-steps; epoch: --eval-steps (an epoch's steps) --eval-final"},
+	{"eval_steps", TA, "mapped", NULL, "bk-step --eval-steps (null: logging_steps as given, else HF's 500; below 1: a ratio of the steps)"},
+	{"eval_delay", TA, "mapped", "0", "bk-step --eval-delay (steps; epochs with eval_strategy epoch)"},
+	{"per_device_eval_batch_size", TA, "mapped", "8", "bk-step --eval-batch-size (HF weighs each validation batch alike)"},
 	{"prediction_loss_only", TA, "note", "false", NOVAL},
-	{"eval_on_start", TA, "note", "false", NOVAL},
+	{"eval_on_start", TA, "note", "false", "not done: bk-step evaluates after steps, not before the first"},
 	{"eval_do_concat_batches", TA, "note", "true", NOVAL},
 	{"eval_use_gather_object", TA, "note", "false", NOVAL},
 	{"eval_accumulation_steps", TA, "note", NULL, NOVAL},
@@ -482,7 +482,7 @@ static const bk_cfg_known known[] = {
 	{"hub_strategy", TA, "note", "every_save", NOHUB},
 	{"hub_always_push", TA, "note", "false", NOHUB},
 	{"hub_revision", TA, "note", NULL, NOHUB},
-	{"load_best_model_at_end", TA, "refused", "false", "needs a validation loss during training, which bakery does not compute"},
+	{"load_best_model_at_end", TA, "refused", "false", "bakery keeps the last adapter: no choice of the best checkpoint by validation loss"},
 	{"metric_for_best_model", TA, "note", NULL, NOVAL},
 	{"greater_is_better", TA, "note", NULL, NOVAL},
 	{"ignore_data_skip", TA, "refused", "false", "bk-step --resume always continues where the checkpoint stopped in the data"},
@@ -523,7 +523,7 @@ static const bk_cfg_known known[] = {
 	/* fields of older transformers that configs still carry */
 	{"warmup_ratio", TA, "mapped", NULL, "as transformers 5.3: replaces warmup_steps (deprecated there; transformers 5.15 and later drop it silently; a note says so)"},
 	{"overwrite_output_dir", TA4, "mapped", "false", "true: the previous bake's outputs in output_dir are removed first"},
-	{"evaluation_strategy", TA4, "ignored", "no", NOVAL},
+	{"evaluation_strategy", TA4, "mapped", "no", "as eval_strategy (transformers 5 drops it silently; a note says so)"},
 	{"logging_dir", TA, "note", NULL, NOLOG},
 	{"no_cuda", TA4, "mapped", "false", "true: --device cpu"},
 	{"save_safetensors", TA4, "note", "true", "no effect: adapters are always safetensors"},
@@ -545,7 +545,7 @@ static const bk_cfg_known known[] = {
 	{"top_k", EXT, "mapped", "50", "bk-gen --top-k (HF generate's default 50, which the tool's sampling gets; 0: off)"},
 	{"device", EXT, "mapped", "auto", "--device of every stage: cpu, cuda or auto"},
 	{"use_flash_attention", EXT, "note", "false", "no effect: bakery's attention runs over packed sequences with its own kernels; there is no switch"},
-	{"validation_split", EXT, "ignored", NULL, NOVAL},
+	{"validation_split", EXT, "ignored", NULL, "no effect: the validation records are eval_dataset, or eval_dataset_split of dataset"},
 	{"use_peft", EXT, "refused", "true", "bakery only trains LoRA adapters"},
 	{"load_in_8bit", EXT, "refused", "false", "quantised base weights are not supported (bf16 on the GPU, fp32 on the CPU)"},
 };
@@ -1016,6 +1016,88 @@ static void map_outputs(mapper *m)
 	}
 }
 
+/* The validation loss (bk-step --eval), as the tool sets it up: eval_strategy steps or
+ * epoch over the records of eval_dataset, else of dataset, when eval_dataset_split is
+ * given (cli.py); a local file is read whole (the split names a hub split).  Where the
+ * tool would evaluate nothing for a given eval_dataset (no eval_dataset_split: it
+ * fails at its Trainer's start), bakery evaluates it, with a note. */
+static void map_eval(mapper *m)
+{
+	bk_bake_plan *p = m->p;
+	const char *st = scalar(m, "eval_strategy"), *old = scalar(m, "evaluation_strategy");
+	if (old) {
+		note_add(m, BK_CFG_NOTE, "evaluation_strategy",
+			 "transformers 5 has no evaluation_strategy (the tool drops it silently "
+			 "and evaluates nothing); bakery takes it as eval_strategy, as it asks");
+		if (st && strcmp(st, old))
+			note_add(m, BK_CFG_UNSUPPORTED, "evaluation_strategy",
+				 "'%s' and eval_strategy '%s': give one", old, st);
+		if (!st)
+			st = old;
+	}
+	double es = 0, dl = 0;
+	int has_es = get_double(m, "eval_steps", &es, 0, 1e15);
+	get_double(m, "eval_delay", &dl, 0, 1e15);
+	get_long(m, "per_device_eval_batch_size", &p->eval_batch, 1, 1 << 20);
+	const char *ed = scalar(m, "eval_dataset"), *split = scalar(m, "eval_dataset_split");
+	if (!st || !strcmp(st, "no")) {
+		if (ed || split)
+			note_add(m, BK_CFG_NOTE, ed ? "eval_dataset" : "eval_dataset_split",
+				 "not used: eval_strategy is no (the tool evaluates nothing either)");
+		return;
+	}
+	if (strcmp(st, "steps") && strcmp(st, "epoch")) {
+		note_add(m, BK_CFG_UNSUPPORTED, old && !scalar(m, "eval_strategy") ?
+			 "evaluation_strategy" : "eval_strategy",
+			 "'%s': no, steps or epoch", st);
+		return;
+	}
+	p->eval_strategy = st;
+	p->eval_delay = dl;
+	if (!strcmp(st, "steps")) {
+		/* HF: eval_steps null or 0 takes logging_steps (its default 500, not bakery's 1) */
+		double ls = 500;
+		get_double(m, "logging_steps", &ls, 1e-9, 1e15);
+		p->eval_steps = has_es && es > 0 ? es : ls;
+		if (p->eval_steps > 1 && p->eval_steps != floor(p->eval_steps))
+			note_add(m, BK_CFG_UNSUPPORTED, "eval_steps",
+				 "%g: a whole number of steps, or a ratio below 1 (HF refuses it too)",
+				 p->eval_steps);
+	}
+	const char *src = ed;
+	if (!ed) {
+		const char *d = scalar(m, "dataset");
+		if (!d)
+			d = scalar(m, "dataset_name");
+		if (!split || !d) {
+			note_add(m, BK_CFG_UNSUPPORTED, "eval_strategy",
+				 "'%s' needs validation records: eval_dataset, or eval_dataset_split "
+				 "of dataset (the tool fails at its start without them)", st);
+			return;
+		}
+		src = d;
+		if (is_file(d))
+			note_add(m, BK_CFG_NOTE, "eval_dataset_split",
+				 "'%s' of the local file '%s', which is read whole, as the tool does: "
+				 "the validation records are the training data", split, d);
+	} else {
+		if (!split)
+			note_add(m, BK_CFG_NOTE, "eval_dataset",
+				 "the tool needs eval_dataset_split too: without it it has no validation "
+				 "set and fails at its start; bakery evaluates on '%s', as asked", ed);
+		else if (is_file(ed))
+			note_add(m, BK_CFG_NOTE, "eval_dataset_split",
+				 "'%s' applies to hub datasets; the local file '%s' is read whole, as "
+				 "the tool does", split, ed);
+	}
+	if (!is_file(src))
+		note_add(m, BK_CFG_UNSUPPORTED, ed ? "eval_dataset" : "eval_dataset_split",
+			 "'%s' is not a local file (hub datasets are not downloaded; save it as "
+			 "JSON/JSONL and give the file)", src);
+	else
+		p->eval_data = src;
+}
+
 void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *caps)
 {
 	memset(p, 0, sizeof *p);
@@ -1042,6 +1124,8 @@ void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *cap
 	p->save_steps = 500;
 	p->output_dir = "output";
 	p->device = "auto";
+	p->eval_strategy = "no";
+	p->eval_batch = 8;
 
 	mapper m = {p, c, xcalloc(c->n + 1, 1)};
 	map_model(&m);
@@ -1050,6 +1134,7 @@ void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *cap
 	map_training(&m, caps);
 	map_perf(&m, caps);
 	map_outputs(&m);
+	map_eval(&m);
 	map_table(&m);
 	if (p->data_seed < 0)
 		p->data_seed = p->seed;

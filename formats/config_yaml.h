@@ -98,6 +98,12 @@ typedef struct {
 	const char *output_dir, *eval_file, *held_out_file, *kl_prompts, *device;
 	const char *resume; /* resume_from_checkpoint: a directory, or "true" (the last one) */
 	int overwrite;      /* overwrite_output_dir */
+	/* the validation loss (bk-step --eval): eval_strategy no, steps or epoch over the
+	 * local file eval_data (NULL: none); eval_steps as HF's (steps strategy; below 1 a
+	 * ratio), eval_delay (steps, or epochs with epoch), per_device_eval_batch_size */
+	const char *eval_strategy, *eval_data;
+	double eval_steps, eval_delay;
+	long eval_batch;
 	/* everything said about the fields, in config order */
 	bk_cfg_note *notes;
 	size_t n_notes;
