@@ -310,6 +310,8 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 	arg_num(c, "--top-p", p->top_p);
 	arg_long(c, "--max-new-tokens", p->trajectory_length);
 	arg_long(c, "--seed", p->seed);
+	if (p->retokenize)
+		arg(c, "--retokenize");
 
 	c = &b->teach;
 	bk_bake_cmd_init(c, b->bindir, "bk-teach");

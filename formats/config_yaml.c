@@ -542,6 +542,7 @@ static const bk_cfg_known known[] = {
 	{"kl_prompts", EXT, "mapped", NULL, "bk-eval --kl-prompts: held-out KL(teacher || model), base and baked"},
 	{"teacher_top_k", EXT, "mapped", "64", "bk-teach --top-k (0: the full distribution)"},
 	{"top_p", EXT, "mapped", "0.9", "bk-gen --top-p (the tool's fixed 0.9)"},
+	{"retokenize_trajectories", EXT, "mapped", "true", "bk-gen --retokenize: each trajectory decoded, stripped and tokenized again in the chat template with its end of turn, as the tool trains it (false: the sampled ids)"},
 	{"top_k", EXT, "mapped", "50", "bk-gen --top-k (HF generate's default 50, which the tool's sampling gets; 0: off)"},
 	{"device", EXT, "mapped", "auto", "--device of every stage: cpu, cuda or auto"},
 	{"use_flash_attention", EXT, "note", "false", "no effect: bakery's attention runs over packed sequences with its own kernels; there is no switch"},
@@ -837,6 +838,8 @@ static void map_training(mapper *m, const bk_bake_caps *caps)
 	get_double(m, "sampling_temperature", &p->sampling_temperature, 0, 100);
 	get_double(m, "top_p", &p->top_p, 1e-9, 1);
 	get_long(m, "top_k", &p->gen_top_k, 0, 1L << 30);
+	if (get_bool(m, "retokenize_trajectories") == 0)
+		p->retokenize = 0;
 	get_double(m, "temperature", &p->temperature, 1e-6, 1e6);
 	get_long(m, "teacher_top_k", &p->top_k, 0, 1L << 30);
 	double ep;
@@ -1107,6 +1110,7 @@ void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *cap
 	p->sampling_temperature = 0.8;
 	p->top_p = 0.9;
 	p->gen_top_k = 50; /* HF GenerationConfig's top_k */
+	p->retokenize = 1; /* trajectories as the tool trains them */
 	p->temperature = 1.0;
 	p->top_k = 64;
 	p->epochs = 3;

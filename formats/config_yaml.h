@@ -83,6 +83,7 @@ typedef struct {
 	double epochs; /* num_train_epochs; may be fractional (HF) */
 	double sampling_temperature, top_p;
 	long gen_top_k; /* the config's top_k: bk-gen --top-k (0: off) */
+	int retokenize; /* bk-gen --retokenize (retokenize_trajectories, default 1) */
 	/* bk-teach (and bk-step, bk-eval: the KL temperature) */
 	double temperature;
 	long top_k;

@@ -377,12 +377,17 @@ static void test_warmup(void)
 	bk_bake_plan_make(&p, &c, &caps);
 	CHECK(p.n_refused == 0, "%d refused", p.n_refused);
 	CHECK(p.resume && p.overwrite && !strcmp(p.device, "cpu"), "honoured");
+	CHECK(p.retokenize == 1, "trajectories as the tool trains them, by default");
 	static const char *const keys[] = {"resume_from_checkpoint", "overwrite_output_dir",
 					   "no_cuda", "group_by_length", NULL};
 	for (int i = 0; keys[i]; i++) {
 		const bk_cfg_note *n = note_for(&p, keys[i]);
 		CHECK(n && n->kind == BK_CFG_NOTE, "%s: a note", keys[i]);
 	}
+	bk_bake_plan_free(&p);
+	bk_cfg_set(&c, "retokenize_trajectories", "false");
+	bk_bake_plan_make(&p, &c, &caps);
+	CHECK(p.retokenize == 0 && p.n_refused == 0, "retokenize_trajectories: false");
 	bk_bake_plan_free(&p);
 	bk_cfg_free(&c);
 }
