@@ -1,6 +1,7 @@
 /* bk-bake - a whole bake from the reference tool's flat YAML config: maps its fields
  * onto the stages (formats/config_yaml.c), runs bk-tokenize, writes the epochs'
- * prompt order, runs bk-lens | bk-gen | bk-teach | bk-step as processes joined by
+ * prompt order, runs bk-lens | bk-gen | bk-step (| bk-teach | before bk-step with
+ * teacher_top_k) as processes joined by
  * pipes, then bk-eval, and leaves output_dir in the tool's layout (formats/bakeout.c).
  * The commands are built in formats/bakeplan.c; here only the flags and the run:
  * processes, their logs, signals.  No model code. */
@@ -26,7 +27,7 @@ static const char usage[] =
 	"usage: bk-bake [--dry-run] [-v] CONFIG [--FIELD VALUE]...\n"
 	"       bk-bake --fields\n"
 	"Bakes the system prompt of CONFIG (the Python tool's flat YAML config) into a\n"
-	"LoRA adapter: bk-tokenize, then bk-lens | bk-gen | bk-teach | bk-step in one pipe,\n"
+	"LoRA adapter: bk-tokenize, then bk-lens | bk-gen | bk-step in one pipe,\n"
 	"then bk-eval when eval files are given.  Writes output_dir as the tool does:\n"
 	"final_model/ (adapter, tokenizer files, README.md), checkpoint-*, results.json; and\n"
 	"metrics.bk and logs/; prints a summary.\n"
@@ -399,21 +400,27 @@ int main(int argc, char **argv)
 	if (verbose)
 		bk_bake_print_plan(&b, &p, 1);
 
+	int exact = p.top_k < 0; /* the tool's exact KL: bk-step runs the teacher */
 	if (paired) {
 		b.teach.out = "/dev/null"; /* it writes -o teach.bk */
-		pipe_start(&b.teach, 1);
-		pipe_wait(&b.teach, 1);
+		if (!exact) {
+			pipe_start(&b.teach, 1);
+			pipe_wait(&b.teach, 1);
+		}
 		int fd = pipe_start(&b.step, 1);
 		bk_bake_metrics_copy(fd, b.metrics, b.total);
 		pipe_wait(&b.step, 1);
 	} else {
 		bk_bake_cmd v[] = {b.lens, b.gen, b.teach, b.step};
-		int fd = pipe_start(v, 4);
+		if (exact)
+			v[2] = b.step;
+		int fd = pipe_start(v, exact ? 3 : 4);
 		bk_bake_metrics_copy(fd, b.metrics, b.total);
-		pipe_wait(v, 4);
+		pipe_wait(v, exact ? 3 : 4);
 		show_log_warnings("bk-gen");
 	}
-	show_log_warnings("bk-teach");
+	if (!exact)
+		show_log_warnings("bk-teach");
 	double t2 = now_s();
 	char *fin = bk_path_join(od, "final");
 	if (is_dir(fm) && bk_remove_flat_dir(fm))

@@ -246,7 +246,7 @@ static void build_step(bk_bake_cmds *b, const bk_bake_plan *p)
 	else
 		arg(c, "--overwrite"); /* the tool writes into an output_dir that holds a run */
 	if (b->paired)
-		arg(c, "%s", b->teach_file);
+		arg(c, "%s", p->top_k < 0 ? b->tokens : b->teach_file);
 }
 
 void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
@@ -393,7 +393,9 @@ void bk_bake_print_plan(const bk_bake_cmds *b, const bk_bake_plan *p, int paired
 			printf("#    %s: ceil(epochs) epochs of the prompts, each shuffled with seed "
 			       "%ld\n", b->order, p->data_seed);
 		bk_bake_cmd v[] = {b->lens, b->gen, b->teach, b->step};
-		print_pipe(stdout, v, 4, b->metrics);
+		if (p->top_k < 0) /* exact: bk-step runs the teacher */
+			v[2] = b->step;
+		print_pipe(stdout, v, p->top_k < 0 ? 3 : 4, b->metrics);
 		if (!paired_known)
 			printf("#    STEPS = max_steps, or ceil(epochs x ceil(ceil(prompts / batch) / "
 			       "accumulation))\n");
@@ -401,7 +403,13 @@ void bk_bake_print_plan(const bk_bake_cmds *b, const bk_bake_plan *p, int paired
 	if (!paired_known || b->paired) {
 		printf("# 2. paired data (responses given): teacher file, then epochs over it\n");
 		bk_bake_cmd t = b->teach, s = b->step;
-		if (!paired_known) {
+		if (p->top_k < 0) {
+			printf("#    (exact KL: bk-step runs the teacher over %s)\n", b->tokens);
+			if (paired_known)
+				print_pipe(stdout, &s, 1, b->metrics);
+			else
+				printf("bk-step ... --epochs N %s >%s\n", b->tokens, b->metrics);
+		} else if (!paired_known) {
 			printf("bk-teach ... %s -o %s\nbk-step ... --epochs N %s >%s\n", b->tokens,
 			       b->teach_file, b->teach_file, b->metrics);
 		} else {

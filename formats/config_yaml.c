@@ -540,7 +540,7 @@ static const bk_cfg_known known[] = {
 	{"lora_r", EXT, "mapped", NULL, "as r"},
 	{"held_out_file", EXT, "mapped", NULL, "as heldout_file"},
 	{"kl_prompts", EXT, "mapped", NULL, "bk-eval --kl-prompts: held-out KL(teacher || model), base and baked"},
-	{"teacher_top_k", EXT, "mapped", "64", "bk-teach --top-k (0: the full distribution)"},
+	{"teacher_top_k", EXT, "mapped", NULL, "null: the exact KL over the vocabulary, the teacher run in bk-step, as the tool; N: bk-teach --top-k N (0: the full distribution stored)"},
 	{"top_p", EXT, "mapped", "0.9", "bk-gen --top-p (the tool's fixed 0.9)"},
 	{"retokenize_trajectories", EXT, "mapped", "true", "bk-gen --retokenize: each trajectory decoded, stripped and tokenized again in the chat template with its end of turn, as the tool trains it (false: the sampled ids)"},
 	{"top_k", EXT, "mapped", "50", "bk-gen --top-k (HF generate's default 50, which the tool's sampling gets; 0: off)"},
@@ -841,7 +841,7 @@ static void map_training(mapper *m, const bk_bake_caps *caps)
 	if (get_bool(m, "retokenize_trajectories") == 0)
 		p->retokenize = 0;
 	get_double(m, "temperature", &p->temperature, 1e-6, 1e6);
-	get_long(m, "teacher_top_k", &p->top_k, 0, 1L << 30);
+	get_long(m, "teacher_top_k", &p->top_k, 0, 1L << 30); /* absent: -1, exact */
 	double ep;
 	if (get_double(m, "num_train_epochs", &ep, 0, 1 << 16)) {
 		if (!(ep > 0))
@@ -1112,7 +1112,7 @@ void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *cap
 	p->gen_top_k = 50; /* HF GenerationConfig's top_k */
 	p->retokenize = 1; /* trajectories as the tool trains them */
 	p->temperature = 1.0;
-	p->top_k = 64;
+	p->top_k = -1; /* the tool's exact KL: bk-step runs the teacher (no bk-teach) */
 	p->epochs = 3;
 	p->batch_size = 8;
 	p->grad_accum = 1;

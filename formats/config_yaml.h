@@ -86,7 +86,7 @@ typedef struct {
 	int retokenize; /* bk-gen --retokenize (retokenize_trajectories, default 1) */
 	/* bk-teach (and bk-step, bk-eval: the KL temperature) */
 	double temperature;
-	long top_k;
+	long top_k; /* teacher_top_k: bk-teach --top-k; -1 (the default): exact mode, no bk-teach */
 	/* bk-lens / bk-step */
 	long batch_size, grad_accum, lora_r, max_steps, save_total_limit;
 	/* below 1: a ratio of the total steps (HF), see bk_bake_steps */

@@ -86,6 +86,30 @@ test_expect_success 'eval_steps null: logging_steps as given, else HF.s 500; eva
 	! grep -q -- "--eval" plan && grep -q "note .eval_dataset_split.: not used" err
 '
 
+# learning_rate 0, batch 8: the adapter stays at B = 0, so step 1's training loss and
+# the validation loss after it are KLs of the same model over the same 8 pairs
+{ head_yaml kl; cat <<EOF
+dataset: $DATA/pipe/bake.json
+num_train_epochs: 1
+eval_strategy: steps
+eval_steps: 1
+eval_dataset: $DATA/pipe/bake.json
+eval_dataset_split: train
+EOF
+} >kl.yaml
+
+test_expect_success 'the training KL is exact by default, as the tool.s; teacher_top_k N is bk-teach.s' '
+	K="--per_device_train_batch_size 8 --learning_rate 0" &&
+	bk-bake --dry-run kl.yaml $K >plan 2>/dev/null &&
+	! grep -q "^bk-teach\|| *bk-teach" plan &&
+	bk-bake kl.yaml $K >out 2>/dev/null &&
+	bk-dump kl/metrics.bk | jq -s -e "(map(select(.loss != null))[0].loss) as \$l |
+		(map(select(.eval_loss != null))[0].eval_loss) as \$e | (\$l - \$e | fabs) < 1e-6 * \$e" &&
+	bk-bake kl.yaml $K --teacher_top_k 4 --output_dir k4 >out 2>/dev/null &&
+	bk-dump k4/metrics.bk | jq -s -e "(map(select(.loss != null))[0].loss) as \$l |
+		(map(select(.eval_loss != null))[0].eval_loss) as \$e | \$l < 0.99 * \$e"
+'
+
 test_expect_success 'refused: no validation records, a hub id, prompts alone, a bad strategy' '
 	{ head_yaml x; echo "eval_strategy: steps"; } >none.yaml &&
 	{ bk-bake --dry-run none.yaml 2>err; test $? = 1; } &&

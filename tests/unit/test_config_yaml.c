@@ -134,7 +134,7 @@ static void test_mapping(void)
 	CHECK(p.num_trajectories == 3 && p.trajectory_length == 24, "trajectories");
 	CHECK(p.sampling_temperature == 0.7 && p.top_p == 0.95 && p.temperature == 2.0,
 	      "temperatures");
-	CHECK(p.gen_top_k == 50 && p.top_k == 64, "top_k %ld (HF generate's 50), teacher_top_k %ld",
+	CHECK(p.gen_top_k == 50 && p.top_k == -1, "top_k %ld (HF generate's 50), teacher_top_k %ld (exact)",
 	      p.gen_top_k, p.top_k);
 	CHECK(p.lr == 1e-4 && p.epochs == 2 && p.batch_size == 4 && p.grad_accum == 2, "training");
 	CHECK(!strcmp(p.schedule, "cosine") && p.warmup_steps == 0.1 && p.max_grad_norm == 0.5 &&
@@ -386,8 +386,10 @@ static void test_warmup(void)
 	}
 	bk_bake_plan_free(&p);
 	bk_cfg_set(&c, "retokenize_trajectories", "false");
+	bk_cfg_set(&c, "teacher_top_k", "64");
 	bk_bake_plan_make(&p, &c, &caps);
 	CHECK(p.retokenize == 0 && p.n_refused == 0, "retokenize_trajectories: false");
+	CHECK(p.top_k == 64, "teacher_top_k 64: bk-teach");
 	bk_bake_plan_free(&p);
 	bk_cfg_free(&c);
 }
