@@ -1,6 +1,7 @@
 /* bk-bake - a whole bake from the reference tool's flat YAML config: maps its fields
  * onto the stages (formats/config_yaml.c), runs bk-tokenize, writes the epochs'
- * prompt order, runs bk-lens | bk-gen | bk-teach | bk-step as processes joined by
+ * prompt order, runs bk-lens | bk-gen | bk-step (| bk-teach | before bk-step with
+ * teacher_top_k) as processes joined by
  * pipes, then bk-eval, and leaves output_dir in the tool's layout (formats/bakeout.c).
  * The commands are built in formats/bakeplan.c; here only the flags and the run:
  * processes, their logs, signals.  No model code. */
@@ -29,7 +30,7 @@ static const char usage[] =
 	"usage: bk-bake [--dry-run] [-v] [--config] CONFIG [--FIELD VALUE]...\n"
 	"       bk-bake --fields\n"
 	"Bakes the system prompt of CONFIG (the Python tool's flat YAML config) into a\n"
-	"LoRA adapter: bk-tokenize, then bk-lens | bk-gen | bk-teach | bk-step in one pipe,\n"
+	"LoRA adapter: bk-tokenize, then bk-lens | bk-gen | bk-step in one pipe,\n"
 	"then bk-eval when eval files are given.  Writes output_dir as the tool does:\n"
 	"final_model/ (adapter, tokenizer files, README.md), checkpoint-*, results.json; and\n"
 	"metrics.bk and logs/; prints a summary.\n"
@@ -439,6 +440,17 @@ int main(int argc, char **argv)
 	if (b.sys_file)
 		bk_write_file_atomic(b.sys_file, sys_text, strlen(sys_text));
 	free(sys_text);
+	if (b.eval_tokens) { /* the validation records: pairs (the tool's loss is 0 else) */
+		pipe_start(&b.evtok, 1);
+		pipe_wait(&b.evtok, 1);
+		show_log_warnings("bk-tokenize");
+		int ep;
+		int64_t st;
+		if (!bk_bake_scan_tokens(b.eval_tokens, &ep, &st) || !ep)
+			die("%s: no prompt/response pairs: the tool's validation loss over prompts "
+			    "alone is 0 (it samples no trajectories to evaluate); give pairs",
+			    p.eval_data);
+	}
 	pipe_start(&b.tok, 1);
 	pipe_wait(&b.tok, 1);
 	show_log_warnings("bk-tokenize");
@@ -463,26 +475,32 @@ int main(int argc, char **argv)
 	/* resumed: metrics.bk keeps the earlier run's steps up to the checkpoint */
 	char *part = b.resume ? xasprintf("%s.resumed", b.metrics) : NULL;
 	metrics_path = b.metrics, metrics_resume = b.resume;
+	int exact = p.top_k < 0; /* the tool's exact KL: bk-step runs the teacher */
 	if (paired) {
 		b.teach.out = "/dev/null"; /* it writes -o teach.bk */
-		pipe_start(&b.teach, 1);
-		pipe_wait(&b.teach, 1);
+		if (!exact) {
+			pipe_start(&b.teach, 1);
+			pipe_wait(&b.teach, 1);
+		}
 		int fd = pipe_start(&b.step, 1);
 		bk_bake_metrics_copy(fd, part ? part : b.metrics, b.total);
 		metrics_part = part;
 		pipe_wait(&b.step, 1);
 	} else {
 		bk_bake_cmd v[] = {b.lens, b.gen, b.teach, b.step};
-		int fd = pipe_start(v, 4);
+		if (exact)
+			v[2] = b.step;
+		int fd = pipe_start(v, exact ? 3 : 4);
 		bk_bake_metrics_copy(fd, part ? part : b.metrics, b.total);
 		metrics_part = part;
-		pipe_wait(v, 4);
+		pipe_wait(v, exact ? 3 : 4);
 		show_log_warnings("bk-gen");
 	}
 	if (metrics_part)
 		join_metrics();
 	free(part);
-	show_log_warnings("bk-teach");
+	if (!exact)
+		show_log_warnings("bk-teach");
 	double t2 = now_s();
 	char *fin = bk_path_join(od, "final");
 	if (is_dir(fm) && bk_remove_flat_dir(fm))
@@ -500,6 +518,11 @@ int main(int argc, char **argv)
 				warn("cannot remove %s: %s", lg.ckpts.v[i], strerror(errno));
 		lg.ckpts.n = 0;
 	}
+	/* HF's log_history (losses and eval_loss) in every trainer_state.json */
+	bk_vec_push(&lg.ckpts, xstrdup(fm));
+	bk_bake_log_history(b.metrics, lg.ckpts.v, lg.ckpts.n, paired ? 0 : b.per_epoch);
+	lg.ckpts.n -= 1;
+	free(lg.ckpts.v[lg.ckpts.n]);
 	bk_bake_copy_tokenizer(p.model, fm);
 	bk_bake_train tr;
 	bk_bake_train_read(fm, &tr);

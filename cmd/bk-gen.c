@@ -28,7 +28,8 @@ static const char usage[] =
 	"usage: bk-gen --model DIR [--device D] [--num-trajectories N] [--temperature T]\n"
 	"              [--top-k K] [--top-p P] [--max-new-tokens N] [--epochs N] [--seed N]\n"
 	"              [--max-batch N] [--kv-memory BYTES] [--window N] [-v] [-o FILE]\n"
-	"              [--shard I/N] [--system TEXT | --system-file FILE] [STREAM]\n"
+	"              [--shard I/N] [--retokenize] [--system TEXT | --system-file FILE]\n"
+	"              [STREAM]\n"
 	"Samples --num-trajectories responses per epoch from the teacher (adapter off, the\n"
 	"record's t_prompt) for every record without 'resp', and writes one record per\n"
 	"sample with resp, response, traj and epoch added; empty samples are dropped.\n"
@@ -52,7 +53,11 @@ static const char usage[] =
 	"  -v, --verbose           report the shared prefix, steps and tokens/s\n"
 	"  -o, --output FILE       write to FILE (atomically) instead of stdout\n"
 	"  --shard I/N             only the records of shard I of N (by record id; merge\n"
-	"                          the shards with bk-dump --merge)\n";
+	"                          the shards with bk-dump --merge)\n"
+	"  --retokenize            resp is the response text tokenized again as an assistant\n"
+	"                          turn, with the template's end of turn (what bk-tokenize\n"
+	"                          makes of a given response; the tool's trajectories), not\n"
+	"                          the sampled ids\n";
 
 typedef struct {
 	long ntraj, max_new, epochs, seed, max_batch, window, top_k;
@@ -61,6 +66,7 @@ typedef struct {
 	 * with a response are written in the first pass only */
 	long epoch0, pass_epochs;
 	int skip_paired;
+	int retokenize, tmpl; /* --retokenize with the stream's chat template */
 } gen_opts;
 
 /* A record read but not yet written: its raw bytes and, when it is generated for,
@@ -148,13 +154,23 @@ static void emit(bk_writer *w, pending_rec *p, const gen_opts *o, const bk_tok *
 		int n_text = r->n - (r->stopped ? 1 : 0);
 		char *text = bk_tok_decode(spm, r->ids, (size_t)n_text);
 		char *t = strip(text);
+		bk_ids rt = { 0 };
 		if (n_text <= 0 || !*t) {
 			tot->dropped++;
 		} else {
+			/* --retokenize: the tool decodes (special tokens skipped), strips and
+			 * renders the text as the assistant turn, whose tokens end with the
+			 * template's end of turn also when the sample was cut */
+			const int32_t *ids = r->ids;
+			size_t n_ids = (size_t)r->n;
+			if (o->retokenize) {
+				bk_template_response(o->tmpl, spm, t, &rt);
+				ids = rt.v, n_ids = rt.n;
+			}
 			msgpack_packer *pk = bk_rec_begin(w);
 			bk_rec_copy(w, &up.data, skip);
 			bk_rec_key(w, "resp");
-			bk_pack_ids(pk, r->ids, (size_t)r->n);
+			bk_pack_ids(pk, ids, n_ids);
 			bk_rec_key(w, "response");
 			bk_pack_str(pk, t);
 			bk_rec_key(w, "traj");
@@ -165,16 +181,17 @@ static void emit(bk_writer *w, pending_rec *p, const gen_opts *o, const bk_tok *
 				bk_rec_key(w, "lens");
 				msgpack_pack_map(pk, 3);
 				bk_pack_str(pk, "t");
-				msgpack_pack_long(pk, p->n_t + r->n);
+				msgpack_pack_long(pk, p->n_t + (long)n_ids);
 				bk_pack_str(pk, "s");
-				msgpack_pack_long(pk, p->n_s + r->n);
+				msgpack_pack_long(pk, p->n_s + (long)n_ids);
 				bk_pack_str(pk, "resp");
-				msgpack_pack_long(pk, r->n);
+				msgpack_pack_long(pk, (long)n_ids);
 			}
 			bk_rec_end(w);
 			tot->written++;
 		}
 		free(text);
+		free(rt.v);
 		free(r->ids);
 	}
 	msgpack_unpacked_destroy(&up);
@@ -232,6 +249,7 @@ int main(int argc, char **argv)
 		{"system-file", 0, BK_OPT_STR, &sys_file, 0, 0},
 		{"output", 'o', BK_OPT_STR, &out_path, 0, 0},
 		{"shard", 0, BK_OPT_STR, &shard_spec, 0, 0},
+		{"retokenize", 0, BK_OPT_FLAG, &o.retokenize, 0, 0},
 		{0},
 	};
 	bk_diag_init(argv[0]);
@@ -273,6 +291,7 @@ int main(int argc, char **argv)
 		die("%s: stream made with template '%s', which this bk-gen does not know",
 		    bk_reader_name(in), tmpl_name);
 	free(tmpl_name);
+	o.tmpl = tmpl;
 
 	bk_loaded_model lm = bk_model_load(ops, model);
 	const bk_model *m = lm.model;
@@ -289,10 +308,10 @@ int main(int argc, char **argv)
 		       BK_KV_D("sampling_temperature", o.temperature), BK_KV_I("top_k", o.top_k),
 		       BK_KV_D("top_p", o.top_p), BK_KV_I("max_new_tokens", o.max_new),
 		       BK_KV_I("num_trajectories", o.ntraj), BK_KV_I("epochs", o.epochs),
-		       BK_KV_S("shard", NULL) };
+		       BK_KV_I("retokenize", o.retokenize), BK_KV_S("shard", NULL) };
 	char shard_buf[32];
-	kv[8].s = bk_shard_str(&shard, shard_buf, sizeof shard_buf);
-	bk_writer_header(w, in, kv, shard.n ? 9 : 8);
+	kv[9].s = bk_shard_str(&shard, shard_buf, sizeof shard_buf);
+	bk_writer_header(w, in, kv, shard.n ? 10 : 9);
 
 	/* Epoch-major over a file: one pass per epoch, so that epoch e's samples of every
 	 * record come before epoch e+1's (what bk-step's epochs expect).  A pipe cannot be

@@ -23,7 +23,9 @@ static const char usage[] =
 	"               [--save-steps N] [--save-total-limit N] [--logging-steps N]\n"
 	"               [--log-every SECONDS] [--resume DIR] [--overwrite]\n"
 	"               [--base-model-name NAME] [--vocab-chunk N] [--optim NAME]\n"
-	"               [--grad-checkpoint] [--system TEXT | --system-file FILE] [STREAM]\n"
+	"               [--grad-checkpoint] [--system TEXT | --system-file FILE]\n"
+	"               [--eval FILE [--eval-steps N] [--eval-final] [--eval-batch-size N]\n"
+	"               [--eval-delay N]] [STREAM]\n"
 	"Trains a LoRA adapter (the student: adapter on, no system prompt) to match the\n"
 	"teacher distribution of each record (its 'teacher' field, or the base model with\n"
 	"the system prompt when records carry none).  Writes DIR/checkpoint-N/ and\n"
@@ -63,7 +65,13 @@ static const char usage[] =
 	"  --optim NAME         adamw (fp32 moments) or adamw8bit (8-bit block-wise moments)\n"
 	"                       (default adamw)\n"
 	"  --grad-checkpoint    recompute each layer's activations in the backward (less\n"
-	"                       memory, same result, about one more forward per step)\n";
+	"                       memory, same result, about one more forward per step)\n"
+	"  --eval FILE          validation records (a STREAM file): eval_loss records in the\n"
+	"                       metrics, the same KL without training (HF's eval loss)\n"
+	"  --eval-steps N       evaluate after every N optimizer steps (default 0 = none)\n"
+	"  --eval-final         evaluate after the last step too (HF's epoch strategy)\n"
+	"  --eval-batch-size N  validation records per batch (default 8, HF's)\n"
+	"  --eval-delay N       no evaluation before step N (default 0)\n";
 
 /* a number flag outside its range is a usage error naming the flag */
 static void need(int ok, const char *flag, double v, const char *range)
@@ -79,7 +87,7 @@ int main(int argc, char **argv)
 			  .grad_accum = 1, .epochs = 1, .lora_r = 64, .logging_steps = 1,
 			  .vocab_chunk = 4096, .lr = 5e-5, .max_grad_norm = 1.0,
 			  .lora_alpha = 128, .lora_dropout = 0.05, .temperature = 1.0,
-			  .optim = "adamw", .log_every = 30};
+			  .optim = "adamw", .log_every = 30, .eval_batch = 8};
 	bk_opt opts[] = {
 		{"system", 0, BK_OPT_STR, &sys_text, 0, 0},
 		{"system-file", 0, BK_OPT_STR, &sys_file, 0, 0},
@@ -112,6 +120,11 @@ int main(int argc, char **argv)
 		{"vocab-chunk", 0, BK_OPT_INT, &o.vocab_chunk, 1, 1L << 30},
 		{"optim", 0, BK_OPT_STR, &o.optim, 0, 0},
 		{"grad-checkpoint", 0, BK_OPT_FLAG, &o.grad_checkpoint, 0, 0},
+		{"eval", 0, BK_OPT_STR, &o.eval, 0, 0},
+		{"eval-steps", 0, BK_OPT_INT, &o.eval_steps, 0, 1L << 40},
+		{"eval-final", 0, BK_OPT_FLAG, &o.eval_final, 0, 0},
+		{"eval-batch-size", 0, BK_OPT_INT, &o.eval_batch, 1, 1L << 20},
+		{"eval-delay", 0, BK_OPT_INT, &o.eval_delay, 0, 1L << 40},
 		{0},
 	};
 	bk_diag_init(argv[0]);
@@ -136,6 +149,12 @@ int main(int argc, char **argv)
 		die_usage("--optim: unknown optimizer '%s' (adamw, adamw8bit)", o.optim);
 	if (bk_flag_given("warmup-ratio") && bk_flag_given("warmup-steps"))
 		die_usage("give --warmup-ratio or --warmup-steps, not both");
+	if (o.eval && !o.eval_steps && !o.eval_final)
+		die_usage("--eval needs --eval-steps N or --eval-final (when to evaluate)");
+	if (!o.eval && (o.eval_steps || o.eval_final || bk_flag_given("eval-batch-size") ||
+			bk_flag_given("eval-delay")))
+		die_usage("--eval-steps, --eval-final, --eval-batch-size and --eval-delay need "
+			  "--eval FILE");
 	if (bk_flag_given("resume") && o.overwrite)
 		die_usage("give --resume or --overwrite, not both");
 	need(o.warmup_ratio >= 0 && o.warmup_ratio <= 1, "warmup-ratio", o.warmup_ratio,

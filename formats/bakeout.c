@@ -574,6 +574,98 @@ void bk_bake_read_metrics(const char *path, bk_bake_logged *m)
 	bk_reader_close(r);
 }
 
+/* a number field of a metrics record, or NAN */
+static double rec_num(const msgpack_object *rec, const char *k)
+{
+	const msgpack_object *v = bk_obj_get(rec, k);
+	if (!v)
+		return NAN;
+	if (v->type == MSGPACK_OBJECT_FLOAT64 || v->type == MSGPACK_OBJECT_FLOAT32)
+		return v->via.f64;
+	if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+		return (double)v->via.u64;
+	if (v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+		return (double)v->via.i64;
+	return NAN;
+}
+
+void bk_bake_log_history(const char *metrics, char *const *dirs, size_t n, int64_t per_epoch)
+{
+	/* the entries, once: (step, HF's entry) */
+	json_t *all = json_array();
+	bk_reader *r = bk_reader_open(metrics);
+	const msgpack_object *rec;
+	static const char *const train_keys[][2] = {
+		{"grad_norm", "grad_norm"}, {"lr", "learning_rate"}, {"loss", "loss"}};
+	static const char *const eval_keys[] = {"eval_loss", "eval_runtime",
+						"eval_samples_per_second",
+						"eval_steps_per_second"};
+	while ((rec = bk_reader_next(r))) {
+		double step = rec_num(rec, "step");
+		int is_eval = !isnan(rec_num(rec, "eval_loss")), is_train = !isnan(rec_num(rec, "loss"));
+		if (isnan(step) || (!is_eval && !is_train))
+			continue;
+		json_t *e = json_object();
+		double ep = per_epoch > 0 ? step / (double)per_epoch : rec_num(rec, "epoch");
+		if (!isnan(ep))
+			json_object_set_new(e, "epoch", json_real(ep));
+		json_object_set_new(e, "step", json_integer((json_int_t)step));
+		if (is_eval) {
+			for (size_t i = 0; i < sizeof eval_keys / sizeof *eval_keys; i++)
+				if (!isnan(rec_num(rec, eval_keys[i])))
+					json_object_set_new(e, eval_keys[i],
+							    json_real(rec_num(rec, eval_keys[i])));
+		} else {
+			for (size_t i = 0; i < sizeof train_keys / sizeof *train_keys; i++)
+				if (!isnan(rec_num(rec, train_keys[i][0])))
+					json_object_set_new(e, train_keys[i][1],
+							    json_real(rec_num(rec, train_keys[i][0])));
+		}
+		json_array_append_new(all, e);
+	}
+	bk_reader_close(r);
+	for (size_t d = 0; d < n; d++) {
+		char *path = bk_path_join(dirs[d], "trainer_state.json");
+		json_error_t err;
+		json_t *st = bk_file_exists(path) ? json_load_file(path, 0, &err) : NULL;
+		if (!st) {
+			free(path);
+			continue;
+		}
+		json_t *js = json_object_get(st, "step");
+		if (!json_is_integer(js))
+			die("%s: no integer 'step'", path);
+		json_int_t at = json_integer_value(js);
+		json_t *h = json_array(), *last = NULL;
+		size_t i;
+		json_t *e;
+		json_array_foreach(all, i, e) {
+			if (json_integer_value(json_object_get(e, "step")) > at)
+				continue;
+			json_array_append(h, e);
+			last = e;
+		}
+		json_object_set_new(st, "global_step", json_integer(at));
+		json_t *ep = last ? json_object_get(last, "epoch") : NULL;
+		if (per_epoch > 0)
+			json_object_set_new(st, "epoch", json_real((double)at / (double)per_epoch));
+		else if (ep)
+			json_object_set(st, "epoch", ep);
+		json_object_set_new(st, "log_history", h);
+		char *text = json_dumps(st, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+		if (!text)
+			die("out of memory");
+		size_t len = strlen(text);
+		text = xrealloc(text, len + 2);
+		text[len] = '\n', text[len + 1] = 0;
+		bk_write_file_atomic(path, text, len + 1);
+		free(text);
+		json_decref(st);
+		free(path);
+	}
+	json_decref(all);
+}
+
 void bk_bake_summary(const bk_bake_plan *p, const bk_bake_cmds *b, const bk_bake_train *tr,
 		    const bk_bake_logged *lg, json_t *res, double t_tok, double t_train, double t_eval)
 {

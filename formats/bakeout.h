@@ -89,6 +89,16 @@ typedef struct {
 } bk_bake_logged;
 void bk_bake_read_metrics(const char *path, bk_bake_logged *m);
 
+/* HF's log_history in the trainer_state.json of each directory of dirs (bk-step's
+ * checkpoints and final_model): the metrics records of steps up to the directory's
+ * 'step', training ones as {epoch, grad_norm, learning_rate, loss, step} and
+ * validation ones as {epoch, eval_loss, eval_runtime, eval_samples_per_second,
+ * eval_steps_per_second, step}, in stream order; with global_step and epoch beside
+ * them.  per_epoch > 0: epoch = step / per_epoch (a pipe's records carry no epoch
+ * position); else the records' own.  Rewritten atomically; a directory without the
+ * file is skipped. */
+void bk_bake_log_history(const char *metrics, char *const *dirs, size_t n, int64_t per_epoch);
+
 /* The summary on stdout: model, prompt, data, steps, the computed mean loss, times
  * (seconds), files, and the accuracies and KL of res (results.json). */
 void bk_bake_summary(const bk_bake_plan *p, const bk_bake_cmds *b, const bk_bake_train *tr,

@@ -184,8 +184,6 @@ static void build_step(bk_bake_cmds *b, const bk_bake_plan *p)
 		arg_long(c, "--warmup-steps", (long)p->warmup_steps);
 	} else if (p->warmup_steps > 0) {
 		arg_num(c, "--warmup-ratio", p->warmup_steps);
-	} else if (p->warmup_ratio > 0) {
-		arg_num(c, "--warmup-ratio", p->warmup_ratio);
 	}
 	arg_num(c, "--weight-decay", p->weight_decay);
 	arg_num(c, "--max-grad-norm", p->max_grad_norm);
@@ -213,6 +211,32 @@ static void build_step(bk_bake_cmds *b, const bk_bake_plan *p)
 		else
 			arg(c, "STEPS_PER_EPOCH");
 	}
+	if (p->eval_data) {
+		/* HF's points: steps: every eval_steps (a ratio below 1); epoch: every
+		 * epoch's end, the last partial one included (--eval-final); eval_delay in
+		 * steps, or in epochs with epoch */
+		arg2(c, "--eval", b->eval_tokens);
+		int epoch = !strcmp(p->eval_strategy, "epoch");
+		double es = epoch ? (double)b->per_epoch : p->eval_steps;
+		arg(c, "--eval-steps");
+		if (epoch && b->per_epoch <= 0)
+			arg(c, "STEPS_PER_EPOCH");
+		else if (es >= 1 || b->total > 0)
+			arg(c, "%ld", bk_bake_steps(es, (long)b->total));
+		else
+			arg(c, "CEIL_%g_STEPS", es);
+		if (epoch)
+			arg(c, "--eval-final");
+		arg_long(c, "--eval-batch-size", p->eval_batch);
+		double dl = epoch ? p->eval_delay * (double)b->per_epoch : p->eval_delay;
+		if (p->eval_delay > 0) {
+			arg(c, "--eval-delay");
+			if (epoch && b->per_epoch <= 0)
+				arg(c, "CEIL_%g_EPOCHS", p->eval_delay);
+			else
+				arg(c, "%ld", (long)ceil(dl - 1e-9));
+		}
+	}
 	if (p->save_total_limit > 0)
 		arg_long(c, "--save-total-limit", p->save_total_limit);
 	if (p->grad_checkpoint)
@@ -224,7 +248,7 @@ static void build_step(bk_bake_cmds *b, const bk_bake_plan *p)
 	else
 		arg(c, "--overwrite"); /* the tool writes into an output_dir that holds a run */
 	if (b->paired)
-		arg(c, "%s", b->teach_file);
+		arg(c, "%s", p->top_k < 0 ? b->tokens : b->teach_file);
 }
 
 void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
@@ -237,6 +261,7 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 	b->tmpl_file = p->corpus ? bk_path_join(od, "system_template.txt") : NULL;
 	b->sys_file = p->system_file ? bk_path_join(od, "system_prompt.txt") : NULL;
 	b->eval_json = bk_path_join(od, "logs/bk-eval.json");
+	b->eval_tokens = p->eval_data ? bk_path_join(od, "eval_tokens.bk") : NULL;
 
 	bk_bake_cmd *c = &b->tok;
 	bk_bake_cmd_init(c, b->bindir, "bk-tokenize");
@@ -253,6 +278,18 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 	if (p->hub_data) {
 		arg2(c, "--split", p->hub_split);
 		arg(c, "%s", p->hub_data);
+	}
+
+	/* the validation records: tokenized as the training data */
+	c = &b->evtok;
+	bk_bake_cmd_init(c, b->bindir, "bk-tokenize"); /* run first: its log is replaced */
+	if (p->eval_data) {
+		arg2(c, "--model", p->model);
+		add_system(c, p, b);
+		if (p->max_seq_length)
+			arg_long(c, "--max-seq-length", p->max_seq_length);
+		arg2(c, "-o", b->eval_tokens);
+		arg(c, "%s", p->eval_data);
 	}
 
 	/* prompts-only: B prompts x T trajectories a micro-batch, as the tool; the order
@@ -279,6 +316,8 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 	arg_num(c, "--top-p", p->top_p);
 	arg_long(c, "--max-new-tokens", p->trajectory_length);
 	arg_long(c, "--seed", p->seed);
+	if (p->retokenize)
+		arg(c, "--retokenize");
 
 	c = &b->teach;
 	bk_bake_cmd_init(c, b->bindir, "bk-teach");
@@ -312,20 +351,22 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 
 void bk_bake_cmds_free(bk_bake_cmds *b)
 {
-	bk_bake_cmd *all[] = {&b->tok, &b->lens, &b->gen, &b->teach, &b->step, &b->eval};
-	for (int i = 0; i < 6; i++)
+	bk_bake_cmd *all[] = {&b->tok, &b->lens, &b->gen, &b->teach, &b->step, &b->eval,
+			      &b->evtok};
+	for (int i = 0; i < 7; i++)
 		bk_bake_cmd_free(all[i]);
 	free(b->tokens), free(b->order), free(b->teach_file), free(b->metrics);
-	free(b->tmpl_file), free(b->sys_file), free(b->eval_json);
+	free(b->tmpl_file), free(b->sys_file), free(b->eval_json), free(b->eval_tokens);
 }
 
 void bk_bake_rebuild(bk_bake_cmds *b, const bk_bake_plan *p)
 {
-	bk_bake_cmd *all[] = {&b->tok, &b->lens, &b->gen, &b->teach, &b->step, &b->eval};
-	for (int i = 0; i < 6; i++)
+	bk_bake_cmd *all[] = {&b->tok, &b->lens, &b->gen, &b->teach, &b->step, &b->eval,
+			      &b->evtok};
+	for (int i = 0; i < 7; i++)
 		bk_bake_cmd_free(all[i]);
 	free(b->tokens), free(b->order), free(b->teach_file), free(b->metrics);
-	free(b->tmpl_file), free(b->sys_file), free(b->eval_json);
+	free(b->tmpl_file), free(b->sys_file), free(b->eval_json), free(b->eval_tokens);
 	bk_bake_build(b, p);
 }
 
@@ -342,6 +383,11 @@ void bk_bake_print_plan(const bk_bake_cmds *b, const bk_bake_plan *p, int paired
 		       b->tmpl_file);
 	printf("# 1. tokenize (the prompt count sets the steps)\n");
 	print_pipe(stdout, &b->tok, 1, NULL);
+	if (p->eval_data) {
+		printf("#    the validation records (eval_strategy %s; pairs needed)\n",
+		       p->eval_strategy);
+		print_pipe(stdout, &b->evtok, 1, NULL);
+	}
 	if (!paired_known || !b->paired) {
 		printf("# 2. prompts-only data: the epochs' prompt order, then one pipe\n");
 		if (b->prompts > 0)
@@ -353,7 +399,9 @@ void bk_bake_print_plan(const bk_bake_cmds *b, const bk_bake_plan *p, int paired
 			printf("#    %s: ceil(epochs) epochs of the prompts, each shuffled with seed "
 			       "%ld\n", b->order, p->data_seed);
 		bk_bake_cmd v[] = {b->lens, b->gen, b->teach, b->step};
-		print_pipe(stdout, v, 4, b->metrics);
+		if (p->top_k < 0) /* exact: bk-step runs the teacher */
+			v[2] = b->step;
+		print_pipe(stdout, v, p->top_k < 0 ? 3 : 4, b->metrics);
 		if (!paired_known)
 			printf("#    STEPS = max_steps, or ceil(epochs x ceil(ceil(prompts / batch) / "
 			       "accumulation))\n");
@@ -361,7 +409,13 @@ void bk_bake_print_plan(const bk_bake_cmds *b, const bk_bake_plan *p, int paired
 	if (!paired_known || b->paired) {
 		printf("# 2. paired data (responses given): teacher file, then epochs over it\n");
 		bk_bake_cmd t = b->teach, s = b->step;
-		if (!paired_known) {
+		if (p->top_k < 0) {
+			printf("#    (exact KL: bk-step runs the teacher over %s)\n", b->tokens);
+			if (paired_known)
+				print_pipe(stdout, &s, 1, b->metrics);
+			else
+				printf("bk-step ... --epochs N %s >%s\n", b->tokens, b->metrics);
+		} else if (!paired_known) {
 			printf("bk-teach ... %s -o %s\nbk-step ... --epochs N %s >%s\n", b->tokens,
 			       b->teach_file, b->teach_file, b->metrics);
 		} else {

@@ -30,8 +30,10 @@ void bk_bake_cmd_free(bk_bake_cmd *c);
 typedef struct {
 	const char *bindir; /* where the stages are looked for first (set before building) */
 	bk_bake_cmd tok, lens, gen, teach, step, eval;
+	bk_bake_cmd evtok; /* the validation records (eval_strategy), when p->eval_data */
 	int paired, has_eval;
 	char *tokens, *order, *teach_file, *metrics, *tmpl_file, *sys_file, *eval_json;
+	char *eval_tokens; /* evtok's output, bk-step --eval */
 	const char *resume; /* the checkpoint bk-step resumes from, or NULL */
 	const char *base_name; /* bk-step --base-model-name: the hub id when the plan's model
 				* is its cache snapshot, else NULL */

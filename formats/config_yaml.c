@@ -377,11 +377,12 @@ static int is_file(const char *path)
  * (the bake refuses: the result would differ) */
 #define TA "TrainingArguments"
 #define TA4 "TrainingArguments (transformers 4)"
+#define TA5N "TrainingArguments (transformers > 5.3)"
 #define BC "BakeryConfig"
 #define DC "DataConfig"
 #define LC "LoraConfig"
 #define EXT "bakery"
-#define NOVAL "no effect: no validation loss during training; bk-eval scores eval_file and heldout_file after it"
+#define NOVAL "no effect: bakery's validation loss (eval_strategy) is the loss alone, over every record, as the tool's"
 #define ONEDEV "no effect: bakery trains in one process on one device"
 #define NOHUB "no effect: bakery never uploads; the adapter is in output_dir/final_model"
 #define NOLOG "no effect: no logging integrations; the metrics stream is output_dir/metrics.bk (bk-dump, bk-plot)"
@@ -396,7 +397,7 @@ static const bk_cfg_known known[] = {
 	{"temperature", BC, "mapped", "1.0", "the KL temperature: bk-teach, bk-step, bk-eval --temperature"},
 	{"sampling_temperature", BC, "mapped", "0.8", "bk-gen --temperature"},
 	{"max_seq_length", BC, "mapped", NULL, "bk-tokenize --max-seq-length"},
-	{"sequential_eval", BC, "note", "false", "no effect: no validation loss during training (it only lowers the tool's peak memory there)"},
+	{"sequential_eval", BC, "note", "false", "no effect on the result: it only lowers the tool's peak memory in its validation loss"},
 	/* DataConfig */
 	{"model_name_or_path", DC, "mapped", NULL, "--model of every stage: a local HF directory, else a hub id (Org/Name) through the HF cache, downloaded into it when missing (HF_HUB_OFFLINE=1: cache only)"},
 	{"torch_dtype", DC, "note", "bfloat16", "no effect: weights are read in their stored dtype; the GPU computes in bf16, the CPU twin in fp32"},
@@ -410,8 +411,8 @@ static const bk_cfg_known known[] = {
 	{"dataset", DC, "mapped", NULL, "bk-tokenize's data: a local JSON/JSONL file, else a hub dataset (Org/Name, or a directory laid out as one) through the HF cache, only its split's files downloaded (HF_HUB_OFFLINE=1: cache only)"},
 	{"dataset_split", DC, "mapped", "train", "bk-tokenize --split, datasets' syntax (train_sft[:1000], [:10%], a+b); a local file is read whole, as the tool does"},
 	{"training_prompts", DC, "mapped", NULL, "bk-tokenize --prompt"},
-	{"eval_dataset_split", DC, "ignored", NULL, NOVAL},
-	{"eval_dataset", DC, "ignored", NULL, NOVAL},
+	{"eval_dataset_split", DC, "mapped", NULL, "with eval_strategy: the validation records from dataset (a local file is read whole, as the tool does)"},
+	{"eval_dataset", DC, "mapped", NULL, "with eval_strategy: the validation records, a local prompt/response file (bk-tokenize, then bk-step --eval)"},
 	{"eval_file", DC, "mapped", NULL, "bk-eval --eval: baseline_none, baseline_discrete, baked_eval"},
 	{"heldout_file", DC, "mapped", NULL, "bk-eval --held-out: heldout_discrete, baked_heldout"},
 	{"corpus_file", DC, "mapped", NULL, "bk-tokenize --corpus"},
@@ -423,7 +424,8 @@ static const bk_cfg_known known[] = {
 	{"target_modules", LC, "mapped", "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj", "bk-step --target-modules (all, all-linear or the Llama projections)"},
 	{"lora_dropout", LC, "mapped", "0.05", "bk-step --lora-dropout"},
 	{"bias", LC, "refused", "none", "bakery trains no bias terms (LoRA A and B only)"},
-	/* HF TrainingArguments (transformers 5.24) */
+	/* HF TrainingArguments of transformers 5.3, the tool's pinned version (fields of
+	 * later 5.x, which 5.3 drops silently, are marked TA5N) */
 	{"output_dir", TA, "mapped", NULL, "final_model/, checkpoint-*, results.json, metrics.bk, logs/ (default 'output')"},
 	{"per_device_train_batch_size", TA, "mapped", "8", "prompts (or pairs) per micro-batch; x num_trajectories records for bk-step --batch-size"},
 	{"num_train_epochs", TA, "mapped", "3", "bk-gen --epochs (whole epochs, rounded up) and bk-step's step count (fractions as HF: ceil)"},
@@ -431,7 +433,7 @@ static const bk_cfg_known known[] = {
 	{"learning_rate", TA, "mapped", "5e-5", "bk-step --lr"},
 	{"lr_scheduler_type", TA, "mapped", "linear", "bk-step --schedule (linear, cosine, constant, constant_with_warmup)"},
 	{"lr_scheduler_kwargs", TA, "refused", NULL, "bk-step's schedules take no extra arguments"},
-	{"warmup_steps", TA, "mapped", "0", "bk-step --warmup-steps (below 1: a ratio of the steps, as HF 5)"},
+	{"warmup_steps", TA, "mapped", "0", "bk-step --warmup-steps (below 1: a ratio of the steps, as HF 5; above 1: its whole part, as HF's int())"},
 	{"optim", TA, "mapped", "adamw_torch_fused", "AdamW (adamw_torch*, adamw_hf) or bk-step --optim adamw8bit (adamw_bnb_8bit, adamw_8bit, paged_adamw_8bit)"},
 	{"optim_args", TA, "refused", NULL, "bk-step's AdamW takes no extra arguments"},
 	{"weight_decay", TA, "mapped", "0", "bk-step --weight-decay"},
@@ -448,9 +450,9 @@ static const bk_cfg_known known[] = {
 	{"bf16_full_eval", TA, "note", "false", "no effect: bk-eval computes as training does (bf16 on the GPU, fp32 on the CPU)"},
 	{"fp16_full_eval", TA, "note", "false", "no effect: bk-eval computes as training does (bf16 on the GPU, fp32 on the CPU)"},
 	{"tf32", TA, "note", NULL, "no effect: the GPU linears run in bf16 with fp32 accumulation"},
-	{"activation_checkpointing", TA, "mapped", "false", "as gradient_checkpointing (its new name)"},
-	{"activation_checkpointing_kwargs", TA, "note", NULL, "no effect: bk-step recomputes each layer; torch's checkpoint options do not apply"},
-	{"gradient_checkpointing", TA, "mapped", "false", "bk-step --grad-checkpoint (same result, less memory)"},
+	{"activation_checkpointing", TA5N, "mapped", NULL, "as gradient_checkpointing (its new name)"},
+	{"activation_checkpointing_kwargs", TA5N, "note", NULL, "no effect: bk-step recomputes each layer; torch's checkpoint options do not apply"},
+	{"gradient_checkpointing", TA, "mapped", NULL, "bk-step --grad-checkpoint (same result, less memory)"},
 	{"gradient_checkpointing_kwargs", TA, "note", NULL, "no effect: bk-step recomputes each layer; torch's checkpoint options do not apply"},
 	{"torch_compile", TA, "note", "false", NOTORCH},
 	{"torch_compile_backend", TA, "note", NULL, NOTORCH},
@@ -473,15 +475,15 @@ static const bk_cfg_known known[] = {
 	{"report_to", TA, "note", "none", NOLOG},
 	{"run_name", TA, "note", NULL, NOLOG},
 	{"project", TA, "note", "huggingface", NOLOG},
-	{"trackio_space_id", TA, "note", NULL, NOLOG},
-	{"trackio_bucket_id", TA, "note", NULL, NOLOG},
-	{"trackio_static_space_id", TA, "note", NULL, NOLOG},
-	{"eval_strategy", TA, "ignored", "no", NOVAL},
-	{"eval_steps", TA, "note", NULL, NOVAL},
-	{"eval_delay", TA, "note", "0", NOVAL},
-	{"per_device_eval_batch_size", TA, "note", "8", "no effect on the result: bk-eval batches its greedy answers itself"},
+	{"trackio_space_id", TA, "note", "trackio", NOLOG},
+	{"trackio_bucket_id", TA5N, "note", NULL, NOLOG},
+	{"trackio_static_space_id", TA5N, "note", NULL, NOLOG},
+	{"eval_strategy", TA, "mapped", "no", "steps: bk-step --eval-steps; epoch: --eval-steps (an epoch's steps) --eval-final"},
+	{"eval_steps", TA, "mapped", NULL, "bk-step --eval-steps (null: logging_steps as given, else HF's 500; below 1: a ratio of the steps)"},
+	{"eval_delay", TA, "mapped", "0", "bk-step --eval-delay (steps; epochs with eval_strategy epoch)"},
+	{"per_device_eval_batch_size", TA, "mapped", "8", "bk-step --eval-batch-size (HF weighs each validation batch alike)"},
 	{"prediction_loss_only", TA, "note", "false", NOVAL},
-	{"eval_on_start", TA, "note", "false", NOVAL},
+	{"eval_on_start", TA, "note", "false", "not done: bk-step evaluates after steps, not before the first"},
 	{"eval_do_concat_batches", TA, "note", "true", NOVAL},
 	{"eval_use_gather_object", TA, "note", "false", NOVAL},
 	{"eval_accumulation_steps", TA, "note", NULL, NOVAL},
@@ -500,7 +502,7 @@ static const bk_cfg_known known[] = {
 	{"hub_strategy", TA, "note", "every_save", NOHUB},
 	{"hub_always_push", TA, "note", "false", NOHUB},
 	{"hub_revision", TA, "note", NULL, NOHUB},
-	{"load_best_model_at_end", TA, "refused", "false", "needs a validation loss during training, which bakery does not compute"},
+	{"load_best_model_at_end", TA, "refused", "false", "bakery keeps the last adapter: no choice of the best checkpoint by validation loss"},
 	{"metric_for_best_model", TA, "note", NULL, NOVAL},
 	{"greater_is_better", TA, "note", NULL, NOVAL},
 	{"ignore_data_skip", TA, "refused", "false", "bk-step --resume always continues where the checkpoint stopped in the data"},
@@ -516,8 +518,8 @@ static const bk_cfg_known known[] = {
 	{"dataloader_pin_memory", TA, "note", "true", NOLOADER},
 	{"dataloader_persistent_workers", TA, "note", "false", NOLOADER},
 	{"dataloader_prefetch_factor", TA, "note", NULL, NOLOADER},
-	{"dataloader_multiprocessing_context", TA, "note", NULL, NOLOADER},
-	{"dataloader_in_order", TA, "note", "true", NOLOADER},
+	{"dataloader_multiprocessing_context", TA5N, "note", NULL, NOLOADER},
+	{"dataloader_in_order", TA5N, "note", "true", NOLOADER},
 	{"remove_unused_columns", TA, "note", "true", "no effect (the tool sets it to false itself)"},
 	{"label_names", TA, "note", NULL, "no effect: the KL loss has no labels"},
 	{"train_sampling_strategy", TA, "refused", "random", "bk-lens shuffles the prompts with the seed (random) only"},
@@ -525,7 +527,7 @@ static const bk_cfg_known known[] = {
 	{"ddp_find_unused_parameters", TA, "note", NULL, ONEDEV},
 	{"ddp_bucket_cap_mb", TA, "note", NULL, ONEDEV},
 	{"ddp_broadcast_buffers", TA, "note", NULL, ONEDEV},
-	{"ddp_static_graph", TA, "note", NULL, ONEDEV},
+	{"ddp_static_graph", TA5N, "note", NULL, ONEDEV},
 	{"ddp_backend", TA, "note", NULL, ONEDEV},
 	{"ddp_timeout", TA, "note", "1800", ONEDEV},
 	{"fsdp", TA, "refused", NULL, "bakery trains on one device, without FSDP"},
@@ -536,16 +538,16 @@ static const bk_cfg_known known[] = {
 	{"do_train", TA, "note", "false", "no effect: the tool trains whatever it says, and so does bk-bake"},
 	{"do_eval", TA, "note", "false", "no effect: bk-eval runs when eval_file or heldout_file is given, as in the tool"},
 	{"do_predict", TA, "note", "false", "no effect: there is no prediction pass"},
-	{"resume_from_checkpoint", TA, "mapped", NULL, "bk-step --resume: a checkpoint directory, or true for the last output_dir/checkpoint-N"},
+	{"resume_from_checkpoint", TA, "mapped", NULL, "bk-step --resume: a checkpoint directory, or true for the last output_dir/checkpoint-N (the tool's trainer.train() ignores the field; a note says so)"},
 	{"local_rank", TA, "note", "-1", ONEDEV},
 	/* fields of older transformers that configs still carry */
-	{"warmup_ratio", TA4, "mapped", "0", "bk-step --warmup-ratio (transformers >= 5.2 drops it silently; bakery keeps it)"},
+	{"warmup_ratio", TA, "mapped", NULL, "as transformers 5.3: replaces warmup_steps (deprecated there; transformers 5.15 and later drop it silently; a note says so)"},
 	{"overwrite_output_dir", TA4, "mapped", "false", "true: the previous bake's outputs in output_dir are removed first"},
-	{"evaluation_strategy", TA4, "ignored", "no", NOVAL},
-	{"logging_dir", TA4, "note", NULL, NOLOG},
+	{"evaluation_strategy", TA4, "mapped", "no", "as eval_strategy (transformers 5 drops it silently; a note says so)"},
+	{"logging_dir", TA, "note", NULL, NOLOG},
 	{"no_cuda", TA4, "mapped", "false", "true: --device cpu"},
 	{"save_safetensors", TA4, "note", "true", "no effect: adapters are always safetensors"},
-	{"group_by_length", TA4, "refused", "false", "bk-lens does not group prompts by length"},
+	{"group_by_length", TA4, "note", "false", "no effect, as in transformers 5.3, which has no such field (the tool drops it); length grouping is train_sampling_strategy there, which bakery refuses"},
 	{"include_tokens_per_second", TA4, "note", "false", "no effect: the metrics stream always has tokens/s"},
 	/* bakery's own fields */
 	{"template", EXT, "mapped", NULL, "the chat template by name (raw, llama2, chatml, ...) for models without one"},
@@ -558,13 +560,14 @@ static const bk_cfg_known known[] = {
 	{"lora_r", EXT, "mapped", NULL, "as r"},
 	{"held_out_file", EXT, "mapped", NULL, "as heldout_file"},
 	{"kl_prompts", EXT, "mapped", NULL, "bk-eval --kl-prompts: held-out KL(teacher || model), base and baked"},
-	{"teacher_top_k", EXT, "mapped", "64", "bk-teach --top-k (0: the full distribution)"},
+	{"teacher_top_k", EXT, "mapped", NULL, "null: the exact KL over the vocabulary, the teacher run in bk-step, as the tool; N: bk-teach --top-k N (0: the full distribution stored)"},
 	{"top_p", EXT, "mapped", "0.9", "bk-gen --top-p (the tool's fixed 0.9)"},
+	{"retokenize_trajectories", EXT, "mapped", "true", "bk-gen --retokenize: each trajectory decoded, stripped and tokenized again in the chat template with its end of turn, as the tool trains it (false: the sampled ids)"},
 	{"top_k", EXT, "mapped", "50", "bk-gen --top-k (HF generate's default 50, which the tool's sampling gets; 0: off)"},
 	{"device", EXT, "mapped", "auto", "--device of every stage: cpu, cuda or auto"},
 	{"revision", EXT, "mapped", "main", "the hub model's branch, tag or commit (transformers' from_pretrained revision)"},
 	{"use_flash_attention", EXT, "note", "false", "no effect: bakery's attention runs over packed sequences with its own kernels; there is no switch"},
-	{"validation_split", EXT, "ignored", NULL, NOVAL},
+	{"validation_split", EXT, "ignored", NULL, "no effect: the validation records are eval_dataset, or eval_dataset_split of dataset"},
 	{"use_peft", EXT, "refused", "true", "bakery only trains LoRA adapters"},
 	{"load_in_8bit", EXT, "refused", "false", "quantised base weights are not supported (bf16 on the GPU, fp32 on the CPU)"},
 };
@@ -869,8 +872,10 @@ static void map_training(mapper *m, const bk_bake_caps *caps)
 	get_double(m, "sampling_temperature", &p->sampling_temperature, 0, 100);
 	get_double(m, "top_p", &p->top_p, 1e-9, 1);
 	get_long(m, "top_k", &p->gen_top_k, 0, 1L << 30);
+	if (get_bool(m, "retokenize_trajectories") == 0)
+		p->retokenize = 0;
 	get_double(m, "temperature", &p->temperature, 1e-6, 1e6);
-	get_long(m, "teacher_top_k", &p->top_k, 0, 1L << 30);
+	get_long(m, "teacher_top_k", &p->top_k, 0, 1L << 30); /* absent: -1, exact */
 	double ep;
 	/* (0, 65536]: -1 and 0 are refused alike, by the range they miss */
 	if (get_double_in(m, "num_train_epochs", &ep, 0, 1 << 16, 1))
@@ -881,11 +886,32 @@ static void map_training(mapper *m, const bk_bake_caps *caps)
 	get_long(m, "per_device_train_batch_size", &p->batch_size, 1, 1 << 20);
 	get_long(m, "gradient_accumulation_steps", &p->grad_accum, 1, 1 << 20);
 	get_double(m, "learning_rate", &p->lr, 0, 1e3);
-	get_double(m, "warmup_ratio", &p->warmup_ratio, 0, 1);
-	get_double(m, "warmup_steps", &p->warmup_steps, 0, 1e15);
-	if (p->warmup_steps > 1 && p->warmup_steps != floor(p->warmup_steps))
-		note_add(m, BK_CFG_UNSUPPORTED, "warmup_steps",
-			 "%g: a whole number of steps, or a ratio below 1", p->warmup_steps);
+	/* transformers 5.3 (the tool's pin): a given warmup_ratio (deprecated) replaces
+	 * warmup_steps; then >= 1 is int(steps), below 1 a ratio of the steps.  Later 5.x
+	 * drop warmup_ratio silently: the one note says so (bk-bake(1) WARMUP). */
+	double wr;
+	int has_ws = get_double(m, "warmup_steps", &p->warmup_steps, 0, 1e15);
+	int has_wr = get_double(m, "warmup_ratio", &wr, 0, 1e15);
+	double given = has_wr ? wr : p->warmup_steps;
+	double v = given >= 1 ? floor(given) : given;
+	char also[160] = "";
+	if (v != given)
+		snprintf(also, sizeof also, " (%g steps: HF takes int() of a value of 1 or more)",
+			 v);
+	if (has_wr) {
+		size_t l = strlen(also);
+		if (has_ws && p->warmup_steps != wr)
+			snprintf(also + l, sizeof also - l, "; it replaces warmup_steps %g, as there",
+				 p->warmup_steps);
+		note_add(m, BK_CFG_NOTE, "warmup_ratio",
+			 "%g is taken as warmup_steps %g%s, as transformers 5.3 (the tool's pinned "
+			 "version) does; transformers 5.15 and later drop warmup_ratio silently, "
+			 "and the tool then trains without warmup: write warmup_steps", wr, wr, also);
+	} else if (v != given) {
+		note_add(m, BK_CFG_NOTE, "warmup_steps", "%g%s", given, also);
+	}
+	p->warmup_steps = v;
+	p->warmup_ratio = 0; /* all in warmup_steps */
 	get_double(m, "weight_decay", &p->weight_decay, 0, 1e3);
 	get_double(m, "max_grad_norm", &p->max_grad_norm, 0, 1e12);
 	long r = 0, r2 = 0;
@@ -971,8 +997,13 @@ static void map_perf(mapper *m, const bk_bake_caps *caps)
 				 "(adamw_bnb_8bit)", o);
 		}
 	}
-	if (get_bool(m, "use_cpu") == 1 || get_bool(m, "no_cuda") == 1)
+	int nc = get_bool(m, "no_cuda");
+	if (get_bool(m, "use_cpu") == 1 || nc == 1)
 		p->device = "cpu";
+	if (nc == 1)
+		note_add(m, BK_CFG_NOTE, "no_cuda",
+			 "transformers 5 has no no_cuda (the tool drops it silently and uses the "
+			 "GPU); bakery runs on the CPU as it asks: write use_cpu: true");
 }
 
 static void map_outputs(mapper *m)
@@ -999,6 +1030,11 @@ static void map_outputs(mapper *m)
 			note_add(m, BK_CFG_UNSUPPORTED, "device", "'%s' with use_cpu: true", s);
 	}
 	p->overwrite = get_bool(m, "overwrite_output_dir") == 1;
+	if (p->overwrite)
+		note_add(m, BK_CFG_NOTE, "overwrite_output_dir",
+			 "transformers 5 has no overwrite_output_dir (the tool drops it silently "
+			 "and writes over output_dir anyway); bakery removes the previous bake's "
+			 "outputs first, as it asks");
 	s = scalar(m, "resume_from_checkpoint");
 	if (s) {
 		int b = bool_word(s);
@@ -1006,7 +1042,94 @@ static void map_outputs(mapper *m)
 			p->resume = "true";
 		else if (b < 0)
 			p->resume = s; /* a directory, checked when the bake starts */
+		if (b != 0)
+			note_add(m, BK_CFG_NOTE, "resume_from_checkpoint",
+				 "the tool ignores it (its trainer.train() is called without it, "
+				 "and transformers 5.3's Trainer does not read the field): it trains "
+				 "from scratch; bakery resumes, as the field asks");
 	}
+}
+
+/* The validation loss (bk-step --eval), as the tool sets it up: eval_strategy steps or
+ * epoch over the records of eval_dataset, else of dataset, when eval_dataset_split is
+ * given (cli.py); a local file is read whole (the split names a hub split).  Where the
+ * tool would evaluate nothing for a given eval_dataset (no eval_dataset_split: it
+ * fails at its Trainer's start), bakery evaluates it, with a note. */
+static void map_eval(mapper *m)
+{
+	bk_bake_plan *p = m->p;
+	const char *st = scalar(m, "eval_strategy"), *old = scalar(m, "evaluation_strategy");
+	if (old) {
+		note_add(m, BK_CFG_NOTE, "evaluation_strategy",
+			 "transformers 5 has no evaluation_strategy (the tool drops it silently "
+			 "and evaluates nothing); bakery takes it as eval_strategy, as it asks");
+		if (st && strcmp(st, old))
+			note_add(m, BK_CFG_UNSUPPORTED, "evaluation_strategy",
+				 "'%s' and eval_strategy '%s': give one", old, st);
+		if (!st)
+			st = old;
+	}
+	double es = 0, dl = 0;
+	int has_es = get_double(m, "eval_steps", &es, 0, 1e15);
+	get_double(m, "eval_delay", &dl, 0, 1e15);
+	get_long(m, "per_device_eval_batch_size", &p->eval_batch, 1, 1 << 20);
+	const char *ed = scalar(m, "eval_dataset"), *split = scalar(m, "eval_dataset_split");
+	if (!st || !strcmp(st, "no")) {
+		if (ed || split)
+			note_add(m, BK_CFG_NOTE, ed ? "eval_dataset" : "eval_dataset_split",
+				 "not used: eval_strategy is no (the tool evaluates nothing either)");
+		return;
+	}
+	if (strcmp(st, "steps") && strcmp(st, "epoch")) {
+		note_add(m, BK_CFG_UNSUPPORTED, old && !scalar(m, "eval_strategy") ?
+			 "evaluation_strategy" : "eval_strategy",
+			 "'%s': no, steps or epoch", st);
+		return;
+	}
+	p->eval_strategy = st;
+	p->eval_delay = dl;
+	if (!strcmp(st, "steps")) {
+		/* HF: eval_steps null or 0 takes logging_steps (its default 500, not bakery's 1) */
+		double ls = 500;
+		get_double(m, "logging_steps", &ls, 1e-9, 1e15);
+		p->eval_steps = has_es && es > 0 ? es : ls;
+		if (p->eval_steps > 1 && p->eval_steps != floor(p->eval_steps))
+			note_add(m, BK_CFG_UNSUPPORTED, "eval_steps",
+				 "%g: a whole number of steps, or a ratio below 1 (HF refuses it too)",
+				 p->eval_steps);
+	}
+	const char *src = ed;
+	if (!ed) {
+		const char *d = scalar(m, "dataset");
+		if (!d)
+			d = scalar(m, "dataset_name");
+		if (!split || !d) {
+			note_add(m, BK_CFG_UNSUPPORTED, "eval_strategy",
+				 "'%s' needs validation records: eval_dataset, or eval_dataset_split "
+				 "of dataset (the tool fails at its start without them)", st);
+			return;
+		}
+		src = d;
+		if (is_file(d))
+			note_add(m, BK_CFG_NOTE, "eval_dataset_split",
+				 "'%s' of the local file '%s', which is read whole, as the tool does: "
+				 "the validation records are the training data", split, d);
+	} else {
+		if (!split)
+			note_add(m, BK_CFG_NOTE, "eval_dataset",
+				 "the tool needs eval_dataset_split too: without it it has no validation "
+				 "set and fails at its start; bakery evaluates on '%s', as asked", ed);
+		else if (is_file(ed))
+			note_add(m, BK_CFG_NOTE, "eval_dataset_split",
+				 "'%s' applies to hub datasets; the local file '%s' is read whole, as "
+				 "the tool does", split, ed);
+	}
+	if (!is_file(src))
+		note_add(m, BK_CFG_UNSUPPORTED, ed ? "eval_dataset" : "eval_dataset_split",
+			 "'%s' is not a local file (hub datasets are not downloaded; save it as "
+			 "JSON/JSONL and give the file)", src);
+	else
+		p->eval_data = src;
 }
 
 void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *caps)
@@ -1018,8 +1141,9 @@ void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *cap
 	p->sampling_temperature = 0.8;
 	p->top_p = 0.9;
 	p->gen_top_k = 50; /* HF GenerationConfig's top_k */
+	p->retokenize = 1; /* trajectories as the tool trains them */
 	p->temperature = 1.0;
-	p->top_k = 64;
+	p->top_k = -1; /* the tool's exact KL: bk-step runs the teacher (no bk-teach) */
 	p->epochs = 3;
 	p->batch_size = 8;
 	p->grad_accum = 1;
@@ -1035,6 +1159,8 @@ void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *cap
 	p->save_steps = 500;
 	p->output_dir = "output";
 	p->device = "auto";
+	p->eval_strategy = "no";
+	p->eval_batch = 8;
 
 	mapper m = {p, c, xcalloc(c->n + 1, 1)};
 	map_model(&m);
@@ -1043,6 +1169,7 @@ void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *cap
 	map_training(&m, caps);
 	map_perf(&m, caps);
 	map_outputs(&m);
+	map_eval(&m);
 	map_table(&m);
 	if (p->data_seed < 0)
 		p->data_seed = p->seed;

@@ -88,9 +88,10 @@ typedef struct {
 	double epochs; /* num_train_epochs; may be fractional (HF) */
 	double sampling_temperature, top_p;
 	long gen_top_k; /* the config's top_k: bk-gen --top-k (0: off) */
+	int retokenize; /* bk-gen --retokenize (retokenize_trajectories, default 1) */
 	/* bk-teach (and bk-step, bk-eval: the KL temperature) */
 	double temperature;
-	long top_k;
+	long top_k; /* teacher_top_k: bk-teach --top-k; -1 (the default): exact mode, no bk-teach */
 	/* bk-lens / bk-step */
 	long batch_size, grad_accum, lora_r, max_steps, save_total_limit;
 	/* below 1: a ratio of the total steps (HF), see bk_bake_steps */
@@ -103,6 +104,12 @@ typedef struct {
 	const char *output_dir, *eval_file, *held_out_file, *kl_prompts, *device;
 	const char *resume; /* resume_from_checkpoint: a directory, or "true" (the last one) */
 	int overwrite;      /* overwrite_output_dir */
+	/* the validation loss (bk-step --eval): eval_strategy no, steps or epoch over the
+	 * local file eval_data (NULL: none); eval_steps as HF's (steps strategy; below 1 a
+	 * ratio), eval_delay (steps, or epochs with epoch), per_device_eval_batch_size */
+	const char *eval_strategy, *eval_data;
+	double eval_steps, eval_delay;
+	long eval_batch;
 	/* everything said about the fields, in config order */
 	bk_cfg_note *notes;
 	size_t n_notes;

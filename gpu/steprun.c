@@ -95,6 +95,10 @@ struct run {
 	BK_VEC(char *) stale;     /* --overwrite: another run's checkpoints, removed at
 				   * this run's first save */
 	int tty, interrupted;
+	/* --eval: the validation records, loaded whole before the first step */
+	mbatch ev;
+	int64_t last_eval;        /* the step last evaluated, -1 none */
+	double last_epoch_pos;    /* the epoch position of the last step */
 };
 
 static volatile sig_atomic_t stop_signal;
@@ -490,7 +494,9 @@ static void kind_seen(run *R, const bk_reader *in, const char *kind)
 	}
 }
 
-static void load_slot(run *R, const bk_reader *in, const msgpack_object *rec, slot *sl)
+/* train: a training record (its kind is the run's); else an --eval record */
+static void load_any(run *R, const bk_reader *in, const msgpack_object *rec, slot *sl,
+		     int train)
 {
 	size_t n;
 	float temp = (float)R->o->temperature;
@@ -498,7 +504,8 @@ static void load_slot(run *R, const bk_reader *in, const msgpack_object *rec, sl
 	if (!bk_rec_ids_opt(in, rec, "resp", &sl->r, &sl->cap_r, &sl->nr))
 		bk_reader_die(in, "no 'resp' field (prompts-only records need bk-gen first)");
 	sl->has_tc = bk_teacher_read(in, rec, &sl->tc);
-	kind_seen(R, in, slot_kind(sl));
+	if (train)
+		kind_seen(R, in, slot_kind(sl));
 	if (sl->has_tc && fabsf(sl->tc.temperature - temp) > 1e-6f * fmaxf(1, temp))
 		bk_reader_die(in, "teacher temperature %g differs from --temperature %g",
 			      (double)sl->tc.temperature, (double)temp);
@@ -521,6 +528,11 @@ static void load_slot(run *R, const bk_reader *in, const msgpack_object *rec, sl
 	if (msg)
 		bk_reader_die(in, "%s", msg);
 	sl->has_batch = bk_rec_int_opt(in, rec, "batch", &sl->batch);
+}
+
+static void load_slot(run *R, const bk_reader *in, const msgpack_object *rec, slot *sl)
+{
+	load_any(R, in, rec, sl, 1);
 }
 
 static slot *mb_slot(mbatch *mb, int i)
@@ -602,6 +614,82 @@ static void reduce_step(run *R)
 		stop_signal = SIGTERM;
 }
 
+/* ---- validation loss (--eval) ---- */
+
+/* the --eval records, checked as the training stream is (model, system prompt,
+ * temperature) and of one kind, before anything is trained (invariant 1) */
+static void check_stream(run *R, bk_reader *in);
+static void load_eval(run *R)
+{
+	const bk_step_opts *o = R->o;
+	bk_reader *in = bk_reader_open(o->eval);
+	check_stream(R, in);
+	const msgpack_object *rec;
+	const char *kind = NULL;
+	while ((rec = bk_reader_next(in))) {
+		slot *sl = mb_slot(&R->ev, R->ev.n);
+		load_any(R, in, rec, sl, 0);
+		if (kind && strcmp(kind, slot_kind(sl)))
+			bk_reader_die(in, "%s, unlike the records before it (--eval records are "
+				      "of one kind)", kind_words(slot_kind(sl)));
+		kind = slot_kind(sl);
+		R->ev.n++;
+	}
+	if (!R->ev.n)
+		die("--eval %s: no records", o->eval);
+	bk_reader_close(in);
+}
+
+/* The validation loss as HF's evaluation loop takes it with the tool's loss: the
+ * records in file order in batches of --eval-batch-size, each batch's loss the mean
+ * over its records with a response of their per-token KL (0 when none has one), and
+ * eval_loss the mean over the batches (HF repeats each batch's loss batch-size times,
+ * the last partial batch too).  No dropout, no gradient.  One metrics record; rank 0
+ * alone (every rank holds the same adapter). */
+static void evaluate(run *R, double epoch_pos)
+{
+	const bk_step_opts *o = R->o;
+	R->last_eval = R->tr->step;
+	if (R->dist.rank > 0)
+		return;
+	double t0 = now_s(), sum = 0;
+	int64_t nb = 0;
+	for (int b = 0; b < R->ev.n; b += (int)o->eval_batch) {
+		int n = R->ev.n - b < o->eval_batch ? R->ev.n - b : (int)o->eval_batch;
+		for (int i = b; i < b + n; i++) {
+			slot *sl = &R->ev.v[i];
+			R->ev.smp[i] = (bk_train_sample){sl->s, sl->t, sl->r, (int)sl->ns, (int)sl->nt,
+							 (int)sl->nr, sl->has_tc ? &sl->tc : NULL};
+		}
+		bk_train_micro_info info;
+		bk_trainer_eval(R->tr, R->ev.smp + b, n, &info);
+		sum += info.loss;
+		nb++;
+	}
+	double loss = sum / (double)nb, dt = now_s() - t0;
+	R->log_t0 += dt; /* tokens_per_s counts training time */
+	if (!bk_writer_dead(R->w)) {
+		msgpack_packer *pk = bk_rec_begin(R->w);
+		bk_rec_key(R->w, "step");
+		msgpack_pack_int64(pk, R->tr->step);
+		bk_rec_key(R->w, "epoch");
+		msgpack_pack_double(pk, epoch_pos);
+		bk_rec_key(R->w, "eval_loss");
+		msgpack_pack_double(pk, loss);
+		bk_rec_key(R->w, "eval_samples");
+		msgpack_pack_int64(pk, R->ev.n);
+		bk_rec_key(R->w, "eval_runtime");
+		msgpack_pack_double(pk, dt);
+		bk_rec_key(R->w, "eval_samples_per_second");
+		msgpack_pack_double(pk, dt > 0 ? R->ev.n / dt : 0);
+		bk_rec_key(R->w, "eval_steps_per_second");
+		msgpack_pack_double(pk, dt > 0 ? nb / dt : 0);
+		bk_rec_end(R->w);
+	}
+	fprintf(stderr, "%s%s: step %lld  eval_loss %.6g  (%d records, %.1f s)\n",
+		R->tty ? "\n" : "", bk_prog, (long long)R->tr->step, loss, R->ev.n, dt);
+}
+
 /* ends the optimizer step: AdamW, progress, metrics record, progress line, save */
 static void finish_step(run *R, double epoch_pos)
 {
@@ -655,6 +743,11 @@ static void finish_step(run *R, double epoch_pos)
 		R->log_t0 = t;
 	}
 	progress_line(R, loss, t);
+	R->last_epoch_pos = epoch_pos;
+	/* as HF's _maybe_log_save_evaluate: log, evaluate, save */
+	if (R->ev.n && R->o->eval_steps > 0 && step % R->o->eval_steps == 0 &&
+	    step >= R->o->eval_delay)
+		evaluate(R, epoch_pos);
 	if (R->o->save_steps > 0 && step % R->o->save_steps == 0)
 		save_checkpoint(R);
 }
@@ -1043,7 +1136,7 @@ static void pick_gpu(int local_rank)
 
 int bk_step_run(const bk_step_opts *o)
 {
-	run R = {.o = o, .last_saved = -1};
+	run R = {.o = o, .last_saved = -1, .last_eval = -1};
 	bk_dist_init(&R.dist);
 	int is_file = strcmp(o->input, "-") != 0;
 	struct stat sb;
@@ -1065,6 +1158,8 @@ int bk_step_run(const bk_step_opts *o)
 	bk_reader *in = bk_reader_open(o->input); /* a file: verified whole here */
 	R.lm = bk_model_load(ops, o->model);
 	check_stream(&R, in);
+	if (o->eval)
+		load_eval(&R);
 	R.nccl = bk_nccl_open(&R.dist, ops); /* the path of the gradient sum; says which */
 
 	/* the plan: micro-batches per epoch and optimizer steps */
@@ -1146,6 +1241,11 @@ int bk_step_run(const bk_step_opts *o)
 		     (long long)(steps - applied), (long long)steps);
 	if (!R.interrupted && steps == 0 && !o->resume)
 		die("%s: no records to train on", bk_reader_name(in)); /* nothing to save */
+	/* --eval-final: after the last step, unless it was just evaluated (HF's epoch
+	 * strategy evaluates at the end of every epoch, the last partial one too) */
+	if (!R.interrupted && R.ev.n && o->eval_final && steps > 0 &&
+	    R.last_eval != R.tr->step && R.tr->step >= o->eval_delay)
+		evaluate(&R, R.last_epoch_pos);
 	char *final = NULL;
 	if (R.interrupted) {
 		save_checkpoint(&R);
@@ -1193,6 +1293,7 @@ done:
 	free(R.set);
 	free(R.resume_kind);
 	json_decref(R.prog.log_history);
+	mb_free(&R.ev);
 	bk_trainer_free(R.tr);
 	bk_model_unload(&R.lm);
 	bk_reader_close(in);

@@ -48,6 +48,10 @@ typedef struct {
 	const char *model, *out, *device, *schedule, *targets, *resume, *base_name, *optim;
 	const char *input;       /* a STREAM file, or "-" */
 	const char *system;      /* the system prompt to expect in the stream, or NULL */
+	const char *eval;        /* --eval: a STREAM file of validation records, or NULL */
+	long eval_steps, eval_batch, eval_delay; /* every N steps (0: none), per batch,
+						  * not before step eval_delay */
+	int eval_final;          /* evaluate after the last step too */
 	bk_sched_kind sched;
 	bk_optim_kind optim_kind;
 	unsigned target_mask;

@@ -212,8 +212,10 @@ static int sample_kind(const bk_train_sample *x) {
 	return !x->teacher ? KIND_EXACT : x->teacher->k ? KIND_TOPK : KIND_FULL;
 }
 
-void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
-		      bk_train_micro_info *info)
+/* the micro-batch's forward and loss; train: dropout, backward into grads, n_micro
+ * counted; else forward only (the adapter as it is, no dropout), grads untouched */
+static void run_micro(bk_trainer *t, const bk_train_sample *s, int n,
+		      bk_train_micro_info *info, int train)
 {
 	const bk_model *m = t->m;
 	const bk_ops *ops = m->ops;
@@ -252,7 +254,8 @@ void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
 			    "response token)", i);
 		idx[ns++] = i;
 	}
-	t->n_micro++;
+	if (train)
+		t->n_micro++;
 	if (!ns) {
 		free(idx);
 		return;
@@ -280,7 +283,7 @@ void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
 			 (uint64_t)(t->micro_stride > 0 ? t->micro_stride : 1) *
 				 (uint64_t)(t->n_micro - 1);
 	bk_batch sb = {.T = T, .S = ns, .ids = t->ids, .pos = t->pos, .cu_seqlens = t->cu,
-		       .train = t->o.dropout > 0,
+		       .train = train && t->o.dropout > 0,
 		       .dropout_key = bk_crng_key(t->o.seed, (uint64_t)t->step,
 						  micro, 0x64726f70 /* "drop" */)};
 	bk_model_forward(m, t->lora, &sb, NULL, t->acts, t->hid);
@@ -288,10 +291,11 @@ void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
 
 	int chunk = t->o.vocab_chunk;
 	float T_ = t->o.temperature, cap = m->cfg.final_softcap; /* Gemma-2: 0 = none */
+	float *drows = train ? t->drows_d : NULL;
 	double loss;
 	if (kind == KIND_EXACT) {
 		loss = ops->kl_exact(t->hrows_d, m->lm_head, t->trows_d, NULL, t->sample_of, N, ns,
-				     chunk, T_, cap, t->drows_d, NULL);
+				     chunk, T_, cap, drows, NULL);
 	} else if (kind == KIND_FULL) {
 		size_t r = 0;
 		for (int i = 0; i < ns; i++) {
@@ -300,7 +304,7 @@ void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
 			r += (size_t)tc->n;
 		}
 		loss = ops->kl_exact(t->hrows_d, m->lm_head, NULL, t->tk_logp_d, t->sample_of, N,
-				     ns, chunk, T_, cap, t->drows_d, NULL);
+				     ns, chunk, T_, cap, drows, NULL);
 	} else {
 		size_t r = 0;
 		for (int i = 0; i < ns; i++) {
@@ -311,21 +315,35 @@ void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
 			r += (size_t)tc->n;
 		}
 		loss = ops->kl_topk(t->hrows_d, m->lm_head, t->tk_ids_d, t->tk_logp_d, t->tk_rest_d,
-				    t->sample_of, N, ns, K, chunk, T_, cap, t->drows_d, NULL);
+				    t->sample_of, N, ns, K, chunk, T_, cap, drows, NULL);
 	}
 
 	/* scatter dLoss/d(response rows) into a zeroed [T,H] gradient (t->rows_d holds the
 	 * student's rows), then backward */
-	float *dh = t->dhid;
-	ops->zero(dh, (size_t)T * H * sizeof(float));
-	ops->scatter_rows(dh, t->drows_d, t->rows_d, N, T, H);
-	bk_model_backward(m, t->lora, &sb, t->acts, dh, t->grads);
+	if (train) {
+		float *dh = t->dhid;
+		ops->zero(dh, (size_t)T * H * sizeof(float));
+		ops->scatter_rows(dh, t->drows_d, t->rows_d, N, T, H);
+		bk_model_backward(m, t->lora, &sb, t->acts, dh, t->grads);
+	}
 
 	info->loss = loss;
 	info->samples = ns;
 	info->tokens = T;
 	info->rows = N;
 	free(idx);
+}
+
+void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
+		      bk_train_micro_info *info)
+{
+	run_micro(t, s, n, info, 1);
+}
+
+void bk_trainer_eval(bk_trainer *t, const bk_train_sample *s, int n,
+		     bk_train_micro_info *info)
+{
+	run_micro(t, s, n, info, 0);
 }
 
 /* ---- the optimizer step ---- */

@@ -122,6 +122,11 @@ void bk_trainer_reserve(bk_trainer *t, int max_T);
  * v = V and the trainer's temperature.  Dies naming the sample index otherwise. */
 void bk_trainer_micro(bk_trainer *t, const bk_train_sample *s, int n,
 		      bk_train_micro_info *info);
+/* The same loss without training (a validation loss): the adapter as it is, no
+ * dropout, no gradient; grads and n_micro are untouched.  info->loss is the batch
+ * loss as above (0 when no sample has a response). */
+void bk_trainer_eval(bk_trainer *t, const bk_train_sample *s, int n,
+		     bk_train_micro_info *info);
 /* Ends an optimizer step: average over n_micro, clip at max_grad_norm, AdamW at the
  * scheduled lr, zero the gradients.  Returns the gradient norm before clipping;
  * *lr gets the lr used.  n_micro must be > 0. */

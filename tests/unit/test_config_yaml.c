@@ -134,10 +134,10 @@ static void test_mapping(void)
 	CHECK(p.num_trajectories == 3 && p.trajectory_length == 24, "trajectories");
 	CHECK(p.sampling_temperature == 0.7 && p.top_p == 0.95 && p.temperature == 2.0,
 	      "temperatures");
-	CHECK(p.gen_top_k == 50 && p.top_k == 64, "top_k %ld (HF generate's 50), teacher_top_k %ld",
+	CHECK(p.gen_top_k == 50 && p.top_k == -1, "top_k %ld (HF generate's 50), teacher_top_k %ld (exact)",
 	      p.gen_top_k, p.top_k);
 	CHECK(p.lr == 1e-4 && p.epochs == 2 && p.batch_size == 4 && p.grad_accum == 2, "training");
-	CHECK(!strcmp(p.schedule, "cosine") && p.warmup_ratio == 0.1 && p.max_grad_norm == 0.5 &&
+	CHECK(!strcmp(p.schedule, "cosine") && p.warmup_steps == 0.1 && p.max_grad_norm == 0.5 &&
 		      p.weight_decay == 0.01, "schedule");
 	CHECK(p.lora_r == 8 && p.lora_alpha == 16 && p.lora_dropout == 0, "lora");
 	CHECK(!strcmp(p.target_modules, "q_proj,v_proj"), "targets '%s'", p.target_modules);
@@ -330,6 +330,82 @@ static void test_tool_fields(void)
 	bk_cfg_free(&c);
 }
 
+/* warmup as transformers 5.3 (the tool's pinned version) reads it: a given
+ * warmup_ratio (deprecated) replaces warmup_steps; 1 or more is int() steps; one note
+ * says that later 5.x drop warmup_ratio silently */
+static void test_warmup(void)
+{
+	static const struct {
+		const char *yaml;  /* warmup lines */
+		double steps;      /* p.warmup_steps */
+		const char *note;  /* the key of the one warmup note, or NULL */
+		const char *says;  /* in its text */
+	} cases[] = {
+		{"warmup_ratio: 0.1\n", 0.1, "warmup_ratio", "transformers 5.15"},
+		{"warmup_ratio: 0.1\nwarmup_steps: 0\n", 0.1, "warmup_ratio", "5.3"},
+		{"warmup_steps: 10\nwarmup_ratio: 0\n", 0, "warmup_ratio", "replaces warmup_steps 10"},
+		{"warmup_steps: 10\nwarmup_ratio: null\n", 10, NULL, NULL},
+		{"warmup_steps: 0.25\n", 0.25, NULL, NULL},
+		{"warmup_steps: 2.5\n", 2, "warmup_steps", "int()"},
+		{"warmup_ratio: 1\n", 1, "warmup_ratio", "5.3"},
+		{"warmup_ratio: 3.7\n", 3, "warmup_ratio", "3 steps"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char text[512], err[256];
+		snprintf(text, sizeof text,
+			 "model_name_or_path: models/stories260K\nsystem_prompt: x\n"
+			 "training_prompts: [a]\n%s", cases[i].yaml);
+		bk_cfg c;
+		CHECK(parse(&c, text, err, sizeof err) == 0, "case %zu: %s", i, err);
+		bk_bake_caps caps = {1, 1, 1};
+		bk_bake_plan p;
+		bk_bake_plan_make(&p, &c, &caps);
+		CHECK(p.n_refused == 0, "case %zu: %d refused", i, p.n_refused);
+		CHECK(p.warmup_steps == cases[i].steps, "case %zu: warmup_steps %g, want %g", i,
+		      p.warmup_steps, cases[i].steps);
+		int notes = 0;
+		for (size_t k = 0; k < p.n_notes; k++)
+			notes += !strncmp(p.notes[k].key, "warmup", 6);
+		CHECK(notes == (cases[i].note != NULL), "case %zu: %d warmup notes", i, notes);
+		if (cases[i].note) {
+			const bk_cfg_note *n = note_for(&p, cases[i].note);
+			CHECK(n && n->kind == BK_CFG_NOTE && strstr(n->text, cases[i].says),
+			      "case %zu: note '%s'", i, n ? n->text : "(none)");
+		}
+		bk_bake_plan_free(&p);
+		bk_cfg_free(&c);
+	}
+	/* fields transformers 5.3 lacks, whose silent drop the user did not ask for: the
+	 * request is honoured and a note says what the tool does */
+	char err[256];
+	bk_cfg c;
+	CHECK(parse(&c,
+		    "model_name_or_path: models/stories260K\nsystem_prompt: x\n"
+		    "training_prompts: [a]\nresume_from_checkpoint: true\n"
+		    "overwrite_output_dir: true\nno_cuda: true\ngroup_by_length: true\n",
+		    err, sizeof err) == 0, "%s", err);
+	bk_bake_caps caps = {1, 1, 1};
+	bk_bake_plan p;
+	bk_bake_plan_make(&p, &c, &caps);
+	CHECK(p.n_refused == 0, "%d refused", p.n_refused);
+	CHECK(p.resume && p.overwrite && !strcmp(p.device, "cpu"), "honoured");
+	CHECK(p.retokenize == 1, "trajectories as the tool trains them, by default");
+	static const char *const keys[] = {"resume_from_checkpoint", "overwrite_output_dir",
+					   "no_cuda", "group_by_length", NULL};
+	for (int i = 0; keys[i]; i++) {
+		const bk_cfg_note *n = note_for(&p, keys[i]);
+		CHECK(n && n->kind == BK_CFG_NOTE, "%s: a note", keys[i]);
+	}
+	bk_bake_plan_free(&p);
+	bk_cfg_set(&c, "retokenize_trajectories", "false");
+	bk_cfg_set(&c, "teacher_top_k", "64");
+	bk_bake_plan_make(&p, &c, &caps);
+	CHECK(p.retokenize == 0 && p.n_refused == 0, "retokenize_trajectories: false");
+	CHECK(p.top_k == 64, "teacher_top_k 64: bk-teach");
+	bk_bake_plan_free(&p);
+	bk_cfg_free(&c);
+}
+
 /* every known field has an origin, a handling and a reason; no key twice */
 static void test_known(void)
 {
@@ -354,5 +430,6 @@ int main(void)
 	test_errors();
 	test_mapping();
 	test_refusals();
+	test_warmup();
 	return bk_test_done("test_config_yaml");
 }
