@@ -150,6 +150,9 @@ bk_acts *bk_acts_create(const bk_model *m, int max_T, int max_r);
  * and the backward recomputes each layer's activations (same results, bit for bit,
  * one more forward of compute, about 1/L of the per-layer activation memory). */
 bk_acts *bk_acts_create_ckpt(const bk_model *m, int max_T, int max_r, int checkpoint);
+/* for forwards only (the teacher, a prefix; gpu/model.c invariant 8): one layer's
+ * activations, no backward workspace; bk_model_backward on them is a BUG */
+bk_acts *bk_acts_create_fwd(const bk_model *m, int max_T, int max_r);
 void bk_acts_free(const bk_model *m, bk_acts *a);
 /* device bytes the acts allocated (saved activations, batch arrays, workspace): the
  * model's peak activation memory, as nothing is allocated per step */
