@@ -92,6 +92,8 @@ static void ensure_acts(bk_teach *t, int T)
 	t->m->ops->free(t->hidden);
 	t->acts_T = T;
 	t->acts = bk_acts_create_fwd(t->m, T, 0);
+	t->stats.acts_bytes = bk_acts_bytes(t->acts);
+	t->stats.acts_T = T;
 	t->hidden = t->m->ops->alloc((size_t)T * t->m->cfg.H * sizeof(float));
 }
 

@@ -40,6 +40,8 @@ typedef struct {
 	uint64_t rows;         /* response rows computed */
 	uint64_t with_prefix;  /* sequences that ran against the prefix */
 	uint64_t full;         /* sequences that ran in full */
+	size_t acts_bytes;     /* device bytes of the activations now (bk_acts_bytes) */
+	int acts_T;            /* the tokens they hold: the largest forward so far */
 } bk_teach_stats;
 
 typedef struct bk_teach bk_teach;
