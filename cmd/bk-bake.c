@@ -294,12 +294,13 @@ static int mem_plan(bk_bake_plan *p, bk_bake_cmds *b, const bk_bake_caps *caps,
 			"(student), %s of up to %d tokens, sizes in MiB\n", mt, ms,
 			paired ? "responses" : "trajectories", paired ? mb.max_resp : mb.max_new);
 		bk_mem_fit_print(&f, &mb, out);
-	} else {
+	} else if (f.fits) {
+		/* said whatever -v: what changed the bake's shape, and the fit */
 		if (f.chose[0])
-			note("memory plan: chose %s", f.chose);
+			fprintf(stderr, "%s: memory plan: chose %s\n", bk_prog, f.chose);
 		if (f.fits >= 0)
-			note("memory plan: peak %.2f GiB of %.2f GiB", (double)f.peak / (1u << 30),
-			     (double)gpu / (1u << 30));
+			fprintf(stderr, "%s: memory plan: fits, peak %.2f GiB of %.2f GiB\n", bk_prog,
+				(double)f.peak / (1u << 30), (double)gpu / (1u << 30));
 	}
 	if (!f.fits) {
 		snprintf(refusal, sizeof refusal, "%s", f.refuse);
