@@ -7,24 +7,100 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 #include <xxhash.h>
 
-void bk_model_fingerprint(const char *dir, char out[17])
+/* The fingerprint cache: a model's fingerprint is a function of its files' bytes, which
+ * a full read costs every stage of every run (XXH3 at memory speed, but 16 GB of an 8B
+ * model from disk).  The cache keeps it under a key that changes whenever a file may
+ * have changed: config.json's bytes, and per safetensors file the sha256 name of its HF
+ * cache blob when it is one (content-addressed: .../blobs/<64 hex>), else its path,
+ * device, inode, size and mtime (nanoseconds).  A file modified less than 2 s before the
+ * fingerprint was computed is not cached (it may change again within the mtime's
+ * granularity, git's "racy" case).  Entries live in $XDG_CACHE_HOME/bakery/fingerprints
+ * (default ~/.cache/bakery), one small file each, written atomically; a cache that
+ * cannot be written is skipped silently (the fingerprint is then computed each time). */
+static char *fp_cache_dir(void)
+{
+	const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+	return xdg && *xdg ? xasprintf("%s/bakery/fingerprints", xdg)
+			   : xasprintf("%s/.cache/bakery/fingerprints", home && *home ? home : "/tmp");
+}
+
+/* the HF cache blob name (64 hex digits) a path resolves to, or NULL */
+static char *hf_blob_name(const char *path)
+{
+	char *real = realpath(path, NULL);
+	if (!real)
+		return NULL;
+	char *base = strrchr(real, '/');
+	int ok = base && base - real >= 6 && !strncmp(base - 6, "/blobs", 6) &&
+		 strlen(base + 1) == 64 && strspn(base + 1, "0123456789abcdef") == 64;
+	char *name = ok ? xstrdup(base + 1) : NULL;
+	free(real);
+	return name;
+}
+
+/* the cache key of dir's fingerprint (config text, the safetensors files of s);
+ * *racy set when a file changed in the last 2 s */
+static uint64_t fp_key(const char *cfg_text, size_t cfg_len, const bk_st *s, int *racy)
 {
 	XXH3_state_t *st = XXH3_createState();
 	if (!st)
 		die("out of memory");
 	XXH3_64bits_reset(st);
-	char *cfg = bk_path_join(dir, "config.json");
-	size_t n;
-	char *text = bk_read_file(cfg, &n);
-	XXH3_64bits_update(st, text, n);
-	free(text);
-	free(cfg);
+	static const char tag[] = "bakery-fingerprint-key-1";
+	XXH3_64bits_update(st, tag, sizeof tag);
+	XXH3_64bits_update(st, cfg_text, cfg_len);
+	*racy = 0;
+	const char *prev = NULL;
+	time_t now = time(NULL);
+	for (size_t i = 0; i < bk_st_count(s); i++) {
+		const char *f = bk_st_at(s, i)->file;
+		if (prev && !strcmp(prev, f))
+			continue;
+		int seen = 0; /* tensors are sorted by name: a shard's may interleave */
+		for (size_t j = 0; j < i && !seen; j++)
+			seen = !strcmp(bk_st_at(s, j)->file, f);
+		prev = f;
+		if (seen)
+			continue;
+		XXH3_64bits_update(st, f, strlen(f) + 1);
+		char *blob = hf_blob_name(f);
+		if (blob) {
+			XXH3_64bits_update(st, blob, strlen(blob) + 1);
+			free(blob);
+			continue;
+		}
+		struct stat sb;
+		if (stat(f, &sb)) {
+			*racy = 1;
+			continue;
+		}
+		uint64_t v[6] = {(uint64_t)sb.st_dev, (uint64_t)sb.st_ino, (uint64_t)sb.st_size,
+				 (uint64_t)sb.st_mtim.tv_sec, (uint64_t)sb.st_mtim.tv_nsec,
+				 (uint64_t)sb.st_ctim.tv_sec};
+		XXH3_64bits_update(st, v, sizeof v);
+		if (now - sb.st_mtim.tv_sec < 2)
+			*racy = 1;
+	}
+	uint64_t k = XXH3_64bits_digest(st);
+	XXH3_freeState(st);
+	return k;
+}
+
+/* the fingerprint of the bytes: config.json and every tensor, read in full */
+static void fp_full(const char *cfg_text, size_t cfg_len, const bk_st *s, char out[17])
+{
+	XXH3_state_t *st = XXH3_createState();
+	if (!st)
+		die("out of memory");
+	XXH3_64bits_reset(st);
+	XXH3_64bits_update(st, cfg_text, cfg_len);
 	/* every tensor: name, dtype, shape and all its bytes, so that two checkpoints
-	 * differing in one weight differ (XXH3 runs at memory speed: a 1B-parameter bf16
-	 * model adds well under a second to a load that reads those bytes anyway) */
-	bk_st *s = bk_st_open(dir);
+	 * differing in one weight differ */
 	for (size_t i = 0; i < bk_st_count(s); i++) {
 		const bk_st_tensor *t = bk_st_at(s, i);
 		XXH3_64bits_update(st, t->name, strlen(t->name));
@@ -32,9 +108,67 @@ void bk_model_fingerprint(const char *dir, char out[17])
 		XXH3_64bits_update(st, &t->dtype, sizeof t->dtype);
 		XXH3_64bits_update(st, t->data, t->nbytes);
 	}
-	bk_st_close(s);
 	bk_hash_hex(XXH3_64bits_digest(st), out);
 	XXH3_freeState(st);
+}
+
+static void fingerprint(const char *dir, char out[17], int use_cache)
+{
+	char *cfg = bk_path_join(dir, "config.json");
+	size_t n;
+	char *text = bk_read_file(cfg, &n);
+	free(cfg);
+	bk_st *s = bk_st_open(dir);
+	int racy = 0;
+	uint64_t key = use_cache ? fp_key(text, n, s, &racy) : 0;
+	char *cdir = use_cache ? fp_cache_dir() : NULL, kh[17], *path = NULL;
+	if (use_cache) {
+		bk_hash_hex(key, kh);
+		path = xasprintf("%s/%s", cdir, kh);
+		size_t len;
+		char *hit = bk_try_read_file(path, &len);
+		if (hit && len == 17 && hit[16] == '\n' && strspn(hit, "0123456789abcdef") == 16) {
+			memcpy(out, hit, 16);
+			out[16] = 0;
+			free(hit), free(path), free(cdir), free(text);
+			bk_st_close(s);
+			return;
+		}
+		free(hit);
+	}
+	fp_full(text, n, s, out);
+	bk_st_close(s);
+	free(text);
+	if (use_cache && !racy) { /* temporary, then rename: never a partial entry */
+		char *p = xstrdup(cdir);
+		for (char *q = p + 1; *q; q++)
+			if (*q == '/') {
+				*q = 0;
+				mkdir(p, 0777);
+				*q = '/';
+			}
+		mkdir(p, 0777);
+		free(p);
+		char *tmp = xasprintf("%s.tmp.%ld", path, (long)getpid());
+		FILE *f = fopen(tmp, "w");
+		int ok = f && fprintf(f, "%s\n", out) == 17;
+		ok = f && !fclose(f) && ok;
+		if (!ok || rename(tmp, path))
+			unlink(tmp);
+		free(tmp);
+	}
+	free(path);
+	free(cdir);
+}
+
+void bk_model_fingerprint(const char *dir, char out[17])
+{
+	fingerprint(dir, out, 1);
+}
+
+void bk_model_fingerprint_full(const char *dir, char out[17])
+{
+	fingerprint(dir, out, 0);
 }
 
 static float *read_tensor(const bk_st *st, const char *name, int64_t rows, int64_t cols)
