@@ -192,6 +192,59 @@ static float *read_norm(const bk_config *c, const bk_st *st, const char *name, i
 	return p;
 }
 
+/* the checkpoint as a bk_weight_source (model.h): names of HF's layout */
+typedef struct {
+	const bk_config *c;
+	const bk_st *st;
+	const char *pre;
+} load_src;
+
+static const float *load_get(void *ctx, int layer, int id, int rows, int cols)
+{
+	const load_src *ls = ctx;
+	const bk_config *c = ls->c;
+	char name[256];
+	if (layer < 0) {
+		if (id == BK_W_LM_HEAD)
+			return read_tensor(ls->st, bk_config_lm_head(c, ls->st), rows, cols);
+		snprintf(name, sizeof name, "%s%s", ls->pre,
+			 id == BK_W_EMBED ? "embed_tokens.weight" : "norm.weight");
+		return id == BK_W_EMBED ? read_tensor(ls->st, name, rows, cols)
+					: read_norm(c, ls->st, name, cols);
+	}
+	static const char *const lin[BK_LORA_NMOD] = {
+		"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+		"self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+		"mlp.down_proj.weight"};
+	const char *what = NULL;
+	int norm = 1;
+	switch (id) {
+	case BK_W_ATTN_NORM: what = "input_layernorm.weight"; break;
+	case BK_W_MLP_NORM:
+		what = c->sandwich ? "pre_feedforward_layernorm.weight"
+				   : "post_attention_layernorm.weight";
+		break;
+	case BK_W_POST_ATTN_NORM: what = "post_attention_layernorm.weight"; break;
+	case BK_W_POST_MLP_NORM: what = "post_feedforward_layernorm.weight"; break;
+	case BK_W_Q_NORM: what = "self_attn.q_norm.weight"; break;
+	case BK_W_K_NORM: what = "self_attn.k_norm.weight"; break;
+	case BK_W_BQ: what = "self_attn.q_proj.bias", norm = 0; break;
+	case BK_W_BK: what = "self_attn.k_proj.bias", norm = 0; break;
+	case BK_W_BV: what = "self_attn.v_proj.bias", norm = 0; break;
+	default:
+		BUG_ON(id < 0 || id >= BK_LORA_NMOD);
+		what = lin[id], norm = 0;
+	}
+	snprintf(name, sizeof name, "%slayers.%d.%s", ls->pre, layer, what);
+	return norm ? read_norm(c, ls->st, name, cols) : read_tensor(ls->st, name, rows, cols);
+}
+
+static void load_put(void *ctx, const float *p)
+{
+	(void)ctx;
+	free((void *)p);
+}
+
 bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir)
 {
 	bk_loaded_model lm = {0};
@@ -206,7 +259,6 @@ bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir)
 	float *inv_local = xmalloc((size_t)(D / 2) * sizeof(float));
 	bk_rope_inv_freq(c, inv_freq);
 	int has_local = bk_rope_inv_freq_local(c, inv_local);
-	char name[256];
 	bk_llama_config mc = {.H = H, .I = I, .L = L, .NH = NH, .NKV = NKV, .D = D, .V = V,
 			      .rms_eps = c->rms_norm_eps, .inv_freq = inv_freq,
 			      .tied = c->tie_word_embeddings};
@@ -225,63 +277,11 @@ bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir)
 	mc.final_softcap = (float)c->final_softcap;
 	mc.window = c->layer_window;
 	mc.inv_freq_local = has_local ? inv_local : NULL;
-	bk_llama_layer_weights *lw = xcalloc((size_t)L, sizeof *lw);
-	for (int l = 0; l < L; l++) {
-#define T(field, fmt, r, cc)                                                           \
-	snprintf(name, sizeof name, "%slayers.%d." fmt, pre, l);                       \
-	lw[l].field = read_tensor(st, name, r, cc)
-#define N(field, fmt, n)                                                               \
-	snprintf(name, sizeof name, "%slayers.%d." fmt, pre, l);                       \
-	lw[l].field = read_norm(c, st, name, n)
-		T(wq, "self_attn.q_proj.weight", NH * D, H);
-		T(wk, "self_attn.k_proj.weight", NKV * D, H);
-		T(wv, "self_attn.v_proj.weight", NKV * D, H);
-		T(wo, "self_attn.o_proj.weight", H, NH * D);
-		T(w_gate, "mlp.gate_proj.weight", I, H);
-		T(w_up, "mlp.up_proj.weight", I, H);
-		T(w_down, "mlp.down_proj.weight", H, I);
-		N(attn_norm, "input_layernorm.weight", H);
-		if (c->sandwich) {
-			N(post_attn_norm, "post_attention_layernorm.weight", H);
-			N(mlp_norm, "pre_feedforward_layernorm.weight", H);
-			N(post_mlp_norm, "post_feedforward_layernorm.weight", H);
-		} else {
-			N(mlp_norm, "post_attention_layernorm.weight", H);
-		}
-		if (c->qkv_bias) {
-			T(bq, "self_attn.q_proj.bias", 1, NH * D);
-			T(bk, "self_attn.k_proj.bias", 1, NKV * D);
-			T(bv, "self_attn.v_proj.bias", 1, NKV * D);
-		}
-		if (c->qk_norm) {
-			N(q_norm, "self_attn.q_norm.weight", D);
-			N(k_norm, "self_attn.k_norm.weight", D);
-		}
-#undef T
-#undef N
-	}
-	bk_llama_weights w = {0};
-	snprintf(name, sizeof name, "%sembed_tokens.weight", pre);
-	w.embed = read_tensor(st, name, V, H);
-	snprintf(name, sizeof name, "%snorm.weight", pre);
-	w.final_norm = read_norm(c, st, name, H);
-	w.lm_head = c->tie_word_embeddings ? w.embed
-					   : read_tensor(st, bk_config_lm_head(c, st), V, H);
-	w.layers = lw;
-	lm.model = bk_model_create(ops, &mc, &w);
-	for (int l = 0; l < L; l++) {
-		const float *ps[] = { lw[l].wq, lw[l].wk, lw[l].wv, lw[l].wo, lw[l].w_gate,
-				      lw[l].w_up, lw[l].w_down, lw[l].attn_norm, lw[l].mlp_norm,
-				      lw[l].bq, lw[l].bk, lw[l].bv, lw[l].q_norm, lw[l].k_norm,
-				      lw[l].post_attn_norm, lw[l].post_mlp_norm };
-		for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
-			free((void *)ps[i]);
-	}
-	if (!c->tie_word_embeddings)
-		free((void *)w.lm_head);
-	free((void *)w.embed);
-	free((void *)w.final_norm);
-	free(lw);
+	/* tensor by tensor from the mapped checkpoint: read into fp32, uploaded, freed, so
+	 * the host holds at most one tensor in fp32 besides what the device keeps */
+	load_src ls = {c, st, pre};
+	bk_weight_source src = {load_get, load_put, &ls};
+	lm.model = bk_model_create_from(ops, &mc, &src);
 	free(inv_freq);
 	free(inv_local);
 	bk_st_close(st);

@@ -148,8 +148,44 @@ void bk_model_module_dims(const bk_llama_config *c, int module, int *in, int *ou
 	}
 }
 
+static bk_weight *up(const bk_ops *ops, const bk_weight_source *src, int layer, int id,
+		     int rows, int cols)
+{
+	const float *p = src->get(src->ctx, layer, id, rows, cols);
+	BUG_ON(!p);
+	bk_weight *w = ops->weight_upload(p, rows, cols);
+	if (src->put)
+		src->put(src->ctx, p);
+	return w;
+}
+
+/* the source over a bk_llama_weights */
+static const float *struct_get(void *ctx, int layer, int id, int rows, int cols)
+{
+	(void)rows, (void)cols;
+	const bk_llama_weights *w = ctx;
+	if (layer < 0)
+		return id == BK_W_EMBED ? w->embed : id == BK_W_FINAL_NORM ? w->final_norm
+									   : w->lm_head;
+	const bk_llama_layer_weights *lw = &w->layers[layer];
+	const float *const by_id[BK_W_LAYER_N] = {
+		lw->wq, lw->wk, lw->wv, lw->wo, lw->w_gate, lw->w_up, lw->w_down,
+		lw->attn_norm, lw->mlp_norm, lw->bq, lw->bk, lw->bv, lw->q_norm, lw->k_norm,
+		lw->post_attn_norm, lw->post_mlp_norm,
+	};
+	BUG_ON(id < 0 || id >= BK_W_LAYER_N);
+	return by_id[id];
+}
+
 bk_model *bk_model_create(const bk_ops *ops, const bk_llama_config *cfg,
 			  const bk_llama_weights *w)
+{
+	bk_weight_source src = {struct_get, NULL, (void *)w};
+	return bk_model_create_from(ops, cfg, &src);
+}
+
+bk_model *bk_model_create_from(const bk_ops *ops, const bk_llama_config *cfg,
+			       const bk_weight_source *src)
 {
 	const bk_llama_config *c = cfg;
 	if (c->H <= 0 || c->I <= 0 || c->L <= 0 || c->NH <= 0 || c->NKV <= 0 || c->D <= 0 ||
@@ -195,35 +231,36 @@ bk_model *bk_model_create(const bk_ops *ops, const bk_llama_config *cfg,
 	if (c->attn_scale < 0 || c->attn_softcap < 0 || c->final_softcap < 0 || c->embed_scale < 0)
 		die("model config: a scale or softcap is negative");
 
-	m->embed = ops->weight_upload(w->embed, c->V, c->H);
-	m->final_norm = ops->weight_upload(w->final_norm, 1, c->H);
-	m->lm_head = c->tied ? m->embed : ops->weight_upload(w->lm_head, c->V, c->H);
+	/* one tensor at a time: got from the source, uploaded, given back (so a loader
+	 * holds at most one tensor on the host) */
+#define UP(layer, id, r, cc) up(ops, src, layer, id, r, cc)
+	m->embed = UP(-1, BK_W_EMBED, c->V, c->H);
+	m->final_norm = UP(-1, BK_W_FINAL_NORM, 1, c->H);
+	m->lm_head = c->tied ? m->embed : UP(-1, BK_W_LM_HEAD, c->V, c->H);
 	m->layers = xcalloc(c->L, sizeof(*m->layers));
 	for (int l = 0; l < c->L; l++) {
-		const bk_llama_layer_weights *lw = &w->layers[l];
-		const float *src[BK_LORA_NMOD] = { lw->wq, lw->wk, lw->wv, lw->wo,
-						   lw->w_gate, lw->w_up, lw->w_down };
 		for (int mod = 0; mod < BK_LORA_NMOD; mod++) {
 			int in, out;
 			bk_model_module_dims(c, mod, &in, &out);
-			m->layers[l].w[mod] = ops->weight_upload(src[mod], out, in);
+			m->layers[l].w[mod] = UP(l, mod, out, in);
 		}
 		bk_layer *ly = &m->layers[l];
-		ly->attn_norm = ops->weight_upload(lw->attn_norm, 1, c->H);
-		ly->mlp_norm = ops->weight_upload(lw->mlp_norm, 1, c->H);
+		ly->attn_norm = UP(l, BK_W_ATTN_NORM, 1, c->H);
+		ly->mlp_norm = UP(l, BK_W_MLP_NORM, 1, c->H);
 		if (c->qkv_bias) {
-			ly->bq = ops->weight_upload(lw->bq, 1, c->NH * c->D);
-			ly->bk = ops->weight_upload(lw->bk, 1, c->NKV * c->D);
-			ly->bv = ops->weight_upload(lw->bv, 1, c->NKV * c->D);
+			ly->bq = UP(l, BK_W_BQ, 1, c->NH * c->D);
+			ly->bk = UP(l, BK_W_BK, 1, c->NKV * c->D);
+			ly->bv = UP(l, BK_W_BV, 1, c->NKV * c->D);
 		}
 		if (c->qk_norm) {
-			ly->q_norm = ops->weight_upload(lw->q_norm, 1, c->D);
-			ly->k_norm = ops->weight_upload(lw->k_norm, 1, c->D);
+			ly->q_norm = UP(l, BK_W_Q_NORM, 1, c->D);
+			ly->k_norm = UP(l, BK_W_K_NORM, 1, c->D);
 		}
 		if (c->sandwich) {
-			ly->post_attn_norm = ops->weight_upload(lw->post_attn_norm, 1, c->H);
-			ly->post_mlp_norm = ops->weight_upload(lw->post_mlp_norm, 1, c->H);
+			ly->post_attn_norm = UP(l, BK_W_POST_ATTN_NORM, 1, c->H);
+			ly->post_mlp_norm = UP(l, BK_W_POST_MLP_NORM, 1, c->H);
 		}
+#undef UP
 		int win = c->window ? c->window[l] : 0;
 		ly->attn = bk_attn_default(c->D);
 		if (c->attn_scale > 0)

@@ -10,7 +10,8 @@
  *     same hidden states bit for bit as on training acts;
  * (d) bk-gen's KV pool with a max_prompt is the planned number of blocks, allocated at
  *     once, whatever the free memory;
- * (e) the fit's choices in order, and the sizes --gpu-memory takes. */
+ * (e) the fit's choices in order, and the sizes --gpu-memory takes;
+ * (f) bk_model_create_from (gpu/load.c's loader) holds one host tensor at a time. */
 #include "tests/harness.h"
 
 #include <stdlib.h>
@@ -310,8 +311,52 @@ static void test_fit(void)
 	      !bk_mem_parse_size("-3G") && !bk_mem_parse_size(""), "not sizes");
 }
 
+/* (f) bk_model_create_from: one tensor at a time (a loader's host peak is one fp32 tensor) */
+typedef struct {
+	int out, max_out, gets, puts;
+	float *buf;
+} count_src;
+
+static const float *count_get(void *ctx, int layer, int id, int rows, int cols)
+{
+	(void)layer, (void)id;
+	count_src *c = ctx;
+	c->gets++;
+	if (++c->out > c->max_out)
+		c->max_out = c->out;
+	float *p = xmalloc((size_t)rows * cols * sizeof(float));
+	for (size_t i = 0; i < (size_t)rows * cols; i++)
+		p[i] = 0.01f;
+	return p;
+}
+
+static void count_put(void *ctx, const float *p)
+{
+	count_src *c = ctx;
+	c->out--, c->puts++;
+	free((void *)p);
+}
+
+static void test_create_from(void)
+{
+	static float inv[2] = {1.0f, 0.01f};
+	bk_llama_config c = {.H = 8, .I = 16, .L = 2, .NH = 2, .NKV = 1, .D = 4, .V = 32,
+			     .rms_eps = 1e-5f, .inv_freq = inv, .qk_norm = 1, .qkv_bias = 1,
+			     .sandwich = 1};
+	count_src cs = {0};
+	bk_weight_source src = {count_get, count_put, &cs};
+	bk_model *m = bk_model_create_from(&bk_ops_host, &c, &src);
+	/* embed, final norm, lm head; per layer 7 linears, 2 norms, 3 biases, 2 q/k norms,
+	 * 2 sandwich norms = 16 */
+	CHECK(cs.max_out == 1 && cs.gets == cs.puts && cs.gets == 3 + 2 * 16,
+	      "create_from: %d tensors at once at most, %d gets, %d puts", cs.max_out, cs.gets,
+	      cs.puts);
+	bk_model_free(m);
+}
+
 int main(void)
 {
+	test_create_from();
 	test_golden();
 	test_acts_match();
 	test_teach_fwd();
