@@ -105,6 +105,18 @@ test_expect_success 'a GPU too small is refused up front in one line' '
 	grep -q "gpu-memory .lots. is not a size" err
 '
 
+test_expect_success 'bk-gen --max-prompt: the KV cache planned, the same samples; a longer prompt refused in one line' '
+	M="$MODELS/stories260K" &&
+	bk-tokenize --model "$M" --system "Sparky the dragon lives in a big castle." "$DATA/pipe/stories.txt" >s.bk 2>/dev/null &&
+	bk-gen --device cpu --model "$M" --max-new-tokens 12 --max-batch 3 s.bk 2>/dev/null | bk-dump >a.jsonl &&
+	n=$(bk-dump s.bk | jq -s "map(.t_prompt | length) | max") &&
+	bk-gen --device cpu --model "$M" --max-new-tokens 12 --max-batch 3 --max-prompt $n s.bk 2>/dev/null |
+		bk-dump >b.jsonl &&
+	test_cmp a.jsonl b.jsonl &&
+	test_must_fail bk-gen --device cpu --model "$M" --max-prompt $((n - 1)) s.bk >/dev/null 2>err &&
+	grep -q "s.bk.*t_prompt. has $n tokens, more than --max-prompt $((n - 1))" err
+'
+
 test_expect_success 'stages one after another (--gpu-memory) give the pipe.s adapter bit for bit' '
 	bk-bake "$DATA/bake/tiny.yaml" --model_name_or_path "$MODELS/stories260K" --output_dir pipe >sum1 &&
 	bk-bake --gpu-memory 1GiB "$DATA/bake/tiny.yaml" --model_name_or_path "$MODELS/stories260K" \
