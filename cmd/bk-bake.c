@@ -14,6 +14,8 @@
 #include "formats/inputs.h"
 #include "formats/template.h"
 #include "formats/hub.h"
+#include "gpu/bakemem.h"
+#include "gpu/device.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,7 +29,7 @@
 #include <unistd.h>
 
 static const char usage[] =
-	"usage: bk-bake [--dry-run] [-v] [--config] CONFIG [--FIELD VALUE]...\n"
+	"usage: bk-bake [--dry-run] [--gpu-memory SIZE] [-v] [--config] CONFIG [--FIELD VALUE]...\n"
 	"       bk-bake --fields\n"
 	"Bakes the system prompt of CONFIG (the Python tool's flat YAML config) into a\n"
 	"LoRA adapter: bk-tokenize, then bk-lens | bk-gen | bk-step in one pipe,\n"
@@ -39,7 +41,10 @@ static const char usage[] =
 	"CONFIG may follow --config, as the tool's command line has it (bakery --config FILE).\n"
 	"model_name_or_path may be a hub id (Org/Name): it is read from the HF cache, and\n"
 	"downloaded into it when missing (HF_ENDPOINT, HF_TOKEN; HF_HUB_OFFLINE=1: cache only).\n"
-	"  --dry-run      check the config and print the commands it would run\n"
+	"  --dry-run      check the config and print the commands it would run and the\n"
+	"                 memory plan of its GPU stages (tokenizes the data to measure it)\n"
+	"  --gpu-memory SIZE  plan for a GPU of SIZE (24GiB, 80G, 24GB = 10^9): choose\n"
+	"                 what makes the bake fit, or refuse it up front\n"
 	"  --fields       list every field bk-bake knows: origin, what is done, default, why\n"
 	"  -v, --verbose  stage messages on stderr instead of output_dir/logs/\n";
 
@@ -101,6 +106,8 @@ static int pipe_start(bk_bake_cmd *v, int n)
 		int fds[2] = {-1, -1};
 		if (!v[i].out && pipe(fds))
 			die("pipe: %s", strerror(errno));
+		if (i == 0 && v[i].in && (in = open(v[i].in, O_RDONLY)) < 0)
+			die("%s: %s", v[i].in, strerror(errno));
 		char **av = xcalloc(v[i].a.n + 1, sizeof *av);
 		memcpy(av, v[i].a.v, v[i].a.n * sizeof *av);
 		fflush(NULL);
@@ -284,13 +291,115 @@ static void list_fields(void)
 		       k[i].def ? k[i].def : "null", k[i].text);
 }
 
+/* ---- the memory plan ---- */
+
+static char refusal[1024]; /* why the bake cannot fit (mem_plan returned 0) */
+
+/* Plans the GPU stages (gpu/bakemem.h) for the tokens in path (NULL: lengths assumed)
+ * and applies what it chose to p and b; the plan goes to out (the dry run), or with out
+ * NULL the choices and the fits line are noted on stderr.  Returns 0 when the bake
+ * cannot fit (refusal says why and what to change). */
+static int mem_plan(bk_bake_plan *p, bk_bake_cmds *b, const bk_bake_caps *caps,
+		    const char *tokens, size_t gpu, FILE *out)
+{
+	int print = out != NULL;
+	bk_config *mc = bk_config_load(p->model);
+	bk_mem_model m = bk_mem_model_of(mc);
+	bk_config_free(mc);
+	int mt = 256, ms = 256, mr = 0, sys = 0, paired = b->paired;
+	if (tokens) {
+		bk_bake_token_lengths(tokens, &mt, &ms, &mr, &sys);
+	} else if (print) {
+		if (p->max_seq_length > 0)
+			mt = ms = (int)p->max_seq_length;
+		fprintf(out, "# memory plan: prompts assumed at most %d tokens (the data was not "
+			"tokenized)\n", mt);
+	}
+	bk_mem_bake mb;
+	bk_bake_mem_shape(&mb, p, caps, paired, mt, ms, mr ? mr : (int)p->trajectory_length, sys,
+			  gpu);
+	bk_mem_dev d = bk_mem_dev_cuda_env();
+	bk_mem_fit f;
+	bk_mem_fit_bake(&m, &d, &mb, &f);
+	if (print) {
+		fprintf(out, "# memory plan of the GPU stages: prompts up to %d tokens (teacher), %d "
+			"(student), %s of up to %d tokens, sizes in MiB\n", mt, ms,
+			paired ? "responses" : "trajectories", paired ? mb.max_resp : mb.max_new);
+		bk_mem_fit_print(&f, &mb, out);
+	} else if (f.fits) {
+		/* said whatever -v: what changed the bake's shape, and the fit */
+		if (f.chose[0])
+			fprintf(stderr, "%s: memory plan: chose %s\n", bk_prog, f.chose);
+		if (f.fits >= 0)
+			fprintf(stderr, "%s: memory plan: fits, peak %.2f GiB of %.2f GiB\n", bk_prog,
+				(double)f.peak / (1u << 30), (double)gpu / (1u << 30));
+	}
+	if (!f.fits) {
+		snprintf(refusal, sizeof refusal, "%s", f.refuse);
+		return 0;
+	}
+	bk_bake_mem_apply(&f, &mb, p, b);
+	return 1;
+}
+
+/* the dry run's lengths: bk-tokenize into a temporary directory (NULL when it cannot
+ * run, e.g. no tokenizer files); *dir gets the directory to remove */
+static char *dry_tokens(const bk_bake_cmds *b, char **dir)
+{
+	const char *tmp = getenv("TMPDIR");
+	char *tpl = xasprintf("%s/bk-bake-plan.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	*dir = mkdtemp(tpl) ? tpl : (free(tpl), NULL);
+	if (!*dir)
+		return NULL;
+	char *out = xasprintf("%s/tokens.bk", *dir);
+	bk_bake_cmd c = b->tok;
+	memset(&c.a, 0, sizeof c.a);
+	for (size_t i = 0; i < b->tok.a.n; i++)
+		bk_vec_push(&c.a, i && !strcmp(b->tok.a.v[i - 1], "-o") ? out : b->tok.a.v[i]);
+	char *lp = xasprintf("%s/bk-tokenize.log", *dir);
+	const char *saved = logdir;
+	logdir = *dir;
+	int sv = verbose;
+	verbose = 0;
+	pipe_start(&c, 1);
+	while (waitpid(c.pid, &c.status, 0) < 0 && errno == EINTR)
+		;
+	verbose = sv;
+	logdir = saved;
+	free(c.a.v);
+	int ok = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
+	if (!ok) {
+		size_t n;
+		char *text = bk_try_read_file(lp, &n);
+		char *nl = text ? strchr(text, '\n') : NULL;
+		if (nl)
+			*nl = 0;
+		printf("# memory plan: the data could not be tokenized (%s)\n",
+		       text && *text ? text : "bk-tokenize failed");
+		free(text);
+		free(out);
+		out = NULL;
+	}
+	free(lp);
+	return out;
+}
+
+static void remove_dir(char *dir)
+{
+	if (dir && bk_remove_flat_dir(dir))
+		warn("cannot remove %s: %s", dir, strerror(errno));
+	free(dir);
+}
+
 int main(int argc, char **argv)
 {
 	int dry_run = 0, fields = 0;
 	const char *config_flag = NULL;
+	const char *gpu_memory = NULL;
 	bk_opt opts[] = {
 		{"config", 0, BK_OPT_STR, &config_flag, 0, 0},
 		{"dry-run", 0, BK_OPT_FLAG, &dry_run, 0, 0},
+		{"gpu-memory", 0, BK_OPT_STR, &gpu_memory, 0, 0},
 		{"fields", 0, BK_OPT_FLAG, &fields, 0, 0},
 		{"verbose", 'v', BK_OPT_FLAG, &verbose, 0, 0},
 		{0},
@@ -308,7 +417,7 @@ int main(int argc, char **argv)
 		int is_own = !strcmp(a, "--dry-run") || !strcmp(a, "-v") || !strcmp(a, "--verbose") ||
 			     !strcmp(a, "--help") || !strcmp(a, "-h") || !strcmp(a, "--version") ||
 			     !strcmp(a, "--fields") || !strncmp(a, "--dry-run=", 10) || a[0] != '-' ||
-			     !strcmp(a, "-");
+			     !strcmp(a, "-") || !strncmp(a, "--gpu-memory=", 13);
 		if (is_own) {
 			own[n_own++] = argv[i];
 			continue;
@@ -321,6 +430,12 @@ int main(int argc, char **argv)
 				die_usage("one --config FILE, please");
 			own[n_own++] = argv[i];
 			if (!a[8])
+				own[n_own++] = argv[++i];
+			continue;
+		}
+		if (!strcmp(a, "--gpu-memory")) {
+			own[n_own++] = argv[i];
+			if (i + 1 < argc)
 				own[n_own++] = argv[++i];
 			continue;
 		}
@@ -354,6 +469,9 @@ int main(int argc, char **argv)
 	if (npos + (config_flag != NULL) != 1)
 		die_usage(npos ? "one CONFIG file, please" : "no CONFIG file given");
 	const char *config = config_flag ? config_flag : own[0];
+	size_t gpu = 0;
+	if (gpu_memory && !(gpu = bk_mem_parse_size(gpu_memory)))
+		die_usage("--gpu-memory '%s' is not a size (e.g. 24GiB, 80G, 24GB)", gpu_memory);
 
 	ssize_t len = readlink("/proc/self/exe", bindir, sizeof bindir - 1);
 	if (len > 0) {
@@ -407,9 +525,37 @@ int main(int argc, char **argv)
 		if (p.resume)
 			b.resume = strcmp(p.resume, "true") ? p.resume : "LAST_CHECKPOINT";
 		bk_bake_build(&b, &p);
-		bk_bake_print_plan(&b, &p, 0);
+		char *tdir = NULL, *tok = dry_tokens(&b, &tdir);
+		int paired = 0;
+		int64_t prompts = 0;
+		if (tok) {
+			int64_t st;
+			prompts = bk_bake_scan_tokens(tok, &paired, &st);
+		}
+		b.paired = paired;
+		/* the commands as they would run: the plan's choices applied first, the
+		 * plan printed after them */
+		char *mtext = NULL;
+		size_t mlen = 0;
+		FILE *mf = open_memstream(&mtext, &mlen);
+		if (!mf)
+			die("out of memory");
+		int fits = mem_plan(&p, &b, &caps, tok, gpu, mf);
+		fclose(mf);
+		if (prompts > 0)
+			bk_bake_plan_steps(&b, &p, prompts);
+		bk_bake_rebuild(&b, &p);
+		bk_bake_print_plan(&b, &p, tok != NULL);
+		fputs(mtext, stdout);
+		free(mtext);
+		free(tok);
+		remove_dir(tdir);
 		bk_bake_cmds_free(&b);
 		free(sys_text);
+		if (!fits) {
+			fflush(stdout);
+			die("%s: the bake does not fit: %s", config, refusal);
+		}
 		goto done;
 	}
 
@@ -459,6 +605,12 @@ int main(int argc, char **argv)
 	if (!prompts)
 		die("%s: no samples to train on", b.tokens);
 	b.paired = paired;
+	{
+		const char *why;
+		if ((gpu || (strcmp(p.device, "cpu") && bk_cuda_device_count(&why) > 0)) &&
+		    !mem_plan(&p, &b, &caps, b.tokens, gpu, NULL))
+			die("%s: the bake does not fit: %s", config, refusal);
+	}
 	bk_bake_plan_steps(&b, &p, prompts);
 	bk_bake_rebuild(&b, &p);
 	double t1 = now_s();
@@ -481,6 +633,25 @@ int main(int argc, char **argv)
 		if (!exact) {
 			pipe_start(&b.teach, 1);
 			pipe_wait(&b.teach, 1);
+		}
+		int fd = pipe_start(&b.step, 1);
+		bk_bake_metrics_copy(fd, part ? part : b.metrics, b.total);
+		metrics_part = part;
+		pipe_wait(&b.step, 1);
+	} else if (b.sequential) { /* the memory plan: one GPU stage at a time */
+		bk_bake_cmd v[] = {b.lens, b.gen};
+		v[1].out = b.gen_file;
+		pipe_start(v, 2);
+		pipe_wait(v, 2);
+		show_log_warnings("bk-gen");
+		if (exact) { /* bk-step runs the teacher */
+			b.step.in = b.gen_file;
+		} else {
+			b.teach.in = b.gen_file;
+			b.teach.out = b.teach_file;
+			pipe_start(&b.teach, 1);
+			pipe_wait(&b.teach, 1);
+			b.step.in = b.teach_file;
 		}
 		int fd = pipe_start(&b.step, 1);
 		bk_bake_metrics_copy(fd, part ? part : b.metrics, b.total);

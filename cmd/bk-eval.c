@@ -258,8 +258,7 @@ int main(int argc, char **argv)
 			seqs[i] = (bk_eval_seq){tp[i].v, sp[i].v, resp[i], (int)tp[i].n, (int)sp[i].n,
 						nresp[i]};
 		}
-		float *owned = NULL;
-		const float *head = bk_teach_lm_head(lm.model, o.model, &owned);
+		const float *head = NULL; /* unused: the loss op reads the model's own head */
 		bk_kl_result base = bk_eval_kl(lm.model, head, NULL, seqs, (int)ds.n, (float)o.temperature);
 		json_t *kl = json_pack("{s:s, s:f, s:o}", "prompts", o.kl_prompts, "temperature",
 				       o.temperature, "base", kl_json(base));
@@ -284,7 +283,6 @@ int main(int argc, char **argv)
 		free(sp);
 		free(seqs);
 		free(q);
-		free(owned);
 		bk_dataset_free(&ds);
 	}
 	bk_progress_end(&pg, passes, 0);

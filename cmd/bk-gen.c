@@ -27,9 +27,9 @@
 static const char usage[] =
 	"usage: bk-gen --model DIR [--device D] [--num-trajectories N] [--temperature T]\n"
 	"              [--top-k K] [--top-p P] [--max-new-tokens N] [--epochs N] [--seed N]\n"
-	"              [--max-batch N] [--kv-memory BYTES] [--window N] [-v] [-o FILE]\n"
-	"              [--shard I/N] [--retokenize] [--system TEXT | --system-file FILE]\n"
-	"              [STREAM]\n"
+	"              [--max-batch N] [--kv-memory BYTES] [--max-prompt N] [--window N]\n"
+	"              [-v] [-o FILE] [--shard I/N] [--retokenize]\n"
+	"              [--system TEXT | --system-file FILE] [STREAM]\n"
 	"Samples --num-trajectories responses per epoch from the teacher (adapter off, the\n"
 	"record's t_prompt) for every record without 'resp', and writes one record per\n"
 	"sample with resp, response, traj and epoch added; empty samples are dropped.\n"
@@ -47,8 +47,11 @@ static const char usage[] =
 	"  --epochs N              fresh trajectories for each of N epochs (default 1)\n"
 	"  --seed N                sampling seed (default 0)\n"
 	"  --max-batch N           sequences decoded together (default 64)\n"
-	"  --kv-memory BYTES       KV cache size, e.g. 2G or 512M (default: from the GPU's\n"
-	"                          free memory; on the host, as needed)\n"
+	"  --kv-memory BYTES       KV cache size, e.g. 2G or 512M, allocated at once\n"
+	"                          (default: planned from --max-prompt, else grown as needed)\n"
+	"  --max-prompt N          longest teacher prompt in tokens: the KV cache is planned\n"
+	"                          for --max-batch samples of N + --max-new-tokens tokens, and\n"
+	"                          a longer prompt is refused (default: not planned)\n"
 	"  --window N              records held to restore input order (default 256)\n"
 	"  -v, --verbose           report the shared prefix, steps and tokens/s\n"
 	"  -o, --output FILE       write to FILE (atomically) instead of stdout\n"
@@ -231,6 +234,7 @@ int main(int argc, char **argv)
 		       .temperature = 0.8, .top_p = 0.9 };
 	const char *out_path = "-", *model = NULL, *device = "auto", *kv_memory = NULL;
 	const char *shard_spec = NULL;
+	long max_prompt = 0;
 	bk_opt opts[] = {
 		{"model", 0, BK_OPT_STR, &model, 0, 0},
 		{"device", 0, BK_OPT_STR, &device, 0, 0},
@@ -243,6 +247,7 @@ int main(int argc, char **argv)
 		{"seed", 0, BK_OPT_INT, &o.seed, 0, 0},
 		{"max-batch", 0, BK_OPT_INT, &o.max_batch, 1, 1L << 16},
 		{"kv-memory", 0, BK_OPT_STR, &kv_memory, 0, 0},
+		{"max-prompt", 0, BK_OPT_INT, &max_prompt, 1, 1L << 30},
 		{"window", 0, BK_OPT_INT, &o.window, 1, 1L << 24},
 		{"verbose", 'v', BK_OPT_FLAG, &bk_verbose, 0, 0},
 		{"system", 0, BK_OPT_STR, &sys_text, 0, 0},
@@ -300,7 +305,8 @@ int main(int argc, char **argv)
 	bk_gen_config gc = { .max_batch = (int)o.max_batch, .max_new = (int)o.max_new,
 			     .max_seq = bk_config_max_seq(lm.cfg),
 			     .sample = { (float)o.temperature, (float)o.top_p, (int)o.top_k },
-			     .stop = stop.v, .n_stop = (int)stop.n, .kv_memory = kv_bytes };
+			     .stop = stop.v, .n_stop = (int)stop.n, .kv_memory = kv_bytes,
+			     .max_prompt = (int)max_prompt, .ntraj = (int)o.ntraj };
 	bk_gen *g = bk_gen_create(m, gops, NULL, &gc);
 
 	bk_writer *w = bk_writer_open(out_path);
@@ -372,6 +378,9 @@ int main(int argc, char **argv)
 			bk_rec_ids(in, rec, "t_prompt", &ids, &cap);
 			if (p->n_t < 1)
 				bk_reader_die(in, "field 't_prompt' is empty");
+			if (max_prompt && p->n_t > max_prompt)
+				bk_reader_die(in, "field 't_prompt' has %d tokens, more than --max-prompt "
+					      "%ld (the KV cache is planned for it)", p->n_t, max_prompt);
 			for (int t = 0; t < p->n_t; t++)
 				if (ids[t] < 0 || ids[t] >= m->cfg.V)
 					bk_reader_die(in, "field 't_prompt': id %d is not in [0,%d)",

@@ -194,9 +194,8 @@ int main(int argc, char **argv)
 	int V = lm.cfg->vocab_size;
 	if (top_k > V)
 		die_usage("--top-k %ld is larger than the vocabulary (%d)", top_k, V);
-	float *owned_head;
-	const float *head = bk_teach_lm_head(lm.model, model, &owned_head);
-	bk_teach *tc = bk_teach_create(lm.model, head, (int)max_tokens, (int)top_k,
+	/* no host copy of the LM head: the ops read the model's own */
+	bk_teach *tc = bk_teach_create(lm.model, NULL, (int)max_tokens, (int)top_k,
 				       (float)temperature, (int)vocab_chunk);
 
 	bk_writer *out = bk_writer_open(out_path);
@@ -299,7 +298,6 @@ int main(int argc, char **argv)
 			     "larger k", top_k, 100 * mean, ms.min_mass);
 	}
 	bk_teach_free(tc);
-	free(owned_head);
 	bk_model_unload(&lm);
 	free(tp), free(rp);
 	free(g.raw.v), free(g.off.v), free(g.ids.v), free(g.ioff.v), free(g.a.v), free(g.n.v);

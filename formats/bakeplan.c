@@ -93,6 +93,10 @@ static void print_pipe(FILE *f, const bk_bake_cmd *v, int n, const char *last_ou
 			fputc(' ', f);
 			print_word(f, v[i].a.v[k]);
 		}
+		if (v[i].in) {
+			fputs(" <", f);
+			print_word(f, v[i].in);
+		}
 	}
 	if (last_out) {
 		fputs(" >", f);
@@ -262,6 +266,7 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 	b->sys_file = p->system_file ? bk_path_join(od, "system_prompt.txt") : NULL;
 	b->eval_json = bk_path_join(od, "logs/bk-eval.json");
 	b->eval_tokens = p->eval_data ? bk_path_join(od, "eval_tokens.bk") : NULL;
+	b->gen_file = bk_path_join(od, "gen.bk");
 
 	bk_bake_cmd *c = &b->tok;
 	bk_bake_cmd_init(c, b->bindir, "bk-tokenize");
@@ -318,6 +323,10 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 	arg_long(c, "--seed", p->seed);
 	if (p->retokenize)
 		arg(c, "--retokenize");
+	if (b->gen_max_batch > 0)
+		arg_long(c, "--max-batch", b->gen_max_batch);
+	if (b->gen_max_prompt > 0)
+		arg_long(c, "--max-prompt", b->gen_max_prompt);
 
 	c = &b->teach;
 	bk_bake_cmd_init(c, b->bindir, "bk-teach");
@@ -356,7 +365,7 @@ void bk_bake_cmds_free(bk_bake_cmds *b)
 	for (int i = 0; i < 7; i++)
 		bk_bake_cmd_free(all[i]);
 	free(b->tokens), free(b->order), free(b->teach_file), free(b->metrics);
-	free(b->tmpl_file), free(b->sys_file), free(b->eval_json), free(b->eval_tokens);
+	free(b->tmpl_file), free(b->sys_file), free(b->eval_json), free(b->eval_tokens), free(b->gen_file);
 }
 
 void bk_bake_rebuild(bk_bake_cmds *b, const bk_bake_plan *p)
@@ -366,7 +375,7 @@ void bk_bake_rebuild(bk_bake_cmds *b, const bk_bake_plan *p)
 	for (int i = 0; i < 7; i++)
 		bk_bake_cmd_free(all[i]);
 	free(b->tokens), free(b->order), free(b->teach_file), free(b->metrics);
-	free(b->tmpl_file), free(b->sys_file), free(b->eval_json), free(b->eval_tokens);
+	free(b->tmpl_file), free(b->sys_file), free(b->eval_json), free(b->eval_tokens), free(b->gen_file);
 	bk_bake_build(b, p);
 }
 
@@ -398,10 +407,24 @@ void bk_bake_print_plan(const bk_bake_cmds *b, const bk_bake_plan *p, int paired
 		else
 			printf("#    %s: ceil(epochs) epochs of the prompts, each shuffled with seed "
 			       "%ld\n", b->order, p->data_seed);
-		bk_bake_cmd v[] = {b->lens, b->gen, b->teach, b->step};
-		if (p->top_k < 0) /* exact: bk-step runs the teacher */
-			v[2] = b->step;
-		print_pipe(stdout, v, p->top_k < 0 ? 3 : 4, b->metrics);
+		if (b->sequential) {
+			bk_bake_cmd v[] = {b->lens, b->gen}, t = b->teach, s = b->step;
+			printf("#    the GPU stages one after another (the memory plan), through files\n");
+			print_pipe(stdout, v, 2, b->gen_file);
+			if (p->top_k < 0) { /* exact: bk-step runs the teacher */
+				s.in = b->gen_file;
+			} else {
+				t.in = b->gen_file;
+				print_pipe(stdout, &t, 1, b->teach_file);
+				s.in = b->teach_file;
+			}
+			print_pipe(stdout, &s, 1, b->metrics);
+		} else {
+			bk_bake_cmd v[] = {b->lens, b->gen, b->teach, b->step};
+			if (p->top_k < 0) /* exact: bk-step runs the teacher */
+				v[2] = b->step;
+			print_pipe(stdout, v, p->top_k < 0 ? 3 : 4, b->metrics);
+		}
 		if (!paired_known)
 			printf("#    STEPS = max_steps, or ceil(epochs x ceil(ceil(prompts / batch) / "
 			       "accumulation))\n");

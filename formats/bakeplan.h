@@ -17,6 +17,7 @@ typedef struct {
 	BK_VEC(char *) a; /* argv, NULL-terminated when run */
 	const char *name; /* bk-gen, ... */
 	const char *out;  /* stdout to this file (NULL: the pipe) */
+	const char *in;   /* stdin from this file (NULL: the pipe, or bk-bake's) */
 	pid_t pid;
 	int status;
 } bk_bake_cmd;
@@ -37,6 +38,12 @@ typedef struct {
 	const char *resume; /* the checkpoint bk-step resumes from, or NULL */
 	const char *base_name; /* bk-step --base-model-name: the hub id when the plan's model
 				* is its cache snapshot, else NULL */
+	/* the memory plan's choices (gpu/bakemem.c; 0: the stages' defaults): bk-gen's
+	 * --max-batch and --max-prompt, and the GPU stages one after another through
+	 * gen_file and teach_file instead of one pipe */
+	long gen_max_batch, gen_max_prompt;
+	int sequential;
+	char *gen_file;
 	/* the plan of steps (known after tokenizing; 0 before) */
 	int64_t prompts, epochs_written, last_records, order_records, total, per_epoch;
 } bk_bake_cmds;

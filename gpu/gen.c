@@ -37,6 +37,7 @@
  *     back (to be prefilled again).  A prompt that cannot fit in the pool at all dies at
  *     submission. */
 #include "gpu/gen.h"
+#include "gpu/memplan.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -287,8 +288,10 @@ static void ws_ensure(bk_gen *g, int T, int S)
 		return;
 	ws_free(g);
 	g->eng_epoch++;
-	T = T > g->capT ? (T > 2 * g->capT ? T : 2 * g->capT) : g->capT;
-	S = S > g->capS ? (S > 2 * g->capS ? S : 2 * g->capS) : g->capS;
+	/* rounded up (to 64 tokens, 16 sequences), not doubled: gpu/memplan.c's plan of the
+	 * step workspace is the largest step's, so rounded */
+	T = T > g->capT ? (T + 63) / 64 * 64 : g->capT;
+	S = S > g->capS ? (S + 15) / 16 * 16 : g->capS;
 	g->capT = T;
 	g->capS = S;
 	const bk_ops *ops = g->ops;
@@ -341,7 +344,7 @@ static void draws_ensure(bk_gen *g, int N)
 {
 	if (N <= g->capN)
 		return;
-	int n = N > 2 * g->capN ? N : 2 * g->capN;
+	int n = (N + 15) / 16 * 16; /* rounded as gpu/memplan.c plans it */
 	const bk_ops *ops = g->ops;
 	free(g->h_drow);
 	free(g->h_dctr);
@@ -757,24 +760,25 @@ bk_gen *bk_gen_create(const bk_model *m, const bk_gen_ops *gops, const bk_lora *
 		g->graphs = xcalloc((size_t)FG_DIM * FG_DIM, sizeof(*g->graphs));
 	}
 
-	/* the KV pool: --kv-memory, else the device's free memory less headroom (allocated
-	 * at once), else (host) grown on demand */
+	/* the KV pool, never sized by the device's free memory: --kv-memory (allocated at
+	 * once); else with max_prompt the stream's need, gpu/memplan.c bk_mem_kv_blocks
+	 * (allocated at once: the plan); else grown on demand up to what max_batch samples of
+	 * max_seq positions could hold */
 	const bk_llama_config *c = &m->cfg;
 	kvpool *p = &g->pool;
 	p->bbytes = (size_t)c->L * BS * kvd(m) * (size_t)gops->kv_bytes;
 	double lim = INT32_MAX;
+	int at_once = 0;
 	if (cfg->kv_memory > 0) {
 		lim = (double)cfg->kv_memory / (2.0 * (double)p->bbytes);
 		if (lim < 1)
 			die("generation: --kv-memory %zu bytes is less than one KV block of %d tokens "
 			    "(%zu bytes for K and V)", cfg->kv_memory, BS, 2 * p->bbytes);
-	} else if (gops->mem_free) {
-		double fr = (double)gops->mem_free();
-		double head = fr / 5 > 2.0 * (1u << 30) ? fr / 5 : 2.0 * (1u << 30);
-		lim = (fr - head) / (2.0 * (double)p->bbytes);
-		if (lim < 1)
-			die("generation: %.0f MiB of device memory free leaves no room for a KV cache "
-			    "(give --kv-memory)", fr / (1 << 20));
+		at_once = 1;
+	} else if (cfg->max_prompt > 0) {
+		lim = (double)bk_mem_kv_blocks(cfg->max_batch, cfg->max_prompt, cfg->max_new,
+					       cfg->ntraj, cfg->prefix_len);
+		at_once = 1;
 	}
 	if (cfg->max_seq > 0) { /* never more than max_batch samples + as many entries need */
 		double ub = (2.0 * cfg->max_batch + 2) * (nblk(cfg->max_seq) + 1) + nblk(cfg->max_seq);
@@ -783,7 +787,7 @@ bk_gen *bk_gen_create(const bk_model *m, const bk_gen_ops *gops, const bk_lora *
 	p->limit = lim > INT32_MAX ? INT32_MAX : (int)lim;
 	g->st.kv_block = BS;
 	g->st.kv_blocks_limit = p->limit;
-	if (gops->mem_free || cfg->kv_memory > 0)
+	if (at_once)
 		pool_grow(g, p->limit);
 	return g;
 }

@@ -73,8 +73,8 @@ typedef struct bk_gen_ops {
 		       const int32_t *counters /* [N] */, int N, int V, float temperature,
 		       int top_k, float top_p, void *work);
 	size_t (*sample_work_bytes)(int N, int V);
-	/* Optional: bytes of device memory free now (sizes the KV pool when the caller
-	 * gives none); NULL: the pool grows on demand (host). */
+	/* Optional: bytes of device memory free now (reports only: the KV pool is never
+	 * sized by it, see bk_gen_config.kv_memory). */
 	size_t (*mem_free)(void);
 	/* Optional, all or none (the host twin has none; needs sample): the fast step.
 	 * When fast() is nonzero (CUDA: BK_DECODE=v2), every step is one upload of its
@@ -121,8 +121,13 @@ typedef struct bk_gen_config {
 	int max_batch;       /* sequences decoding together (>= 1) */
 	int max_new;         /* new tokens per sample at most (>= 1) */
 	int max_seq;         /* prompt + new tokens <= max_seq (model positions); 0 = none */
-	size_t kv_memory;    /* bytes for the K and V pools; 0 = from the device's free memory
-			      * (gops->mem_free, leaving headroom), or unbounded on the host */
+	size_t kv_memory;    /* bytes for the K and V pools, allocated at once; 0 = the plan
+			      * of max_prompt below, or without it grown on demand (never
+			      * sized by the device's free memory) */
+	int max_prompt;      /* longest prompt (tokens, prefix included) the pool is planned
+			      * for (gpu/memplan.h bk_mem_kv_blocks); 0 = unknown */
+	int ntraj;           /* samples per prompt, for that plan (0: 1) */
+	int prefix_len;      /* the shared prefix's tokens, for that plan (0: none) */
 	bk_sample_params sample; /* temperature 0 = greedy; then top-k (0: off), top-p */
 	const int32_t *stop; /* ids that end a sample (kept as its last id); copied */
 	int n_stop;

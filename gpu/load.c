@@ -8,24 +8,100 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 #include <xxhash.h>
 
-void bk_model_fingerprint(const char *dir, char out[17])
+/* The fingerprint cache: a model's fingerprint is a function of its files' bytes, which
+ * a full read costs every stage of every run (XXH3 at memory speed, but 16 GB of an 8B
+ * model from disk).  The cache keeps it under a key that changes whenever a file may
+ * have changed: config.json's bytes, and per safetensors file the sha256 name of its HF
+ * cache blob when it is one (content-addressed: .../blobs/<64 hex>), else its path,
+ * device, inode, size and mtime (nanoseconds).  A file modified less than 2 s before the
+ * fingerprint was computed is not cached (it may change again within the mtime's
+ * granularity, git's "racy" case).  Entries live in $XDG_CACHE_HOME/bakery/fingerprints
+ * (default ~/.cache/bakery), one small file each, written atomically; a cache that
+ * cannot be written is skipped silently (the fingerprint is then computed each time). */
+static char *fp_cache_dir(void)
+{
+	const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+	return xdg && *xdg ? xasprintf("%s/bakery/fingerprints", xdg)
+			   : xasprintf("%s/.cache/bakery/fingerprints", home && *home ? home : "/tmp");
+}
+
+/* the HF cache blob name (64 hex digits) a path resolves to, or NULL */
+static char *hf_blob_name(const char *path)
+{
+	char *real = realpath(path, NULL);
+	if (!real)
+		return NULL;
+	char *base = strrchr(real, '/');
+	int ok = base && base - real >= 6 && !strncmp(base - 6, "/blobs", 6) &&
+		 strlen(base + 1) == 64 && strspn(base + 1, "0123456789abcdef") == 64;
+	char *name = ok ? xstrdup(base + 1) : NULL;
+	free(real);
+	return name;
+}
+
+/* the cache key of dir's fingerprint (config text, the safetensors files of s);
+ * *racy set when a file changed in the last 2 s */
+static uint64_t fp_key(const char *cfg_text, size_t cfg_len, const bk_st *s, int *racy)
 {
 	XXH3_state_t *st = XXH3_createState();
 	if (!st)
 		die("out of memory");
 	XXH3_64bits_reset(st);
-	char *cfg = bk_path_join(dir, "config.json");
-	size_t n;
-	char *text = bk_read_file(cfg, &n);
-	XXH3_64bits_update(st, text, n);
-	free(text);
-	free(cfg);
+	static const char tag[] = "bakery-fingerprint-key-1";
+	XXH3_64bits_update(st, tag, sizeof tag);
+	XXH3_64bits_update(st, cfg_text, cfg_len);
+	*racy = 0;
+	const char *prev = NULL;
+	time_t now = time(NULL);
+	for (size_t i = 0; i < bk_st_count(s); i++) {
+		const char *f = bk_st_at(s, i)->file;
+		if (prev && !strcmp(prev, f))
+			continue;
+		int seen = 0; /* tensors are sorted by name: a shard's may interleave */
+		for (size_t j = 0; j < i && !seen; j++)
+			seen = !strcmp(bk_st_at(s, j)->file, f);
+		prev = f;
+		if (seen)
+			continue;
+		XXH3_64bits_update(st, f, strlen(f) + 1);
+		char *blob = hf_blob_name(f);
+		if (blob) {
+			XXH3_64bits_update(st, blob, strlen(blob) + 1);
+			free(blob);
+			continue;
+		}
+		struct stat sb;
+		if (stat(f, &sb)) {
+			*racy = 1;
+			continue;
+		}
+		uint64_t v[6] = {(uint64_t)sb.st_dev, (uint64_t)sb.st_ino, (uint64_t)sb.st_size,
+				 (uint64_t)sb.st_mtim.tv_sec, (uint64_t)sb.st_mtim.tv_nsec,
+				 (uint64_t)sb.st_ctim.tv_sec};
+		XXH3_64bits_update(st, v, sizeof v);
+		if (now - sb.st_mtim.tv_sec < 2)
+			*racy = 1;
+	}
+	uint64_t k = XXH3_64bits_digest(st);
+	XXH3_freeState(st);
+	return k;
+}
+
+/* the fingerprint of the bytes: config.json and every tensor, read in full */
+static void fp_full(const char *cfg_text, size_t cfg_len, const bk_st *s, char out[17])
+{
+	XXH3_state_t *st = XXH3_createState();
+	if (!st)
+		die("out of memory");
+	XXH3_64bits_reset(st);
+	XXH3_64bits_update(st, cfg_text, cfg_len);
 	/* every tensor: name, dtype, shape and all its bytes, so that two checkpoints
-	 * differing in one weight differ (XXH3 runs at memory speed: a 1B-parameter bf16
-	 * model adds well under a second to a load that reads those bytes anyway) */
-	bk_st *s = bk_st_open(dir);
+	 * differing in one weight differ */
 	for (size_t i = 0; i < bk_st_count(s); i++) {
 		const bk_st_tensor *t = bk_st_at(s, i);
 		XXH3_64bits_update(st, t->name, strlen(t->name));
@@ -33,7 +109,6 @@ void bk_model_fingerprint(const char *dir, char out[17])
 		XXH3_64bits_update(st, &t->dtype, sizeof t->dtype);
 		XXH3_64bits_update(st, t->data, t->nbytes);
 	}
-	bk_st_close(s);
 	bk_hash_hex(XXH3_64bits_digest(st), out);
 	XXH3_freeState(st);
 }
@@ -109,6 +184,63 @@ void bk_adapter_check_base(const char *adapter_dir, const bk_adapter *ad, const 
 	free(fp);
 	free(type);
 	free(ts);
+static void fingerprint(const char *dir, char out[17], int use_cache)
+{
+	char *cfg = bk_path_join(dir, "config.json");
+	size_t n;
+	char *text = bk_read_file(cfg, &n);
+	free(cfg);
+	bk_st *s = bk_st_open(dir);
+	int racy = 0;
+	uint64_t key = use_cache ? fp_key(text, n, s, &racy) : 0;
+	char *cdir = use_cache ? fp_cache_dir() : NULL, kh[17], *path = NULL;
+	if (use_cache) {
+		bk_hash_hex(key, kh);
+		path = xasprintf("%s/%s", cdir, kh);
+		size_t len;
+		char *hit = bk_try_read_file(path, &len);
+		if (hit && len == 17 && hit[16] == '\n' && strspn(hit, "0123456789abcdef") == 16) {
+			memcpy(out, hit, 16);
+			out[16] = 0;
+			free(hit), free(path), free(cdir), free(text);
+			bk_st_close(s);
+			return;
+		}
+		free(hit);
+	}
+	fp_full(text, n, s, out);
+	bk_st_close(s);
+	free(text);
+	if (use_cache && !racy) { /* temporary, then rename: never a partial entry */
+		char *p = xstrdup(cdir);
+		for (char *q = p + 1; *q; q++)
+			if (*q == '/') {
+				*q = 0;
+				mkdir(p, 0777);
+				*q = '/';
+			}
+		mkdir(p, 0777);
+		free(p);
+		char *tmp = xasprintf("%s.tmp.%ld", path, (long)getpid());
+		FILE *f = fopen(tmp, "w");
+		int ok = f && fprintf(f, "%s\n", out) == 17;
+		ok = f && !fclose(f) && ok;
+		if (!ok || rename(tmp, path))
+			unlink(tmp);
+		free(tmp);
+	}
+	free(path);
+	free(cdir);
+}
+
+void bk_model_fingerprint(const char *dir, char out[17])
+{
+	fingerprint(dir, out, 1);
+}
+
+void bk_model_fingerprint_full(const char *dir, char out[17])
+{
+	fingerprint(dir, out, 0);
 }
 
 static float *read_tensor(const bk_st *st, const char *name, int64_t rows, int64_t cols)
@@ -132,6 +264,59 @@ static float *read_norm(const bk_config *c, const bk_st *st, const char *name, i
 	return p;
 }
 
+/* the checkpoint as a bk_weight_source (model.h): names of HF's layout */
+typedef struct {
+	const bk_config *c;
+	const bk_st *st;
+	const char *pre;
+} load_src;
+
+static const float *load_get(void *ctx, int layer, int id, int rows, int cols)
+{
+	const load_src *ls = ctx;
+	const bk_config *c = ls->c;
+	char name[256];
+	if (layer < 0) {
+		if (id == BK_W_LM_HEAD)
+			return read_tensor(ls->st, bk_config_lm_head(c, ls->st), rows, cols);
+		snprintf(name, sizeof name, "%s%s", ls->pre,
+			 id == BK_W_EMBED ? "embed_tokens.weight" : "norm.weight");
+		return id == BK_W_EMBED ? read_tensor(ls->st, name, rows, cols)
+					: read_norm(c, ls->st, name, cols);
+	}
+	static const char *const lin[BK_LORA_NMOD] = {
+		"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+		"self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+		"mlp.down_proj.weight"};
+	const char *what = NULL;
+	int norm = 1;
+	switch (id) {
+	case BK_W_ATTN_NORM: what = "input_layernorm.weight"; break;
+	case BK_W_MLP_NORM:
+		what = c->sandwich ? "pre_feedforward_layernorm.weight"
+				   : "post_attention_layernorm.weight";
+		break;
+	case BK_W_POST_ATTN_NORM: what = "post_attention_layernorm.weight"; break;
+	case BK_W_POST_MLP_NORM: what = "post_feedforward_layernorm.weight"; break;
+	case BK_W_Q_NORM: what = "self_attn.q_norm.weight"; break;
+	case BK_W_K_NORM: what = "self_attn.k_norm.weight"; break;
+	case BK_W_BQ: what = "self_attn.q_proj.bias", norm = 0; break;
+	case BK_W_BK: what = "self_attn.k_proj.bias", norm = 0; break;
+	case BK_W_BV: what = "self_attn.v_proj.bias", norm = 0; break;
+	default:
+		BUG_ON(id < 0 || id >= BK_LORA_NMOD);
+		what = lin[id], norm = 0;
+	}
+	snprintf(name, sizeof name, "%slayers.%d.%s", ls->pre, layer, what);
+	return norm ? read_norm(c, ls->st, name, cols) : read_tensor(ls->st, name, rows, cols);
+}
+
+static void load_put(void *ctx, const float *p)
+{
+	(void)ctx;
+	free((void *)p);
+}
+
 bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir)
 {
 	bk_loaded_model lm = {0};
@@ -146,7 +331,6 @@ bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir)
 	float *inv_local = xmalloc((size_t)(D / 2) * sizeof(float));
 	bk_rope_inv_freq(c, inv_freq);
 	int has_local = bk_rope_inv_freq_local(c, inv_local);
-	char name[256];
 	bk_llama_config mc = {.H = H, .I = I, .L = L, .NH = NH, .NKV = NKV, .D = D, .V = V,
 			      .rms_eps = c->rms_norm_eps, .inv_freq = inv_freq,
 			      .tied = c->tie_word_embeddings};
@@ -165,63 +349,11 @@ bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir)
 	mc.final_softcap = (float)c->final_softcap;
 	mc.window = c->layer_window;
 	mc.inv_freq_local = has_local ? inv_local : NULL;
-	bk_llama_layer_weights *lw = xcalloc((size_t)L, sizeof *lw);
-	for (int l = 0; l < L; l++) {
-#define T(field, fmt, r, cc)                                                           \
-	snprintf(name, sizeof name, "%slayers.%d." fmt, pre, l);                       \
-	lw[l].field = read_tensor(st, name, r, cc)
-#define N(field, fmt, n)                                                               \
-	snprintf(name, sizeof name, "%slayers.%d." fmt, pre, l);                       \
-	lw[l].field = read_norm(c, st, name, n)
-		T(wq, "self_attn.q_proj.weight", NH * D, H);
-		T(wk, "self_attn.k_proj.weight", NKV * D, H);
-		T(wv, "self_attn.v_proj.weight", NKV * D, H);
-		T(wo, "self_attn.o_proj.weight", H, NH * D);
-		T(w_gate, "mlp.gate_proj.weight", I, H);
-		T(w_up, "mlp.up_proj.weight", I, H);
-		T(w_down, "mlp.down_proj.weight", H, I);
-		N(attn_norm, "input_layernorm.weight", H);
-		if (c->sandwich) {
-			N(post_attn_norm, "post_attention_layernorm.weight", H);
-			N(mlp_norm, "pre_feedforward_layernorm.weight", H);
-			N(post_mlp_norm, "post_feedforward_layernorm.weight", H);
-		} else {
-			N(mlp_norm, "post_attention_layernorm.weight", H);
-		}
-		if (c->qkv_bias) {
-			T(bq, "self_attn.q_proj.bias", 1, NH * D);
-			T(bk, "self_attn.k_proj.bias", 1, NKV * D);
-			T(bv, "self_attn.v_proj.bias", 1, NKV * D);
-		}
-		if (c->qk_norm) {
-			N(q_norm, "self_attn.q_norm.weight", D);
-			N(k_norm, "self_attn.k_norm.weight", D);
-		}
-#undef T
-#undef N
-	}
-	bk_llama_weights w = {0};
-	snprintf(name, sizeof name, "%sembed_tokens.weight", pre);
-	w.embed = read_tensor(st, name, V, H);
-	snprintf(name, sizeof name, "%snorm.weight", pre);
-	w.final_norm = read_norm(c, st, name, H);
-	w.lm_head = c->tie_word_embeddings ? w.embed
-					   : read_tensor(st, bk_config_lm_head(c, st), V, H);
-	w.layers = lw;
-	lm.model = bk_model_create(ops, &mc, &w);
-	for (int l = 0; l < L; l++) {
-		const float *ps[] = { lw[l].wq, lw[l].wk, lw[l].wv, lw[l].wo, lw[l].w_gate,
-				      lw[l].w_up, lw[l].w_down, lw[l].attn_norm, lw[l].mlp_norm,
-				      lw[l].bq, lw[l].bk, lw[l].bv, lw[l].q_norm, lw[l].k_norm,
-				      lw[l].post_attn_norm, lw[l].post_mlp_norm };
-		for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
-			free((void *)ps[i]);
-	}
-	if (!c->tie_word_embeddings)
-		free((void *)w.lm_head);
-	free((void *)w.embed);
-	free((void *)w.final_norm);
-	free(lw);
+	/* tensor by tensor from the mapped checkpoint: read into fp32, uploaded, freed, so
+	 * the host holds at most one tensor in fp32 besides what the device keeps */
+	load_src ls = {c, st, pre};
+	bk_weight_source src = {load_get, load_put, &ls};
+	lm.model = bk_model_create_from(ops, &mc, &src);
 	free(inv_freq);
 	free(inv_local);
 	bk_st_close(st);

@@ -12,15 +12,21 @@
 typedef struct {
 	bk_config *cfg;
 	bk_model *model;
-	char fingerprint[17]; /* hex XXH3 of config.json and every tensor (name, shape, bytes) */
+	char fingerprint[17]; /* hex XXH3 of config.json and every tensor (name, shape, bytes),
+			       * from the fingerprint cache when it holds it */
 } bk_loaded_model;
 
 /* Loads DIR/config.json and its safetensors (one file or sharded), checks every
  * tensor against the config, converts to fp32 and creates the model on ops. */
 bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir);
 void bk_model_unload(bk_loaded_model *lm);
-/* The fingerprint alone (for stream headers), without loading the weights. */
+/* The fingerprint alone (for stream headers), without loading the weights: from the
+ * fingerprint cache when its key matches (gpu/load.c: config.json's bytes and each
+ * safetensors file's HF blob name, or its path, inode, size and mtime), else read in
+ * full and cached. */
 void bk_model_fingerprint(const char *dir, char out[17]);
+/* The same, always read in full, no cache. */
+void bk_model_fingerprint_full(const char *dir, char out[17]);
 
 /* Is the adapter at adapter_dir (loaded as ad) meant for the model at model_dir (cfg;
  * fingerprint when known, else NULL: computed only when needed)?  Its base is what

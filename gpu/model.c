@@ -61,7 +61,7 @@
  *  6. Per-layer buffers have n_slot slots (L, or 1 with checkpointing); layer l uses
  *     slot slot(l) = l or 0, whose [T,W] activation starts at slot * max_T * W; lse of
  *     a slot is [NH,T] with row stride T (the current batch's T).  resid always has L+1
- *     slots.
+ *     slots (two forward only, invariant 8).
  *  7. The "act" buffers (ln1, ln2, q, k, v, att, gate, up, hmlp, the prefix K/V) have
  *     elements of m->act_bytes: 4 (fp32) on the host twin and with BK_ACT=fp32, so every
  *     op, address and bit is as without this invariant; 2 (bf16) with BK_ACT=bf16 on
@@ -70,6 +70,10 @@
  *     In bf16 mode the projections of q/k/v and gate/up write fp32 into the backward's
  *     dq/dk/dv and dgate/dup (unused during a forward: the backward zeroes them before
  *     use), from where RoPE, to_act and the GLU store the bf16 activations.
+ *  8. Acts made for a forward only (bk_acts_create_fwd: the teacher, a prefix) have one
+ *     slot, resid in two slots used in turn (layer l reads slot l % 2 and writes the
+ *     other), and none of the backward's workspace but, in bf16 mode, the dq/dk/dv and
+ *     dgate/dup of invariant 7; a backward on them is a BUG.
  */
 #include "gpu/model.h"
 
@@ -87,6 +91,7 @@ const char *const bk_lora_module_names[BK_LORA_NMOD] = {
 struct bk_acts {
 	int max_T, max_r;
 	int n_slot;           /* per-layer slots: L, or 1 with checkpointing (invariant 6) */
+	int fwd_only;         /* forward only: two resid slots, no backward workspace (inv. 8) */
 	int slot_layer;       /* with one slot: the layer whose activations it holds */
 	size_t bytes;         /* device bytes allocated */
 	/* what the last forward saw (invariant 2) */
@@ -143,8 +148,44 @@ void bk_model_module_dims(const bk_llama_config *c, int module, int *in, int *ou
 	}
 }
 
+static bk_weight *up(const bk_ops *ops, const bk_weight_source *src, int layer, int id,
+		     int rows, int cols)
+{
+	const float *p = src->get(src->ctx, layer, id, rows, cols);
+	BUG_ON(!p);
+	bk_weight *w = ops->weight_upload(p, rows, cols);
+	if (src->put)
+		src->put(src->ctx, p);
+	return w;
+}
+
+/* the source over a bk_llama_weights */
+static const float *struct_get(void *ctx, int layer, int id, int rows, int cols)
+{
+	(void)rows, (void)cols;
+	const bk_llama_weights *w = ctx;
+	if (layer < 0)
+		return id == BK_W_EMBED ? w->embed : id == BK_W_FINAL_NORM ? w->final_norm
+									   : w->lm_head;
+	const bk_llama_layer_weights *lw = &w->layers[layer];
+	const float *const by_id[BK_W_LAYER_N] = {
+		lw->wq, lw->wk, lw->wv, lw->wo, lw->w_gate, lw->w_up, lw->w_down,
+		lw->attn_norm, lw->mlp_norm, lw->bq, lw->bk, lw->bv, lw->q_norm, lw->k_norm,
+		lw->post_attn_norm, lw->post_mlp_norm,
+	};
+	BUG_ON(id < 0 || id >= BK_W_LAYER_N);
+	return by_id[id];
+}
+
 bk_model *bk_model_create(const bk_ops *ops, const bk_llama_config *cfg,
 			  const bk_llama_weights *w)
+{
+	bk_weight_source src = {struct_get, NULL, (void *)w};
+	return bk_model_create_from(ops, cfg, &src);
+}
+
+bk_model *bk_model_create_from(const bk_ops *ops, const bk_llama_config *cfg,
+			       const bk_weight_source *src)
 {
 	const bk_llama_config *c = cfg;
 	if (c->H <= 0 || c->I <= 0 || c->L <= 0 || c->NH <= 0 || c->NKV <= 0 || c->D <= 0 ||
@@ -190,35 +231,36 @@ bk_model *bk_model_create(const bk_ops *ops, const bk_llama_config *cfg,
 	if (c->attn_scale < 0 || c->attn_softcap < 0 || c->final_softcap < 0 || c->embed_scale < 0)
 		die("model config: a scale or softcap is negative");
 
-	m->embed = ops->weight_upload(w->embed, c->V, c->H);
-	m->final_norm = ops->weight_upload(w->final_norm, 1, c->H);
-	m->lm_head = c->tied ? m->embed : ops->weight_upload(w->lm_head, c->V, c->H);
+	/* one tensor at a time: got from the source, uploaded, given back (so a loader
+	 * holds at most one tensor on the host) */
+#define UP(layer, id, r, cc) up(ops, src, layer, id, r, cc)
+	m->embed = UP(-1, BK_W_EMBED, c->V, c->H);
+	m->final_norm = UP(-1, BK_W_FINAL_NORM, 1, c->H);
+	m->lm_head = c->tied ? m->embed : UP(-1, BK_W_LM_HEAD, c->V, c->H);
 	m->layers = xcalloc(c->L, sizeof(*m->layers));
 	for (int l = 0; l < c->L; l++) {
-		const bk_llama_layer_weights *lw = &w->layers[l];
-		const float *src[BK_LORA_NMOD] = { lw->wq, lw->wk, lw->wv, lw->wo,
-						   lw->w_gate, lw->w_up, lw->w_down };
 		for (int mod = 0; mod < BK_LORA_NMOD; mod++) {
 			int in, out;
 			bk_model_module_dims(c, mod, &in, &out);
-			m->layers[l].w[mod] = ops->weight_upload(src[mod], out, in);
+			m->layers[l].w[mod] = UP(l, mod, out, in);
 		}
 		bk_layer *ly = &m->layers[l];
-		ly->attn_norm = ops->weight_upload(lw->attn_norm, 1, c->H);
-		ly->mlp_norm = ops->weight_upload(lw->mlp_norm, 1, c->H);
+		ly->attn_norm = UP(l, BK_W_ATTN_NORM, 1, c->H);
+		ly->mlp_norm = UP(l, BK_W_MLP_NORM, 1, c->H);
 		if (c->qkv_bias) {
-			ly->bq = ops->weight_upload(lw->bq, 1, c->NH * c->D);
-			ly->bk = ops->weight_upload(lw->bk, 1, c->NKV * c->D);
-			ly->bv = ops->weight_upload(lw->bv, 1, c->NKV * c->D);
+			ly->bq = UP(l, BK_W_BQ, 1, c->NH * c->D);
+			ly->bk = UP(l, BK_W_BK, 1, c->NKV * c->D);
+			ly->bv = UP(l, BK_W_BV, 1, c->NKV * c->D);
 		}
 		if (c->qk_norm) {
-			ly->q_norm = ops->weight_upload(lw->q_norm, 1, c->D);
-			ly->k_norm = ops->weight_upload(lw->k_norm, 1, c->D);
+			ly->q_norm = UP(l, BK_W_Q_NORM, 1, c->D);
+			ly->k_norm = UP(l, BK_W_K_NORM, 1, c->D);
 		}
 		if (c->sandwich) {
-			ly->post_attn_norm = ops->weight_upload(lw->post_attn_norm, 1, c->H);
-			ly->post_mlp_norm = ops->weight_upload(lw->post_mlp_norm, 1, c->H);
+			ly->post_attn_norm = UP(l, BK_W_POST_ATTN_NORM, 1, c->H);
+			ly->post_mlp_norm = UP(l, BK_W_POST_MLP_NORM, 1, c->H);
 		}
+#undef UP
 		int win = c->window ? c->window[l] : 0;
 		ly->attn = bk_attn_default(c->D);
 		if (c->attn_scale > 0)
@@ -276,7 +318,9 @@ static void *aalloc_act(const bk_ops *ops, bk_acts *a, size_t n)
 	return ops->alloc(n * a->act_bytes);
 }
 
-bk_acts *bk_acts_create_ckpt(const bk_model *m, int max_T, int max_r, int checkpoint)
+/* mode 0: training; 1: training with gradient checkpointing; 2: forward only
+ * (invariant 8).  The sizes are gpu/memplan.c's bk_mem_acts_bytes: change both. */
+static bk_acts *acts_create(const bk_model *m, int max_T, int max_r, int mode)
 {
 	const bk_ops *ops = m->ops;
 	const bk_llama_config *c = &m->cfg;
@@ -286,16 +330,18 @@ bk_acts *bk_acts_create_ckpt(const bk_model *m, int max_T, int max_r, int checkp
 	size_t QD = (size_t)c->NH * c->D, KVD = (size_t)c->NKV * c->D;
 	size_t widest = H > QD ? H : QD;
 	widest = widest > I ? widest : I;
-	size_t NS = checkpoint ? 1 : L;
+	size_t NS = mode ? 1 : L;
+	int fwd = mode == 2, act = m->act_bytes != 4;
 	a->max_T = max_T;
 	a->max_r = max_r;
 	a->n_slot = (int)NS;
+	a->fwd_only = fwd;
 	a->act_bytes = m->act_bytes;
 	a->ids = ops->alloc(T * sizeof(int32_t));
 	a->pos = ops->alloc(T * sizeof(int32_t));
 	a->cu = ops->alloc((T + 1) * sizeof(int32_t));
 	a->bytes = (3 * T + 1) * sizeof(int32_t);
-	a->resid = aalloc(ops, a, (L + 1) * T * H);
+	a->resid = aalloc(ops, a, (fwd ? 2 : L + 1) * T * H);
 	a->resid2 = aalloc(ops, a, NS * T * H);
 	a->ln1 = aalloc_act(ops, a, NS * T * H);
 	a->ln2 = aalloc_act(ops, a, NS * T * H);
@@ -313,36 +359,55 @@ bk_acts *bk_acts_create_ckpt(const bk_model *m, int max_T, int max_r, int checkp
 	a->xa = aalloc(ops, a, NS * BK_LORA_NMOD * T * R);
 	a->tmp = aalloc(ops, a, T * H);
 	a->scratch = aalloc(ops, a, T * (widest + R));
-	a->dres = aalloc(ops, a, T * H);
-	a->dln = aalloc(ops, a, T * H);
-	a->dq = aalloc(ops, a, T * QD);
-	a->datt = aalloc(ops, a, T * QD);
-	a->dk = aalloc(ops, a, T * KVD);
-	a->dv = aalloc(ops, a, T * KVD);
-	a->dgate = aalloc(ops, a, T * I);
-	a->dup = aalloc(ops, a, T * I);
-	a->dh = aalloc(ops, a, T * I);
+	/* the backward's workspace; a bf16 forward also writes its fp32 q/k/v and
+	 * gate/up into dq/dk/dv and dgate/dup (invariant 7) */
+	if (!fwd) {
+		a->dres = aalloc(ops, a, T * H);
+		a->dln = aalloc(ops, a, T * H);
+		a->datt = aalloc(ops, a, T * QD);
+		a->dh = aalloc(ops, a, T * I);
+	}
+	if (!fwd || act) {
+		a->dq = aalloc(ops, a, T * QD);
+		a->dk = aalloc(ops, a, T * KVD);
+		a->dv = aalloc(ops, a, T * KVD);
+		a->dgate = aalloc(ops, a, T * I);
+		a->dup = aalloc(ops, a, T * I);
+	}
 	if (c->qk_norm) {
 		a->qraw = aalloc(ops, a, NS * T * QD);
 		a->kraw = aalloc(ops, a, NS * T * KVD);
 		a->rstdq = aalloc(ops, a, NS * T * c->NH);
 		a->rstdk = aalloc(ops, a, NS * T * c->NKV);
-		a->dqr = aalloc(ops, a, T * QD);
-		a->dkr = aalloc(ops, a, T * KVD);
+		if (!fwd) {
+			a->dqr = aalloc(ops, a, T * QD);
+			a->dkr = aalloc(ops, a, T * KVD);
+		}
 	}
 	if (c->sandwich) {
 		a->oout = aalloc(ops, a, NS * T * H);
 		a->dout = aalloc(ops, a, NS * T * H);
 		a->rstd3 = aalloc(ops, a, NS * T);
 		a->rstd4 = aalloc(ops, a, NS * T);
-		a->dtmp = aalloc(ops, a, T * H);
+		if (!fwd)
+			a->dtmp = aalloc(ops, a, T * H);
 	}
 	return a;
 }
 
+bk_acts *bk_acts_create_ckpt(const bk_model *m, int max_T, int max_r, int checkpoint)
+{
+	return acts_create(m, max_T, max_r, checkpoint ? 1 : 0);
+}
+
 bk_acts *bk_acts_create(const bk_model *m, int max_T, int max_r)
 {
-	return bk_acts_create_ckpt(m, max_T, max_r, 0);
+	return acts_create(m, max_T, max_r, 0);
+}
+
+bk_acts *bk_acts_create_fwd(const bk_model *m, int max_T, int max_r)
+{
+	return acts_create(m, max_T, max_r, 2);
 }
 
 size_t bk_acts_bytes(const bk_acts *a) { return a->bytes; }
@@ -364,6 +429,13 @@ void bk_acts_free(const bk_model *m, bk_acts *a)
 
 /* the slot of layer l's activations (invariant 6) */
 static int slot(const bk_acts *a, int l) { return a->n_slot == 1 ? 0 : l; }
+
+/* resid[l], the input of layer l (l = L: the last layer's output); forward only: one
+ * of two slots in turn (invariant 8) */
+static float *resid_at(const bk_acts *a, int l, size_t H)
+{
+	return a->resid + (size_t)(a->fwd_only ? l & 1 : l) * a->max_T * H;
+}
 
 /* slot s of a per-slot [T,width] buffer, or boundary s of resid (invariant 6) */
 static float *lay(const bk_acts *a, float *base, int s, size_t width)
@@ -586,7 +658,7 @@ static void layer_forward(const bk_model *m, const bk_lora *lora, bk_acts *a, in
 	const bk_layer *w = &m->layers[l];
 	int T = a->T;
 	size_t H = c->H, I = c->I;
-	const float *x = lay(a, a->resid, l, H);
+	const float *x = resid_at(a, l, H);
 	layer_acts s = layer_slot(m, a, l);
 	a->slot_layer = l;
 	int act = m->act_bytes != 4; /* bf16 act buffers: the *_act ops (invariant 7) */
@@ -692,8 +764,8 @@ void bk_model_forward(const bk_model *m, const bk_lora *lora, const bk_batch *b,
 	for (int l = 0; l < c->L; l++)
 		layer_forward(m, lora, a, l, prefix ? prefix->k[l] : NULL,
 			      prefix ? prefix->v[l] : NULL, prefix ? prefix->P : 0,
-			      lay(a, a->resid, l + 1, H));
-	m->ops->rmsnorm_forward(out_hidden, a->rstdf, lay(a, a->resid, c->L, H), m->final_norm,
+			      resid_at(a, l + 1, H));
+	m->ops->rmsnorm_forward(out_hidden, a->rstdf, resid_at(a, c->L, H), m->final_norm,
 				b->T, c->H, c->rms_eps);
 }
 
@@ -739,7 +811,7 @@ static void layer_backward(const bk_model *m, const bk_lora *lora, bk_lora *grad
 	int T = a->T;
 	size_t H = c->H, I = c->I, QD = (size_t)c->NH * c->D, KVD = (size_t)c->NKV * c->D;
 	size_t fT = (size_t)T * sizeof(float);
-	const float *x = lay(a, a->resid, l, H);
+	const float *x = resid_at(a, l, H);
 	layer_acts s = layer_slot(m, a, l);
 
 	/* MLP block: dres = d resid[l+1] = d (down output, after its norm when sandwich) */
@@ -808,13 +880,15 @@ void bk_model_backward(const bk_model *m, const bk_lora *lora, const bk_batch *b
 		BUG("model backward: acts do not hold the forward of this batch and adapter");
 	if (a->used_prefix)
 		BUG("model backward: the forward used a prefix (forward only)");
+	if (a->fwd_only)
+		BUG("model backward: acts made for a forward only (bk_acts_create_fwd)");
 	if (lora && (!grads || grads->targets != lora->targets || grads->r != lora->r ||
 		     grads->L != lora->L))
 		BUG("model backward: grads do not have the adapter's shape");
 
 	/* final norm: dres = d resid[L] */
 	ops->zero(a->dres, (size_t)T * c->H * sizeof(float));
-	ops->rmsnorm_backward(a->dres, d_hidden, lay(a, a->resid, c->L, c->H), m->final_norm,
+	ops->rmsnorm_backward(a->dres, d_hidden, resid_at(a, c->L, c->H), m->final_norm,
 			      a->rstdf, T, c->H);
 	for (int l = c->L - 1; l >= 0; l--) {
 		if (a->n_slot == 1 && a->slot_layer != l) /* checkpointing: rerun layer l */
@@ -852,7 +926,7 @@ bk_prefix *bk_model_prefix_build(const bk_model *m, bk_acts *a, const int32_t *i
 	 * layer may reuse its slot (invariant 6); no final norm */
 	forward_begin(m, NULL, &b, NULL, a);
 	for (int l = 0; l < c->L; l++) {
-		layer_forward(m, NULL, a, l, NULL, NULL, 0, lay(a, a->resid, l + 1, c->H));
+		layer_forward(m, NULL, a, l, NULL, NULL, 0, resid_at(a, l + 1, c->H));
 		layer_acts s = layer_slot(m, a, l);
 		size_t bytes = P * KVD * m->act_bytes; /* invariant 7 */
 		p->k[l] = ops->alloc(bytes);

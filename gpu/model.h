@@ -141,6 +141,25 @@ typedef struct bk_acts bk_acts;
 
 bk_model *bk_model_create(const bk_ops *ops, const bk_llama_config *cfg,
 			  const bk_llama_weights *w);
+
+/* The weights one tensor at a time: ids 0..6 are enum bk_lora_module's linears, then: */
+enum bk_weight_id {
+	BK_W_ATTN_NORM = BK_LORA_NMOD, BK_W_MLP_NORM, BK_W_BQ, BK_W_BK, BK_W_BV, BK_W_Q_NORM,
+	BK_W_K_NORM, BK_W_POST_ATTN_NORM, BK_W_POST_MLP_NORM,
+	BK_W_LAYER_N, /* the per-layer ids end here; the model's own (layer -1): */
+	BK_W_EMBED = BK_W_LAYER_N, BK_W_FINAL_NORM, BK_W_LM_HEAD,
+};
+/* get: the fp32 host numbers of weight id of layer (-1: embed, final norm, LM head), in
+ * the layout of bk_llama_weights, rows x cols; put (optional): called once it is on the
+ * device, e.g. to free it.  bk_model_create_from asks for one tensor at a time, in a
+ * fixed order, only for those the config has (the LM head only when untied). */
+typedef struct {
+	const float *(*get)(void *ctx, int layer, int id, int rows, int cols);
+	void (*put)(void *ctx, const float *p);
+	void *ctx;
+} bk_weight_source;
+bk_model *bk_model_create_from(const bk_ops *ops, const bk_llama_config *cfg,
+			       const bk_weight_source *src);
 void bk_model_free(bk_model *m);
 /* in/out features of a module's linear */
 void bk_model_module_dims(const bk_llama_config *cfg, int module, int *in, int *out);
@@ -150,6 +169,9 @@ bk_acts *bk_acts_create(const bk_model *m, int max_T, int max_r);
  * and the backward recomputes each layer's activations (same results, bit for bit,
  * one more forward of compute, about 1/L of the per-layer activation memory). */
 bk_acts *bk_acts_create_ckpt(const bk_model *m, int max_T, int max_r, int checkpoint);
+/* for forwards only (the teacher, a prefix; gpu/model.c invariant 8): one layer's
+ * activations, no backward workspace; bk_model_backward on them is a BUG */
+bk_acts *bk_acts_create_fwd(const bk_model *m, int max_T, int max_r);
 void bk_acts_free(const bk_model *m, bk_acts *a);
 /* device bytes the acts allocated (saved activations, batch arrays, workspace): the
  * model's peak activation memory, as nothing is allocated per step */

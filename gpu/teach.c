@@ -79,21 +79,21 @@ void bk_teach_free(bk_teach *t)
 	free(t);
 }
 
-/* activations for at least T tokens (invariant 4), grown by doubling up to the budget
- * (a small stream never pays for a large budget); a prefix lives outside the acts */
+/* activations for at least T tokens (invariant 4): a forward's (bk_acts_create_fwd: one
+ * layer's activations, no backward workspace), grown to exactly the largest forward
+ * seen (a small stream never pays for a large budget, and gpu/memplan.c's plan of
+ * bk-teach is the largest forward); a prefix lives outside the acts */
 static void ensure_acts(bk_teach *t, int T)
 {
 	if (t->acts && t->acts_T >= T)
 		return;
-	if (T < t->max_tokens) {
-		int grown = t->acts_T * 2 > T ? t->acts_T * 2 : T;
-		T = grown < t->max_tokens ? grown : t->max_tokens;
-	}
 	if (t->acts)
 		bk_acts_free(t->m, t->acts);
 	t->m->ops->free(t->hidden);
 	t->acts_T = T;
-	t->acts = bk_acts_create(t->m, T, 0);
+	t->acts = bk_acts_create_fwd(t->m, T, 0);
+	t->stats.acts_bytes = bk_acts_bytes(t->acts);
+	t->stats.acts_T = T;
 	t->hidden = t->m->ops->alloc((size_t)T * t->m->cfg.H * sizeof(float));
 }
 

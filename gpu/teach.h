@@ -16,8 +16,9 @@
  *     and a > P, so every one of its response rows is its own token; otherwise it
  *     runs in full from position 0.
  *  3. The prefix is set at most once per bk_teach (bk_teach_prefix_from).
- *  4. Activations are sized for max(budget, longest sequence seen): a sequence longer
- *     than the budget runs alone in a forward of its own. */
+ *  4. Activations are a forward's (gpu/model.h bk_acts_create_fwd), sized for the
+ *     largest forward run so far, at most max(budget, longest sequence): a sequence
+ *     longer than the budget runs alone in a forward of its own. */
 #ifndef BK_TEACH_H
 #define BK_TEACH_H
 
@@ -39,12 +40,14 @@ typedef struct {
 	uint64_t rows;         /* response rows computed */
 	uint64_t with_prefix;  /* sequences that ran against the prefix */
 	uint64_t full;         /* sequences that ran in full */
+	size_t acts_bytes;     /* device bytes of the activations now (bk_acts_bytes) */
+	int acts_T;            /* the tokens they hold: the largest forward so far */
 } bk_teach_stats;
 
 typedef struct bk_teach bk_teach;
 
-/* lm_head: the model's LM head [V,H] in host fp32 (bk_teach_lm_head), kept by
- * reference.  max_tokens: own tokens per forward (>= 1).  k: top-k (1..V) or 0 for
+/* lm_head: unused (the ops read the model's own head, m->lm_head); NULL is fine, and
+ * the tools pass NULL so that no host copy of the head is held.  max_tokens: own tokens per forward (>= 1).  k: top-k (1..V) or 0 for
  * the full distribution.  temperature > 0; vocab_chunk >= 1 (columns of the LM head
  * per pass, see gpu/host/loss.h). */
 bk_teach *bk_teach_create(const bk_model *m, const float *lm_head, int max_tokens, int k,

@@ -153,7 +153,7 @@ test_expect_success 'bk-bake --fields covers the tool.s config classes and Train
 test_expect_success 'the tool.s example configs run with only the model (and dataset) local (borealis_1b: its plan)' '
 	bk-bake --dry-run "$DATA/bake/tool/borealis_1b.yaml" --model_name_or_path "$MODELS/stories260K" >plan 2>notes &&
 	! grep -q "unsupported\|unknown\|ignored" notes &&
-	grep -q "bk-step .*--max-steps STEPS --lr 0.0001 --schedule cosine --warmup-ratio 0.1 .*--lora-r 64 --lora-alpha 128 .*--grad-checkpoint" plan &&
+	grep -q "bk-step .*--max-steps [0-9]* --lr 0.0001 --schedule cosine --warmup-ratio 0.1 .*--lora-r 64 --lora-alpha 128 .*--grad-checkpoint" plan &&
 	for y in basic performance sft_dataset; do
 		bk-bake "$DATA/bake/tool/$y.yaml" --model_name_or_path "$MODELS/stories260K" \
 			$(test $y = sft_dataset && echo --dataset "$ROOT/pipelines/examples/data/chat.json") \

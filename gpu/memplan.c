@@ -1,0 +1,672 @@
+/* memplan.c - see memplan.h.  Every item names the allocation site it models; when a
+ * site changes its sizes, change the item here (tests/unit/test_memplan.c compares the
+ * activation sizes with what bk_acts_create_* allocates on the host twin, and the
+ * stages' plans with hand-computed numbers for a tiny config). */
+#include "gpu/memplan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/diag.h"
+
+enum { GEN_BLOCK = 16 };      /* gpu/gen.h BK_GEN_BLOCK */
+enum { NMOD = 7 };            /* gpu/model.h BK_LORA_NMOD */
+#define CUDA_CHUNK ((size_t)1 << 24)        /* cuda_ops.cu weight_upload's staging floats */
+#define TOPK_SCRATCH ((size_t)1 << 26)      /* cuda_loss.cu: teacher logits per row block */
+#define LOSS_V2_BUDGET ((size_t)512 << 20)  /* cuda_loss.cu: v2 row blocks */
+#define CUDA_CONTEXT ((size_t)512 << 20)    /* estimate: context, cuBLAS, module images */
+enum { SQ_CHUNK = 65536 };                  /* cuda_optim.cu grad_sumsq */
+enum { L2_TARGET_BLOCKS = 264, L2_NCNT = 4096 }; /* cuda_linear2.cuh */
+enum { ATT_CH = 128 };                      /* cuda_gen.cu gen attend key split */
+enum { SMP_MAX_BLOCKS = 264 };              /* cuda_sample.cu */
+enum { Q8_BLOCK = 256 };                    /* gpu/optim8.h BK_Q8_BLOCK */
+
+static int env_mode(const char *name, const char *first, const char *second, const char *third)
+{
+	const char *e = getenv(name);
+	if (!e || !*e || !strcmp(e, first))
+		return 1;
+	if (!strcmp(e, second))
+		return 2;
+	if (third && !strcmp(e, third))
+		return 3;
+	if (third)
+		die("%s='%s': expected %s (the default), %s or %s", name, e, first, second, third);
+	die("%s=%s: expected %s (the default) or %s", name, e, first, second);
+}
+
+bk_mem_dev bk_mem_dev_cuda_env(void)
+{
+	bk_mem_dev d = {.cuda = 1, .weight_bytes = 2, .kv_bytes = 2};
+	d.act_bytes = env_mode("BK_ACT", "fp32", "bf16", NULL) == 2 ? 2 : 4;
+	d.linear = env_mode("BK_LINEAR", "v1", "v2", "v3");
+	d.loss = env_mode("BK_LOSS", "v1", "v2", NULL);
+	d.attn_tc = env_mode("BK_ATTN", "fp32", "tc", NULL) == 2;
+	d.decode_fast = env_mode("BK_DECODE", "v1", "v2", NULL) == 2;
+	return d;
+}
+
+bk_mem_dev bk_mem_dev_host(void)
+{
+	return (bk_mem_dev){.cuda = 0, .weight_bytes = 4, .act_bytes = 4, .kv_bytes = 4,
+			    .linear = 1, .loss = 1};
+}
+
+/* ---- items ---- */
+
+static void add(bk_mem_stage *s, int kind, const char *name, const char *site, size_t bytes)
+{
+	if (!bytes)
+		return;
+	if (s->n == BK_MEM_MAX_ITEMS)
+		BUG("memory plan of %s: more than %d items", s->stage, BK_MEM_MAX_ITEMS);
+	s->item[s->n++] = (bk_mem_item){name, site, bytes, kind};
+}
+
+static void finish(bk_mem_stage *s)
+{
+	s->weights = s->load = s->other = 0;
+	for (int i = 0; i < s->n; i++) {
+		size_t b = s->item[i].bytes;
+		if (s->item[i].kind == BK_MEM_WEIGHTS)
+			s->weights += b;
+		else if (s->item[i].kind == BK_MEM_LOAD)
+			s->load += b;
+		else
+			s->other += b;
+	}
+	size_t a = s->weights + s->load, b = s->weights + s->other;
+	s->peak = a > b ? a : b;
+}
+
+static void begin(bk_mem_stage *s, const char *stage)
+{
+	memset(s, 0, sizeof *s);
+	s->stage = stage;
+}
+
+static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
+static size_t max3(size_t a, size_t b, size_t c) { return max2(a, max2(b, c)); }
+static size_t cdiv(size_t a, size_t b) { return (a + b - 1) / b; }
+static size_t carve(size_t b) { return (b + 255) & ~(size_t)255; } /* cuda_loss.cu carve_size */
+static size_t grown(size_t b) { return b + b / 4; } /* a grown workspace: bytes + bytes / 4 */
+
+/* the CUDA ops' four shared workspace slots (cuda_ops.cu bk_cuda_workspace): the largest
+ * request of each (invariant 4) */
+typedef struct {
+	size_t slot[4];
+} ws4;
+
+static void ws_req(ws4 *w, int slot, size_t bytes)
+{
+	w->slot[slot] = max2(w->slot[slot], bytes);
+}
+
+static void ws_add(bk_mem_stage *s, const ws4 *w)
+{
+	static const char *const name[4] = {"workspace slot 0", "workspace slot 1",
+					    "workspace slot 2", "workspace slot 3"};
+	for (int i = 0; i < 4; i++)
+		add(s, BK_MEM_BUF, name[i],
+		    "gpu/cuda/cuda_ops.cu bk_cuda_workspace (largest request x 1.25)",
+		    w->slot[i] ? grown(w->slot[i]) : 0);
+}
+
+/* ---- the model ---- */
+
+static size_t widest(const bk_mem_model *m)
+{
+	return max3((size_t)m->H, (size_t)m->NH * m->D, (size_t)m->I);
+}
+
+static void module_dims(const bk_mem_model *c, int module, size_t *in, size_t *out)
+{
+	size_t QD = (size_t)c->NH * c->D, KVD = (size_t)c->NKV * c->D;
+	switch (module) {
+	case 0: *in = c->H, *out = QD; break;
+	case 1:
+	case 2: *in = c->H, *out = KVD; break;
+	case 3: *in = QD, *out = c->H; break;
+	case 4:
+	case 5: *in = c->H, *out = c->I; break;
+	default: *in = c->I, *out = c->H; break;
+	}
+}
+
+size_t bk_mem_lora_numbers(const bk_mem_model *m, int r, unsigned targets)
+{
+	size_t n = 0;
+	for (int mod = 0; mod < NMOD; mod++)
+		if (targets & (1u << mod)) {
+			size_t in, out;
+			module_dims(m, mod, &in, &out);
+			n += (size_t)r * in + out * (size_t)r;
+		}
+	return n * (size_t)m->L;
+}
+
+/* gpu/model.c bk_model_create: ops->weight_upload of every tensor, rows x cols numbers
+ * of weight_bytes (cuda_ops.cu: bf16), and the RoPE tables (ops->alloc) */
+static void add_weights(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev *d)
+{
+	size_t H = m->H, I = m->I, QD = (size_t)m->NH * m->D, KVD = (size_t)m->NKV * m->D;
+	size_t layer = QD * H * 2 + KVD * H * 2 + I * H * 3 + 2 * H;
+	if (m->qkv_bias)
+		layer += QD + 2 * KVD;
+	if (m->qk_norm)
+		layer += 2 * (size_t)m->D;
+	if (m->sandwich)
+		layer += 2 * H;
+	size_t n = (size_t)m->V * H * (m->tied ? 1 : 2) + H + layer * m->L;
+	add(s, BK_MEM_WEIGHTS, "base weights", "gpu/model.c bk_model_create: ops->weight_upload",
+	    n * (size_t)d->weight_bytes);
+	add(s, BK_MEM_BUF, "rope tables", "gpu/model.c bk_model_create: inv_freq(_local)",
+	    (size_t)m->D / 2 * 4 * 2);
+	if (d->cuda) {
+		size_t big = max2((size_t)m->V * H, max2(I * H, QD * H));
+		add(s, BK_MEM_LOAD, "weight staging (load only)",
+		    "gpu/cuda/cuda_ops.cu cuda_weight_upload: cudaMalloc stage",
+		    (big < CUDA_CHUNK ? big : CUDA_CHUNK) * 4);
+		add(s, BK_MEM_ESTIMATE, "CUDA context (estimate)",
+		    "the driver: context, cuBLAS handle and workspace, kernels", CUDA_CONTEXT);
+	}
+}
+
+size_t bk_mem_acts_bytes(const bk_mem_model *m, int ab, int max_T, int max_r, int mode)
+{
+	/* gpu/model.c acts_create, buffer by buffer in its order */
+	size_t T = max_T, L = m->L, H = m->H, I = m->I, R = max_r > 0 ? max_r : 1;
+	size_t QD = (size_t)m->NH * m->D, KVD = (size_t)m->NKV * m->D, W = widest(m);
+	size_t NS = mode ? 1 : L, A = (size_t)ab;
+	int fwd = mode == 2, act = ab != 4;
+	size_t b = (3 * T + 1) * 4;
+	b += (fwd ? 2 : L + 1) * T * H * 4;      /* resid */
+	b += NS * T * H * 4;                      /* resid2 */
+	b += 2 * NS * T * H * A;                  /* ln1, ln2 */
+	b += 2 * NS * T * 4 + T * 4;              /* rstd1, rstd2, rstdf */
+	b += 2 * NS * T * QD * A + 2 * NS * T * KVD * A; /* q, att, k, v */
+	b += NS * m->NH * T * 4;                  /* lse */
+	b += 3 * NS * T * I * A;                  /* gate, up, hmlp */
+	b += NS * NMOD * T * R * 4;               /* xa */
+	b += T * H * 4 + T * (W + R) * 4;         /* tmp, scratch */
+	if (!fwd)
+		b += 2 * T * H * 4 + T * QD * 4 + T * I * 4; /* dres, dln, datt, dh */
+	if (!fwd || act)
+		b += T * QD * 4 + 2 * T * KVD * 4 + 2 * T * I * 4; /* dq, dk, dv, dgate, dup */
+	if (m->qk_norm) {
+		b += NS * T * (QD + KVD) * 4 + NS * T * (size_t)(m->NH + m->NKV) * 4;
+		if (!fwd)
+			b += T * (QD + KVD) * 4;
+	}
+	if (m->sandwich) {
+		b += 2 * NS * T * H * 4 + 2 * NS * T * 4;
+		if (!fwd)
+			b += T * H * 4;
+	}
+	return b;
+}
+
+/* the CUDA projection paths' own buffers for T tokens, rank R (0: no LoRA), with the
+ * backward or not */
+static void add_proj(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev *d, ws4 *w,
+		     size_t T, size_t R, int backward, size_t P)
+{
+	size_t H = m->H, QD = (size_t)m->NH * m->D, KVD = (size_t)m->NKV * m->D, W = widest(m);
+	size_t I = m->I, sum_out = max3(QD + 2 * KVD, 2 * I, H);
+	if (d->act_bytes != 4) {
+		/* cuda_act.cuh aw(): the fp32 q/k/v/o of attention, the bf16 x, dy, xa copies */
+		const char *site = "gpu/cuda/cuda_act.cuh aw() (x 1.25)";
+		add(s, BK_MEM_BUF, "act: fp32 q, o", site, 2 * grown(T * QD * 4));
+		add(s, BK_MEM_BUF, "act: fp32 k, v", site, 2 * grown(T * KVD * 4));
+		if (P)
+			add(s, BK_MEM_BUF, "act: fp32 prefix k, v", site, 2 * grown(P * KVD * 4));
+		add(s, BK_MEM_BUF, "act: bf16 x (dropout)", site, R ? grown(T * W * 2) : 0);
+		add(s, BK_MEM_BUF, "act: bf16 A", site, R ? grown(R * W * 2) : 0);
+		if (backward) {
+			add(s, BK_MEM_BUF, "act: bf16 dy", site, grown(T * W * 2));
+			add(s, BK_MEM_BUF, "act: bf16 dxa", site, R ? grown(T * R * 2) : 0);
+		}
+		return;
+	}
+	if (d->linear == 1) {
+		ws_req(w, 0, T * W * 2); /* cuda_ops.cu linear_forward / _backward: bf16 x, dy */
+		return;
+	}
+	/* v2 / v3 (cuda_proj.cuh pw()) */
+	const char *site = "gpu/cuda/cuda_proj.cuh pw() (x 1.25)";
+	add(s, BK_MEM_BUF, "proj: bf16 x", site, grown(T * W * 2));
+	if (R) {
+		size_t ain = max3(3 * R * H, R * QD, R * I);
+		add(s, BK_MEM_BUF, "proj: bf16 A stack", site, grown(ain * 2));
+	}
+	size_t dyb = R ? T * W * 2 : 0;
+	if (backward) {
+		dyb = max2(dyb, T * sum_out * 2);
+		if (R) {
+			add(s, BK_MEM_BUF, "proj: bf16 xa", site, grown(T * 3 * R * 2));
+			add(s, BK_MEM_BUF, "proj: dxa", site, grown(T * 3 * R * 4));
+			add(s, BK_MEM_BUF, "proj: bf16 B", site, grown(max3(QD, I, H) * R * 2));
+			add(s, BK_MEM_BUF, "proj: dA stack, fp32 A stack", site,
+			    2 * grown(3 * R * W * 4));
+		}
+		if (d->linear == 3) /* built on a group's first backward, kept */
+			add(s, BK_MEM_BUF, "v3: stacked weight copies",
+			    "gpu/cuda/cuda_proj.cuh: qkv and gate/up W_cat, bf16",
+			    (size_t)m->L * (QD + 2 * KVD + 2 * I) * H * 2);
+	}
+	add(s, BK_MEM_BUF, "proj: bf16 dy", site, dyb ? grown(dyb) : 0);
+}
+
+/* the CUDA attention's workspace requests for T tokens */
+static void attn_ws(const bk_mem_model *m, const bk_mem_dev *d, ws4 *w, size_t T, int backward)
+{
+	if (!backward)
+		return; /* the forward kernels need none (tc: a schedule of n ints in slot 0) */
+	ws_req(w, 3, (size_t)m->NH * T * 4); /* Di [NH,T] */
+	if (d->attn_tc) {
+		ws_req(w, 0, 2 * cdiv(T, 64) * 4);
+		if (m->NH != m->NKV) { /* per query head dK, dV partials [NH,T,D] */
+			ws_req(w, 1, (size_t)m->NH * T * m->D * 4);
+			ws_req(w, 2, (size_t)m->NH * T * m->D * 4);
+		}
+	}
+}
+
+/* ---- bk-step ---- */
+
+void bk_mem_plan_step(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev *d,
+		      const bk_mem_step *o)
+{
+	begin(s, "bk-step");
+	add_weights(s, m, d);
+	size_t n = bk_mem_lora_numbers(m, o->r, o->targets), H = m->H, V = m->V;
+	size_t T = o->max_T, N = o->rows;
+	add(s, BK_MEM_BUF, "LoRA A, B", "gpu/model.c lora_alloc: flat", n * 4);
+	add(s, BK_MEM_BUF, "LoRA gradients", "gpu/model.c lora_alloc (bk_lora_create_like)", n * 4);
+	if (!o->optim8) {
+		add(s, BK_MEM_BUF, "AdamW m, v (fp32)", "gpu/train.c optim_create", 2 * n * 4);
+	} else {
+		size_t blk = o->optim_block ? (size_t)o->optim_block : Q8_BLOCK, nb = 0;
+		for (int mod = 0; mod < NMOD; mod++)
+			if (o->targets & (1u << mod)) {
+				size_t in, out;
+				module_dims(m, mod, &in, &out);
+				nb += (cdiv((size_t)o->r * in, blk) + cdiv(out * (size_t)o->r, blk)) *
+				      (size_t)m->L;
+			}
+		add(s, BK_MEM_BUF, "AdamW 8-bit codes and absmax", "gpu/train.c optim_create",
+		    2 * (n ? n : 1) + 2 * (nb ? nb : 1) * 4);
+	}
+	add(s, BK_MEM_BUF, o->grad_checkpoint ? "activations (checkpointed)" : "activations",
+	    "gpu/model.c bk_acts_create_ckpt (gpu/train.c bk_trainer_reserve)",
+	    bk_mem_acts_bytes(m, d->act_bytes, o->max_T, o->r, o->grad_checkpoint ? 1 : 0));
+	add(s, BK_MEM_BUF, "hidden, d hidden", "gpu/train.c bk_trainer_reserve: hid, dhid",
+	    2 * T * H * 4);
+	/* gpu/train.c loss_reserve: capacity twice the rows asked for */
+	size_t cap = 2 * N, per = o->k > 0 ? (size_t)o->k : o->k == 0 ? V : 0;
+	add(s, BK_MEM_BUF, "loss rows (2x rows)", "gpu/train.c loss_reserve: rows, hrows, trows, "
+	    "drows, tk_rest", cap * 4 * 2 + 3 * cap * H * 4);
+	add(s, BK_MEM_BUF, "teacher fields (2x rows)", "gpu/train.c loss_reserve: tk_ids, tk_logp",
+	    cap * per * 8);
+	if (!d->cuda) {
+		finish(s);
+		return;
+	}
+	ws4 w = {{0}};
+	add_proj(s, m, d, &w, T, (size_t)o->r, 1, 0);
+	attn_ws(m, d, &w, T, 1);
+	int C = o->vocab_chunk > 0 ? o->vocab_chunk : 4096;
+	size_t nh = N * H, nc = N * (size_t)(C < m->V ? C : m->V);
+	if (d->loss == 1) { /* cuda_loss.cu v1 */
+		if (o->k > 0) {
+			ws_req(&w, 0, carve(nh * 2) + carve(nc * 2));
+			ws_req(&w, 1, nc * 4);
+			ws_req(&w, 2, N * (size_t)o->k * 4);
+			ws_req(&w, 3, carve(N * 8) * 6 + carve(N * 4));
+		} else {
+			ws_req(&w, 0, carve(nh * 2) * 2 + carve(nc * 2));
+			ws_req(&w, 1, nc * 4);
+			if (o->k < 0)
+				ws_req(&w, 2, nc * 4);
+			ws_req(&w, 3, carve(N * 8) * 5 + carve(N * 4));
+		}
+	} else { /* v2: rows in blocks of whole vocabulary rows */
+		int sides = o->k < 0 ? 2 : 1;
+		size_t nb = LOSS_V2_BUDGET / (V * (4 * (size_t)sides + 2));
+		nb = nb < 1 ? 1 : nb > N ? N : nb;
+		size_t nbv = nb * V;
+		if (o->k > 0) {
+			ws_req(&w, 0, nh * 2);
+			ws_req(&w, 1, nbv * 4);
+			ws_req(&w, 2, carve(nbv * 2) + carve(nb * (size_t)o->k * 4));
+			ws_req(&w, 3, carve((N + 1) * 8) + carve(N * 8) * 2 + carve(N * 4));
+		} else {
+			ws_req(&w, 0, carve(nh * 2) * sides);
+			ws_req(&w, 1, carve(nbv * 4) * sides);
+			ws_req(&w, 2, nbv * 2);
+			ws_req(&w, 3, carve((N + 1) * 8) + carve(N * 4));
+		}
+	}
+	ws_add(s, &w);
+	add(s, BK_MEM_BUF, "gradient norm scratch", "gpu/cuda/cuda_optim.cu sumsq_scratch",
+	    2 * (cdiv(n, SQ_CHUNK) + 1) * 8);
+	finish(s);
+}
+
+/* ---- bk-teach ---- */
+
+void bk_mem_plan_teach(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev *d,
+		       const bk_mem_teach *o)
+{
+	begin(s, "bk-teach");
+	add_weights(s, m, d);
+	size_t T = o->max_T, N = o->rows, H = m->H, V = m->V;
+	size_t KVD = (size_t)m->NKV * m->D, P = o->P > 0 ? (size_t)o->P : 0;
+	size_t per = o->k > 0 ? (size_t)o->k : V;
+	add(s, BK_MEM_BUF, o->fwd_only ? "activations (forward)" : "activations (training-sized)",
+	    o->fwd_only ? "gpu/teach.c ensure_acts: bk_acts_create_fwd"
+			: "gpu/model.c bk_acts_create",
+	    bk_mem_acts_bytes(m, d->act_bytes, (int)T, 0, o->fwd_only ? 2 : 0));
+	add(s, BK_MEM_BUF, "hidden", "gpu/teach.c ensure_acts: hidden", T * H * 4);
+	size_t cap = 2 * N;
+	add(s, BK_MEM_BUF, "teacher rows (2x rows)",
+	    "gpu/teach.c ensure_rows: rowidx, rows, logp, ids, rest",
+	    cap * 4 + cap * H * 4 + cap * per * 4 + (o->k > 0 ? cap * per * 4 + cap * 4 : 0));
+	add(s, BK_MEM_BUF, "prefix K, V", "gpu/model.c bk_model_prefix_build",
+	    2 * (size_t)m->L * P * KVD * (size_t)d->act_bytes);
+	if (d->cuda) {
+		ws4 w = {{0}};
+		add_proj(s, m, d, &w, T, 0, 0, P);
+		ws_req(&w, 0, N * H * 2); /* cuda_loss.cu teacher_topk / _logprobs: bf16 rows */
+		if (o->k > 0) {
+			size_t nb = TOPK_SCRATCH / V;
+			nb = nb < 1 ? 1 : nb > N ? N : nb;
+			ws_req(&w, 1, nb * V * 4); /* a row block's logits */
+		}
+		ws_add(s, &w);
+	}
+	finish(s);
+}
+
+/* ---- bk-gen ---- */
+
+static long nblk(long n) { return (n + GEN_BLOCK - 1) / GEN_BLOCK; }
+
+long bk_mem_kv_blocks(int max_batch, int max_prompt, int max_new, int ntraj, int P)
+{
+	/* gpu/gen.c need_entry / need_sample: an entry holds its prompt's blocks past the
+	 * prefix's full ones, a sample at most nblk(max_new) + 1 of its own; running samples
+	 * may come from max_batch entries, and ceil(max_batch / ntraj) more are prefilled
+	 * ahead of them */
+	long MB = max_batch, nt = ntraj > 0 ? ntraj : 1, pre = P > 0 ? P / GEN_BLOCK : 0;
+	long entries = MB + (MB + nt - 1) / nt;
+	return nblk(P) + entries * (nblk(max_prompt) - pre) + MB * (nblk(max_new) + 1);
+}
+
+size_t bk_mem_kv_block_bytes(const bk_mem_model *m, int kv_bytes)
+{
+	return (size_t)m->L * GEN_BLOCK * (size_t)m->NKV * m->D * (size_t)kv_bytes;
+}
+
+/* the rounding of gpu/gen.c ws_ensure / draws_ensure */
+static size_t round_up(size_t n, size_t to) { return cdiv(n, to) * to; }
+
+static size_t pow2_ge(size_t n)
+{
+	size_t p = 1;
+	while (p < n)
+		p <<= 1;
+	return p;
+}
+
+void bk_mem_plan_gen(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev *d,
+		     const bk_mem_gen *o)
+{
+	begin(s, "bk-gen");
+	add_weights(s, m, d);
+	size_t H = m->H, I = m->I, V = m->V, QD = (size_t)m->NH * m->D,
+	       KVD = (size_t)m->NKV * m->D;
+	size_t bb = bk_mem_kv_block_bytes(m, d->kv_bytes);
+	long blocks = o->kv_memory ? (long)(o->kv_memory / (2 * bb))
+				   : bk_mem_kv_blocks(o->max_batch, o->max_prompt, o->max_new,
+						      o->ntraj, o->P);
+	add(s, BK_MEM_BUF, "KV pool", "gpu/gen.c pool_grow: K and V pools",
+	    2 * (size_t)(blocks + (d->decode_fast ? 1 : 0)) * bb);
+	/* one step: max_batch decoding tokens and the prompts prefilled to start the next
+	 * max_batch samples (gpu/gen.c bk_gen_step) */
+	size_t MB = o->max_batch, nt = o->ntraj > 0 ? o->ntraj : 1, ahead = cdiv(MB, nt);
+	size_t own = o->max_prompt - (o->P > 0 && o->P < o->max_prompt ? o->P : 0);
+	size_t T = round_up(MB + ahead * own, 64), S = round_up(MB + ahead, 16);
+	size_t R = o->r > 0 ? o->r : 1;
+	size_t nh = m->NH > 1 ? m->NH : 1;
+	add(s, BK_MEM_BUF, "step workspace", "gpu/gen.c ws_ensure: x .. logits",
+	    T * (3 * H + 2 * QD + 2 * KVD + 3 * I + nh + R) * 4 + S * (2 * H + V) * 4 +
+		    (5 * T + S) * 4);
+	size_t Wt = nblk(o->max_prompt + o->max_new);
+	add(s, BK_MEM_BUF, "block tables", "gpu/gen.c table_ensure", 2 * S * Wt * 4);
+	size_t ND = round_up(MB + ahead * nt, 16); /* draws: running + new samples */
+	size_t swork = 0;
+	if (d->cuda) {
+		/* cuda_sample.cu bk_cuda_sample_work_bytes */
+		size_t vp = pow2_ge(V), blk = (V * 8 + vp * 12 + 64 + 15) & ~(size_t)15;
+		swork = (ND < SMP_MAX_BLOCKS ? ND : SMP_MAX_BLOCKS) * blk;
+	}
+	add(s, BK_MEM_BUF, "draws and sampler work", "gpu/gen.c draws_ensure (sample_work_bytes)",
+	    ND * 20 + swork);
+	if (d->cuda) {
+		add(s, BK_MEM_BUF, "decode linear scratch", "gpu/cuda/cuda_gen.cu lin2_scratch",
+		    (size_t)64 * 2 * L2_TARGET_BLOCKS * 64 * 4 + L2_NCNT * 4);
+		size_t NC = cdiv(Wt * GEN_BLOCK, ATT_CH), nth = T * (size_t)m->NH;
+		size_t att = nth * NC * ((size_t)m->D + 2) * 4;
+		add(s, BK_MEM_BUF, "decode attention workspace",
+		    "gpu/cuda/cuda_gen.cu att_workspace (x 1.5)", att + att / 2);
+		if (d->decode_fast)
+			add(s, BK_MEM_BUF, "fast step inputs and sampler work",
+			    "gpu/gen.c fast_inputs", (5 * T + 4 * ND + S * Wt) * 4 + ND * 4 + swork);
+	}
+	finish(s);
+}
+
+/* ---- printing ---- */
+
+static double mib(size_t b) { return (double)b / (1 << 20); }
+
+void bk_mem_print(const bk_mem_stage *s, void *file)
+{
+	FILE *f = file;
+	fprintf(f, "# %s\n", s->stage);
+	for (int i = 0; i < s->n; i++) {
+		const bk_mem_item *it = &s->item[i];
+		fprintf(f, "#   %-34s %10.1f MiB  %s\n", it->name, mib(it->bytes), it->site);
+	}
+	fprintf(f, "#   %-34s %10.1f MiB  (weights %.1f + the rest %.1f)\n", "peak", mib(s->peak),
+		mib(s->weights), mib(s->peak - s->weights));
+}
+
+/* ---- a bake ---- */
+
+size_t bk_mem_parse_size(const char *s)
+{
+	char *end;
+	double v = strtod(s, &end);
+	if (end == s || !(v > 0))
+		return 0;
+	double mul = 1;
+	if (*end) {
+		const char *u = "KMGT", *q = strchr(u, *end >= 'a' ? *end - 32 : *end);
+		if (!q)
+			return 0;
+		int e = (int)(q - u) + 1;
+		end++;
+		int dec = 0;
+		if (!strcmp(end, "iB") || !*end)
+			dec = 0;
+		else if (!strcmp(end, "B"))
+			dec = 1;
+		else
+			return 0;
+		for (int i = 0; i < e; i++)
+			mul *= dec ? 1000.0 : 1024.0;
+	}
+	if (v * mul > 1e18)
+		return 0;
+	return (size_t)(v * mul);
+}
+
+static void plan_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
+		      bk_mem_fit *f)
+{
+	int B = f->batch, nt = b->paired ? 1 : b->ntraj, mn = b->paired ? b->max_resp : b->max_new;
+	long seqs = (long)B * nt;
+	f->n_st = 0;
+	if (!b->paired) {
+		bk_mem_gen g = {.max_batch = f->gen_batch, .max_prompt = b->max_t,
+				.max_new = b->max_new, .ntraj = b->ntraj, .r = 0};
+		bk_mem_plan_gen(&f->st[f->n_st++], m, d, &g);
+	}
+	/* bk-teach: a bk-lens batch (B prompts' trajectories) per group, packed under its
+	 * budget; no credit taken for the prefix */
+	long tt = seqs * (b->max_t + mn - 1), one = b->max_t + mn - 1;
+	if (tt > b->teach_budget)
+		tt = b->teach_budget > one ? b->teach_budget : one;
+	bk_mem_teach t = {.max_T = (int)tt, .rows = (int)(seqs * mn), .k = b->top_k,
+			  .P = b->P, .fwd_only = 1};
+	bk_mem_plan_teach(&f->st[f->n_st++], m, d, &t);
+	bk_mem_step s = {.r = b->r, .targets = b->targets, .optim8 = b->optim8,
+			 .grad_checkpoint = f->grad_ckpt, .max_T = (int)(seqs * (b->max_s + mn)),
+			 .rows = (int)(seqs * mn), .k = b->top_k};
+	bk_mem_plan_step(&f->st[f->n_st++], m, d, &s);
+	f->peak = 0;
+	for (int i = 0; i < f->n_st; i++)
+		f->peak = f->sequential ? max2(f->peak, f->st[i].peak) : f->peak + f->st[i].peak;
+}
+
+/* the largest divisor of b below b (1 for a prime) */
+static int smaller_divisor(int b)
+{
+	for (int d = b / 2; d > 1; d--)
+		if (b % d == 0)
+			return d;
+	return 1;
+}
+
+static double gib(size_t b) { return (double)b / (1u << 30); }
+
+void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
+		     bk_mem_fit *f)
+{
+	memset(f, 0, sizeof *f);
+	f->grad_ckpt = b->grad_ckpt;
+	f->batch = b->batch;
+	f->grad_accum = b->grad_accum;
+	f->gen_batch = b->gen_batch;
+	f->sequential = b->paired; /* paired data: bk-teach writes a file, then bk-step */
+	plan_bake(m, d, b, f);
+	if (!b->gpu) {
+		f->fits = -1;
+		return;
+	}
+	for (int seq = b->paired; seq <= 1; seq++) {
+		f->sequential = seq;
+		f->grad_ckpt = b->grad_ckpt;
+		f->batch = b->batch;
+		f->grad_accum = b->grad_accum;
+		f->gen_batch = b->gen_batch;
+		for (;;) {
+			plan_bake(m, d, b, f);
+			if (f->peak <= b->gpu)
+				break;
+			/* the stage that sets the peak, when one after another */
+			const bk_mem_stage *top = &f->st[0];
+			for (int i = 1; i < f->n_st; i++)
+				if (f->st[i].peak > top->peak)
+					top = &f->st[i];
+			int gen_counts = !b->paired && (!seq || top == &f->st[0]);
+			if (!f->grad_ckpt && b->can_ckpt && (!seq || !strcmp(top->stage, "bk-step")))
+				f->grad_ckpt = 1;
+			else if (gen_counts && f->gen_batch > 1)
+				f->gen_batch = (f->gen_batch + 1) / 2;
+			else if (f->batch > 1 && strcmp(top->stage, "bk-gen")) {
+				int nb = smaller_divisor(f->batch);
+				f->grad_accum = f->grad_accum * (f->batch / nb);
+				f->batch = nb;
+			} else
+				break;
+		}
+		if (f->peak <= b->gpu)
+			break;
+	}
+	f->fits = f->peak <= b->gpu;
+	char *c = f->chose;
+	size_t cn = sizeof f->chose, o = 0;
+	c[0] = 0;
+#define SAY(...) (o += (size_t)snprintf(c + o, o < cn ? cn - o : 0, __VA_ARGS__))
+	if (f->grad_ckpt && !b->grad_ckpt)
+		SAY("%sgradient checkpointing", o ? "; " : "");
+	if (f->gen_batch != b->gen_batch)
+		SAY("%sbk-gen --max-batch %d (its KV cache)", o ? "; " : "", f->gen_batch);
+	if (f->batch != b->batch)
+		SAY("%smicro-batches of %d prompt%s x %d accumulation steps (per_device_train_batch_"
+		    "size %d x gradient_accumulation_steps %d: the same steps)", o ? "; " : "",
+		    f->batch, f->batch == 1 ? "" : "s", f->grad_accum, b->batch, b->grad_accum);
+	if (f->sequential && !b->paired)
+		SAY("%sthe GPU stages one after another through files (each loads its own copy of "
+		    "the weights: side by side they need %.1f GiB)", o ? "; " : "",
+		    gib(f->st[0].peak + f->st[1].peak + f->st[2].peak));
+#undef SAY
+	if (f->fits)
+		return;
+	const bk_mem_stage *top = &f->st[0];
+	for (int i = 1; i < f->n_st; i++)
+		if (f->st[i].peak > top->peak)
+			top = &f->st[i];
+	if (top->weights >= b->gpu) {
+		snprintf(f->refuse, sizeof f->refuse,
+			 "the model's weights alone take %.1f GiB of the GPU's %.1f GiB; use a GPU "
+			 "with more memory or a smaller model", gib(top->weights), gib(b->gpu));
+		return;
+	}
+	char what[160];
+	if (!strcmp(top->stage, "bk-step"))
+		snprintf(what, sizeof what, "lower lora_r (now %d) or trajectory_length (now %d)%s",
+			 b->r, b->max_new, b->optim8 ? "" : ", set optim: adamw_8bit");
+	else if (!strcmp(top->stage, "bk-gen"))
+		snprintf(what, sizeof what, "shorten trajectory_length (now %d) or the prompts "
+			 "(now up to %d tokens)", b->max_new, b->max_t);
+	else
+		snprintf(what, sizeof what, "lower top_k (now %d) or trajectory_length (now %d)",
+			 b->top_k, b->max_new);
+	snprintf(f->refuse, sizeof f->refuse,
+		 "%s alone needs %.1f GiB of the GPU's %.1f GiB (%.1f GiB of weights)%s%s%s; %s, "
+		 "or use a GPU with more memory", top->stage, gib(top->peak), gib(b->gpu),
+		 gib(top->weights), f->grad_ckpt ? " with gradient checkpointing" : "",
+		 f->batch < b->batch ? " and micro-batches of " : "",
+		 f->batch < b->batch ? (f->batch == 1 ? "1 prompt" : "fewer prompts") : "", what);
+}
+
+void bk_mem_fit_print(const bk_mem_fit *f, const bk_mem_bake *b, void *file)
+{
+	FILE *o = file;
+	for (int i = 0; i < f->n_st; i++)
+		bk_mem_print(&f->st[i], o);
+	fprintf(o, "# the pipe:");
+	for (int i = 0; i < f->n_st; i++)
+		fprintf(o, "%s %s %.2f GiB", i ? (f->sequential ? "," : " +") : "", f->st[i].stage,
+			gib(f->st[i].peak));
+	fprintf(o, f->sequential ? " (one after another: the largest)\n" : " (side by side)\n");
+	if (f->n_st > 1) { /* what one copy of the weights for all stages would need */
+		size_t sum = 0;
+		for (int i = 0; i < f->n_st; i++)
+			sum += f->st[i].peak - (i ? f->st[i].weights : 0);
+		fprintf(o, "# side by side with one shared copy of the weights (not yet: each stage "
+			"loads its own): %.2f GiB\n", gib(sum));
+	}
+	if (f->chose[0])
+		fprintf(o, "# chose: %s\n", f->chose);
+	if (f->fits < 0)
+		fprintf(o, "fits: unknown, peak %.2f GiB (give --gpu-memory SIZE)\n", gib(f->peak));
+	else
+		fprintf(o, "fits: %s, peak %.2f GiB of %.2f GiB\n", f->fits ? "yes" : "no",
+			gib(f->peak), gib(b->gpu));
+}
