@@ -184,6 +184,8 @@ void bk_adapter_check_base(const char *adapter_dir, const bk_adapter *ad, const 
 	free(fp);
 	free(type);
 	free(ts);
+}
+
 static void fingerprint(const char *dir, char out[17], int use_cache)
 {
 	char *cfg = bk_path_join(dir, "config.json");
