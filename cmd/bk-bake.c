@@ -303,6 +303,12 @@ static int mem_plan(bk_bake_plan *p, bk_bake_cmds *b, const bk_bake_caps *caps,
 		    const char *tokens, size_t gpu, FILE *out)
 {
 	int print = out != NULL;
+	if (!is_dir(p->model)) { /* a hub id in a dry run: nothing is downloaded for it */
+		if (print)
+			fprintf(out, "# memory plan: not made: %s is a hub id; the bake plans with "
+				"its config.json once it is in the cache\n", p->model);
+		return 1;
+	}
 	bk_config *mc = bk_config_load(p->model);
 	bk_mem_model m = bk_mem_model_of(mc);
 	bk_config_free(mc);
@@ -525,7 +531,9 @@ int main(int argc, char **argv)
 		if (p.resume)
 			b.resume = strcmp(p.resume, "true") ? p.resume : "LAST_CHECKPOINT";
 		bk_bake_build(&b, &p);
-		char *tdir = NULL, *tok = dry_tokens(&b, &tdir);
+		/* the data's lengths for the plan, tokenized by a local model only: a dry run
+		 * downloads nothing */
+		char *tdir = NULL, *tok = is_dir(p.model) ? dry_tokens(&b, &tdir) : NULL;
 		int paired = 0;
 		int64_t prompts = 0;
 		if (tok) {

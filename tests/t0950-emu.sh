@@ -19,6 +19,12 @@ export XDG_CACHE_HOME="$TEST_TMP/cache" OMP_NUM_THREADS=1 BK_EMU_KERNEL_LOG="$TE
 unset BK_ATTN BK_ACT BK_LINEAR BK_LOSS BK_DECODE
 set -o pipefail
 C="python3 $ROOT/tests/emu/compare.py"
+# under ASan (make asan test: build-emu/asan) every run is about 4 times slower: the
+# sanitized emulation runs the emulation's own test, the op checks, one bk-step per
+# model, bk-teach and the decode v2 invariance; the rest (and the kernel count) in the
+# plain run
+FULL=1
+case $EMU_BUILD in */asan) FULL=0 ;; esac
 SYS="Sparky is a friendly dragon who lives in a cave."
 
 # step DIR-SUFFIX DEVICE MODEL STREAM [flags...]: a bk-step run and its metrics as JSON Lines
@@ -51,6 +57,7 @@ test_expect_success 'bk-step cuda vs cpu on stories260K: dropout 0 and 0.1, BK_L
 	step cpu0 cpu "$M" b.bk --lora-dropout 0 --epochs 2 &&
 	step cuda0 cuda "$M" b.bk --lora-dropout 0 --epochs 2 && same cpu0 cuda0 &&
 	step cpu1 cpu "$M" b.bk --lora-dropout 0.1 &&
+	[ $FULL = 1 ] || return 0
 	for v in "BK_LINEAR=v1" "BK_LINEAR=v2" "BK_LINEAR=v3" "BK_LOSS=v2"; do
 		(export $v; step "cuda1-$v" cuda "$M" b.bk --lora-dropout 0.1) && same cpu1 "cuda1-$v" || return 1
 	done &&
@@ -59,6 +66,7 @@ test_expect_success 'bk-step cuda vs cpu on stories260K: dropout 0 and 0.1, BK_L
 	done
 '
 
+if [ $FULL = 1 ]; then
 test_expect_success 'bk-step cuda: gradient checkpointing, adamw8bit, a resume equal to the run it continues' '
 	step cpuck cpu "$M" b.bk --lora-dropout 0.1 --grad-checkpoint --optim adamw8bit --epochs 2 --save-steps 2 &&
 	step cudack cuda "$M" b.bk --lora-dropout 0.1 --grad-checkpoint --optim adamw8bit --epochs 2 --save-steps 2 &&
@@ -69,6 +77,7 @@ test_expect_success 'bk-step cuda: gradient checkpointing, adamw8bit, a resume e
 		--out o-res --resume o-res/checkpoint-2 b.bk >/dev/null 2>e-res &&
 	cmp o-res/final/adapter_model.safetensors o-cudack/final/adapter_model.safetensors
 '
+fi
 
 test_expect_success 'bk-teach cuda vs cpu on stories260K (top-k 8, BK_LOSS v1 and v2; full log-probs)' '
 	bk-teach --model "$M" --device cpu --top-k 8 b.bk | bk-dump >t-cpu.jsonl &&
@@ -83,6 +92,7 @@ test_expect_success 'bk-teach cuda vs cpu on stories260K (top-k 8, BK_LOSS v1 an
 	BK_LOSS=v2 step cuda8v2 cuda "$M" t8.bk --lora-dropout 0 && same cpu8 cuda8v2
 '
 
+if [ $FULL = 1 ]; then
 test_expect_success 'bk-gen cuda on stories260K: check_gen (ops, greedy vs cpu but near ties) under BK_DECODE v1 and v2' '
 	for d in v1 v2; do
 		BK_DECODE=$d "$EMU_BUILD/tests/gpu/check_gen" >cg-$d.log 2>&1 &&
@@ -90,6 +100,7 @@ test_expect_success 'bk-gen cuda on stories260K: check_gen (ops, greedy vs cpu b
 			{ tail -20 cg-$d.log; return 1; }
 	done
 '
+fi
 
 test_expect_success 'bk-gen cuda: the samples do not depend on --max-batch or a small --kv-memory (decode v1 and v2, graphs)' '
 	head -3 "$DATA/pipe/stories.txt" >three.txt &&
@@ -103,15 +114,18 @@ test_expect_success 'bk-gen cuda: the samples do not depend on --max-batch or a 
 	done
 '
 
+if [ $FULL = 1 ]; then
 test_expect_success 'bk-eval cuda vs cpu (held-out KL of base and baked)' '
 	printf "Once upon a time\nThe dragon said\n" >kl.txt &&
 	bk-eval --model "$M" --device cpu --adapter o-cpu0/final --system "$SYS" --kl-prompts kl.txt --kl-tokens 16 >ev-cpu.json 2>/dev/null &&
 	bk-eval --model "$M" --device cuda --adapter o-cpu0/final --system "$SYS" --kl-prompts kl.txt --kl-tokens 16 >ev-cuda.json 2>ev.err &&
 	$C eval ev-cpu.json ev-cuda.json
 '
+fi
 
 # the trajectories are sampled on each device (bf16 logits on the GPU), so the bakes train on
 # slightly different tokens: 25 % per step
+if [ $FULL = 1 ]; then
 test_expect_success 'bk-bake --device cuda: the whole bake on the emulated GPU, losses near the host twin bake' '
 	sed "s|models/stories260K|$M|; s|output_dir: out|output_dir: bake-cpu|" "$DATA/bake/tiny.yaml" >tiny.yaml &&
 	bk-bake tiny.yaml --device cpu >/dev/null 2>&1 &&
@@ -120,6 +134,7 @@ test_expect_success 'bk-bake --device cuda: the whole bake on the emulated GPU, 
 	bk-dump bake-cpu/metrics.bk >mb-cpu.jsonl && bk-dump bake-cuda/metrics.bk >mb-cuda.jsonl &&
 	$C loss mb-cpu.jsonl mb-cuda.jsonl 0.25
 '
+fi
 
 for kind in gemma3 qwen2; do
 	python3 "$ROOT/tests/emu/make_tiny.py" "$kind" "$kind" &&
@@ -127,7 +142,9 @@ for kind in gemma3 qwen2; do
 		bk-lens -q --max-tokens 128 -o "$kind.bk" || echo "not ok - $kind model"
 	test_expect_success "tiny $kind (head dim 64): bk-step under BK_ATTN fp32/tc x BK_ACT fp32/bf16, BK_LINEAR v3 + BK_LOSS v2" '
 		step "$kind-cpu" cpu "$kind" "$kind.bk" --lora-dropout 0.1 &&
-		for v in "BK_ATTN=fp32" "BK_ATTN=tc" "BK_ATTN=fp32 BK_ACT=bf16" "BK_ATTN=tc BK_ACT=bf16" "BK_LINEAR=v3 BK_LOSS=v2 BK_ATTN=tc"; do
+		vs=("BK_ATTN=fp32" "BK_ATTN=tc" "BK_ATTN=fp32 BK_ACT=bf16" "BK_ATTN=tc BK_ACT=bf16" "BK_LINEAR=v3 BK_LOSS=v2 BK_ATTN=tc")
+		[ $FULL = 1 ] || vs=("BK_ATTN=tc BK_ACT=bf16")
+		for v in "${vs[@]}"; do
 			rel=0.05; case $v in *bf16*) rel=0.01 ;; esac
 			(export $v; step "$kind-$v" cuda "$kind" "$kind.bk" --lora-dropout 0.1) &&
 				same "$kind-cpu" "$kind-$v" $rel || { echo "under $v"; return 1; }
@@ -149,14 +166,16 @@ for kind in gemma3 qwen2; do
 	'
 done
 
-test_expect_success 'every kernel of gpu/cuda/ launched' '
-	$C kernels "$BK_EMU_KERNEL_LOG" "$ROOT"/gpu/cuda/*.cu "$ROOT"/gpu/cuda/*.cuh >kernels.txt
-'
-cat kernels.txt # "kernels launched: N of M" (tests/run.sh shows it), then what was not
+if [ $FULL = 1 ]; then
+	test_expect_success 'every kernel of gpu/cuda/ launched' '
+		$C kernels "$BK_EMU_KERNEL_LOG" "$ROOT"/gpu/cuda/*.cu "$ROOT"/gpu/cuda/*.cuh >kernels.txt
+	'
+	cat kernels.txt # "kernels launched: N of M" (tests/run.sh shows it), then what was not
+fi
 
 # the static side, when the CUDA build is there (nvcc found): ptxas's registers and shared
 # memory of each kernel on sm_80/86/90 against the largest launch the runs above made
-if ls "$ROOT"/build/obj/gpu/cuda/*.o >/dev/null 2>&1; then
+if [ $FULL = 1 ] && ls "$ROOT"/build/obj/gpu/cuda/*.o >/dev/null 2>&1; then
 	test_expect_success 'registers and shared memory of every launched kernel (ptxas, each arch) fit its launches' '
 		ls "$ROOT"/build/obj/gpu/cuda/*.o.ptxas >/dev/null &&
 		python3 "$ROOT/tests/emu/resources.py" "$BK_EMU_KERNEL_LOG" "$ROOT"/build/obj/gpu/cuda/*.o.ptxas >res.txt
