@@ -704,6 +704,9 @@ typedef struct {
 	int64_t row; /* current row in the group, -1 before the first */
 	int64_t first, stop; /* rows kept: [first, stop) */
 	size_t idx[MAX_DEPTH];
+	/* the page's levels and indices, held here (in the caller's frame) while a
+	 * die() may happen, so LeakSanitizer finds them at exit */
+	uint32_t *rep, *def, *ids;
 } pq_col;
 
 static _Noreturn void col_die(const pq_col *c, const char *fmt, ...)
@@ -1144,8 +1147,8 @@ static void data_page(pq_col *c, const pq_page *h, const uint8_t *body, size_t n
 		end = p + (h->usize - ll);
 	}
 	/* levels: each entry came from at least a bit of a run header, or a run */
-	uint32_t *rep = xcalloc(nv ? nv : 1, sizeof *rep);
-	uint32_t *def = xcalloc(nv ? nv : 1, sizeof *def);
+	uint32_t *rep = c->rep = xcalloc(nv ? nv : 1, sizeof *rep);
+	uint32_t *def = c->def = xcalloc(nv ? nv : 1, sizeof *def);
 	if (l->max_rep)
 		rle_decode(c, rep_p, rep_e, bit_width(l->max_rep), rep, nv);
 	if (l->max_def)
@@ -1168,7 +1171,7 @@ static void data_page(pq_col *c, const pq_page *h, const uint8_t *body, size_t n
 			free(rep), free(def);
 			col_corrupt(c, "dictionary-encoded page without a dictionary");
 		}
-		ids = xcalloc(nvals ? nvals : 1, sizeof *ids);
+		ids = c->ids = xcalloc(nvals ? nvals : 1, sizeof *ids);
 		if (nvals) {
 			if (p >= end) {
 				free(rep), free(def), free(ids);
@@ -1187,7 +1190,7 @@ static void data_page(pq_col *c, const pq_page *h, const uint8_t *body, size_t n
 			free(rep), free(def);
 			col_corrupt(c, "boolean values past the page");
 		}
-		ids = xcalloc(nvals ? nvals : 1, sizeof *ids);
+		ids = c->ids = xcalloc(nvals ? nvals : 1, sizeof *ids);
 		rle_decode(c, p + 4, p + 4 + le32(p), 1, ids, nvals);
 	} else if (h->encoding != E_PLAIN) {
 		free(rep), free(def);
@@ -1212,6 +1215,7 @@ static void data_page(pq_col *c, const pq_page *h, const uint8_t *body, size_t n
 	free(rep);
 	free(def);
 	free(ids);
+	c->rep = c->def = c->ids = NULL;
 }
 
 static void read_column(pq_col *c)
