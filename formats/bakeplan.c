@@ -294,6 +294,8 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 		if (p->max_seq_length)
 			arg_long(c, "--max-seq-length", p->max_seq_length);
 		arg2(c, "-o", b->eval_tokens);
+		if (p->eval_split)
+			arg2(c, "--split", p->eval_split);
 		arg(c, "%s", p->eval_data);
 	}
 

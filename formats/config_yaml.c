@@ -411,8 +411,8 @@ static const bk_cfg_known known[] = {
 	{"dataset", DC, "mapped", NULL, "bk-tokenize's data: a local JSON/JSONL file, else a hub dataset (Org/Name, or a directory laid out as one) through the HF cache, only its split's files downloaded (HF_HUB_OFFLINE=1: cache only)"},
 	{"dataset_split", DC, "mapped", "train", "bk-tokenize --split, datasets' syntax (train_sft[:1000], [:10%], a+b); a local file is read whole, as the tool does"},
 	{"training_prompts", DC, "mapped", NULL, "bk-tokenize --prompt"},
-	{"eval_dataset_split", DC, "mapped", NULL, "with eval_strategy: the validation records from dataset (a local file is read whole, as the tool does)"},
-	{"eval_dataset", DC, "mapped", NULL, "with eval_strategy: the validation records, a local prompt/response file (bk-tokenize, then bk-step --eval)"},
+	{"eval_dataset_split", DC, "mapped", NULL, "with eval_strategy: the validation records from dataset, or eval_dataset: a hub dataset's split (bk-tokenize --split; a local file is read whole, as the tool does)"},
+	{"eval_dataset", DC, "mapped", NULL, "with eval_strategy: the validation records, a local prompt/response file or a hub dataset (Org/Name, through the HF cache) (bk-tokenize, then bk-step --eval)"},
 	{"eval_file", DC, "mapped", NULL, "bk-eval --eval: baseline_none, baseline_discrete, baked_eval"},
 	{"heldout_file", DC, "mapped", NULL, "bk-eval --held-out: heldout_discrete, baked_heldout"},
 	{"corpus_file", DC, "mapped", NULL, "bk-tokenize --corpus"},
@@ -1124,12 +1124,27 @@ static void map_eval(mapper *m)
 				 "'%s' applies to hub datasets; the local file '%s' is read whole, as "
 				 "the tool does", split, ed);
 	}
-	if (!is_file(src))
-		note_add(m, BK_CFG_UNSUPPORTED, ed ? "eval_dataset" : "eval_dataset_split",
-			 "'%s' is not a local file (hub datasets are not downloaded; save it as "
-			 "JSON/JSONL and give the file)", src);
-	else
+	struct stat sb;
+	if (is_file(src)) {
 		p->eval_data = src;
+	} else if ((!stat(src, &sb) && S_ISDIR(sb.st_mode)) ||
+		   (errno == ENOENT && bk_hub_dataset_id(src))) {
+		/* a hub dataset, as the tool's load_dataset(source, eval_dataset_split); with
+		 * eval_dataset alone (noted above) its default split, train */
+		char err[256];
+		bk_split_spec sp;
+		p->eval_data = src;
+		p->eval_split = split ? split : "train";
+		if (bk_split_parse(p->eval_split, &sp, err, sizeof err))
+			note_add(m, BK_CFG_UNSUPPORTED, "eval_dataset_split", "'%s': %s",
+				 p->eval_split, err);
+		else
+			bk_split_free(&sp);
+	} else {
+		note_add(m, BK_CFG_UNSUPPORTED, ed ? "eval_dataset" : "eval_dataset_split",
+			 "'%s' is not a local file, a dataset directory or a hub id (Org/Name)",
+			 src);
+	}
 }
 
 void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *caps)

@@ -108,6 +108,7 @@ typedef struct {
 	 * local file eval_data (NULL: none); eval_steps as HF's (steps strategy; below 1 a
 	 * ratio), eval_delay (steps, or epochs with epoch), per_device_eval_batch_size */
 	const char *eval_strategy, *eval_data;
+	const char *eval_split; /* eval_data is a hub dataset: its split (bk-tokenize --split) */
 	double eval_steps, eval_delay;
 	long eval_batch;
 	/* everything said about the fields, in config order */

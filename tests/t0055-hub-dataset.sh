@@ -87,8 +87,21 @@ test_expect_success 'the tool.s sft_dataset.yaml unchanged but for output_dir: b
 	test -f out/final_model/adapter_model.safetensors &&
 	jq -e ".base_model_name_or_path == \"Qwen/Qwen3-0.6B\"" out/final_model/adapter_config.json &&
 	test -e $C/snapshots/$(cat $C/refs/main)/data/train_sft-00001-of-00002-0123abcd.parquet &&
-	bk-bake --dry-run --config "$DATA/bake/tool/sft_dataset.yaml" --output_dir out2 >plan 2>/dev/null &&
+	bk-bake --dry-run --config "$DATA/bake/tool/sft_dataset.yaml" --model_name_or_path "$M" --output_dir out2 >plan 2>/dev/null &&
 	grep -q "bk-tokenize .*--split .train_sft\[:1000\]. HuggingFaceH4/ultrachat_200k" plan
+'
+
+test_expect_success 'eval_dataset_split of the hub dataset: the validation records of its split' '
+	bk-bake --config "$DATA/bake/tool/sft_dataset.yaml" --output_dir ev --eval_strategy steps \
+		--eval_steps 5 --eval_dataset_split "test_sft[:4]" >sum 2>notes &&
+	! grep -q "unsupported\|unknown\|ignored" notes &&
+	grep -q "eval_loss" ev/final_model/trainer_state.json &&
+	bk-bake --dry-run --config "$DATA/bake/tool/sft_dataset.yaml" --model_name_or_path "$M" --output_dir ev2 --eval_strategy steps \
+		--eval_dataset org/jsonl --eval_dataset_split "train[:1]" >plan 2>/dev/null &&
+	grep -q "bk-tokenize .*eval_tokens.bk --split .train\[:1\]. org/jsonl" plan &&
+	test_must_fail --list bk-bake --dry-run --config "$DATA/bake/tool/sft_dataset.yaml" --model_name_or_path "$M" --output_dir ev3 \
+		--eval_strategy steps --eval_dataset_split "test_sft[:400%]" 2>e &&
+	grep -q "eval_dataset_split.*percent slice boundaries" e
 '
 
 test_done
