@@ -110,12 +110,12 @@ test_expect_success 'the training KL is exact by default, as the tool.s; teacher
 		(map(select(.eval_loss != null))[0].eval_loss) as \$e | \$l < 0.99 * \$e"
 '
 
-test_expect_success 'refused: no validation records, a hub id, prompts alone, a bad strategy' '
+test_expect_success 'refused: no validation records, a missing file, prompts alone, a bad strategy' '
 	{ head_yaml x; echo "eval_strategy: steps"; } >none.yaml &&
 	{ bk-bake --dry-run none.yaml 2>err; test $? = 1; } &&
 	grep -q "unsupported .eval_strategy.: .steps. needs validation records" err &&
-	{ bk-bake --dry-run st.yaml --eval_dataset org/name 2>err; test $? = 1; } &&
-	grep -q "unsupported .eval_dataset.: .org/name. is not a local file" err &&
+	{ bk-bake --dry-run st.yaml --eval_dataset ./no/such.json 2>err; test $? = 1; } &&
+	grep -q "unsupported .eval_dataset.: .\./no/such.json. is not a local file, a dataset directory or a hub id" err &&
 	{ bk-bake --dry-run st.yaml --eval_strategy sometimes 2>err; test $? = 1; } &&
 	grep -q "unsupported .eval_strategy.: .sometimes." err &&
 	printf "[\"Once upon a time\", \"A cat sat\"]\n" >prompts.json &&
