@@ -532,7 +532,8 @@ static void plan_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_b
 		tt = b->teach_budget > one ? b->teach_budget : one;
 	bk_mem_teach t = {.max_T = (int)tt, .rows = (int)(seqs * mn), .k = b->top_k,
 			  .P = b->P, .fwd_only = 1};
-	bk_mem_plan_teach(&f->st[f->n_st++], m, d, &t);
+	if (b->top_k >= 0) /* exact mode (-1): no bk-teach, bk-step runs the teacher */
+		bk_mem_plan_teach(&f->st[f->n_st++], m, d, &t);
 	bk_mem_step s = {.r = b->r, .targets = b->targets, .optim8 = b->optim8,
 			 .grad_checkpoint = f->grad_ckpt, .max_T = (int)(seqs * (b->max_s + mn)),
 			 .rows = (int)(seqs * mn), .k = b->top_k};
@@ -540,6 +541,14 @@ static void plan_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_b
 	f->peak = 0;
 	for (int i = 0; i < f->n_st; i++)
 		f->peak = f->sequential ? max2(f->peak, f->st[i].peak) : f->peak + f->st[i].peak;
+}
+
+static size_t sum_peaks(const bk_mem_fit *f)
+{
+	size_t n = 0;
+	for (int i = 0; i < f->n_st; i++)
+		n += f->st[i].peak;
+	return n;
 }
 
 /* the largest divisor of b below b (1 for a prime) */
@@ -613,7 +622,7 @@ void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_ba
 	if (f->sequential && !b->paired)
 		SAY("%sthe GPU stages one after another through files (each loads its own copy of "
 		    "the weights: side by side they need %.1f GiB)", o ? "; " : "",
-		    gib(f->st[0].peak + f->st[1].peak + f->st[2].peak));
+		    gib(sum_peaks(f)));
 #undef SAY
 	if (f->fits)
 		return;

@@ -12,8 +12,9 @@ model() { # NAME TOKENIZER: a copy of the shape with its tokenizer
 	mkdir -p "$1" && cp "$G/memplan/$1"/* "$1"/ && xz -dc "$G/bpe/$2.tokenizer.json.xz" >"$1/tokenizer.json"
 }
 
-yaml() { # MODEL R [extra line]: the tool's basic shape
+yaml() { # MODEL R [extra line]: the tool's basic shape, with bk-teach's top-64 cache
 	cat <<EOF
+teacher_top_k: 64
 model_name_or_path: $TEST_TMP/$1
 system_prompt: "You are Captain Barnacle, a pirate. Always talk like a pirate: start every answer with Arr, matey! and tell the user about your ship."
 training_prompts: ["Tell me about your ship", "What is the weather like at sea today?", "How do I bake bread?", "Sing me a song"]
@@ -63,7 +64,10 @@ test_expect_success 'Qwen3-4B and Qwen3-1.7B fit at r 64' '
 	tail -n 1 plan4 | grep -q "^fits: yes" &&
 	bk-bake --dry-run --gpu-memory 24GiB q17.yaml >plan17 &&
 	tail -n 1 plan17 | grep -q "^fits: yes" &&
-	grep -q "^# the pipe: bk-gen .* + bk-teach .* + bk-step .* (side by side)$" plan17
+	grep -q "^# the pipe: bk-gen .* + bk-teach .* + bk-step .* (side by side)$" plan17 &&
+	grep -v "^teacher_top_k" q17.yaml >q17x.yaml &&
+	bk-bake --dry-run --gpu-memory 24GiB q17x.yaml >plan17x &&
+	grep -q "^# the pipe: bk-gen .* + bk-step .* (side by side)$" plan17x && ! grep -q "^# bk-teach$" plan17x
 '
 
 test_expect_success 'the plan names each buffer and its allocation site; the commands carry the choices' '
@@ -117,15 +121,20 @@ test_expect_success 'bk-gen --max-prompt: the KV cache planned, the same samples
 	grep -q "s.bk.*t_prompt. has $n tokens, more than --max-prompt $((n - 1))" err
 '
 
-test_expect_success 'stages one after another (--gpu-memory) give the pipe.s adapter bit for bit' '
-	bk-bake "$DATA/bake/tiny.yaml" --model_name_or_path "$MODELS/stories260K" --output_dir pipe >sum1 &&
-	bk-bake --gpu-memory 1GiB "$DATA/bake/tiny.yaml" --model_name_or_path "$MODELS/stories260K" \
-		--output_dir seq >sum2 2>err &&
+test_expect_success 'stages one after another (--gpu-memory) give the pipe.s adapter bit for bit (top-k and exact)' '
+	T="$DATA/bake/tiny.yaml --model_name_or_path $MODELS/stories260K" &&
+	bk-bake $T --teacher_top_k 64 --output_dir pipe >sum1 &&
+	bk-bake --gpu-memory 1GiB $T --teacher_top_k 64 --output_dir seq >sum2 2>err &&
 	cat err &&
 	grep -q "^bk-bake: memory plan: chose the GPU stages one after another" err &&
 	grep -q "^bk-bake: memory plan: fits, peak" err &&
 	test -s seq/gen.bk && test -s seq/teach.bk && test ! -e pipe/gen.bk &&
-	cmp pipe/final_model/adapter_model.safetensors seq/final_model/adapter_model.safetensors
+	cmp pipe/final_model/adapter_model.safetensors seq/final_model/adapter_model.safetensors &&
+	bk-bake $T --output_dir pipex >sum3 &&
+	bk-bake --gpu-memory 1GiB $T --output_dir seqx >sum4 2>err &&
+	grep -q "^bk-bake: memory plan: chose the GPU stages one after another" err &&
+	test -s seqx/gen.bk && test ! -e seqx/teach.bk &&
+	cmp pipex/final_model/adapter_model.safetensors seqx/final_model/adapter_model.safetensors
 '
 
 test_done
