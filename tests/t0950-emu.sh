@@ -48,6 +48,10 @@ test_expect_success 'the emulation catches what it is there to catch (tests/emu/
 	"$EMU_BUILD/tests/emu/test_emu_runtime" >rt.log 2>&1 || { cat rt.log; false; }
 '
 
+test_expect_success 'the memory plan against the CUDA ops. own accounting, each stage within 10 % (test_memplan_cuda)' '
+	(cd "$ROOT" && "$EMU_BUILD/tests/test_memplan_cuda") >mp.log 2>&1 || { tail -20 mp.log; false; }
+'
+
 test_expect_success 'the op table against the host twin (test_cuda_ops, every op and shape)' '
 	"$EMU_BUILD/tests/gpu/test_cuda_ops" >ops.log 2>&1 || { tail -20 ops.log; false; } &&
 	tail -1 ops.log | grep "0 failed"

@@ -17,6 +17,7 @@
 #include "common/diag.h"
 #include "gpu/bakemem.h"
 #include "gpu/cuda/cuda.h"
+#include "gpu/device.h"
 #include "gpu/gen.h"
 #include "gpu/load.h"
 #include "gpu/memplan.h"
@@ -106,6 +107,12 @@ static void stage(void *arg)
 int main(void)
 {
 #ifdef BK_HAVE_CUDA
+	const char *why = NULL;
+	if (bk_cuda_device_count(&why) <= 0) { /* a CUDA build on a machine without a GPU */
+		printf("test_memplan_cuda: no CUDA device (%s): tests/t0950-emu.sh runs it on the "
+		       "emulated one\n", why ? why : "none");
+		return bk_test_done("test_memplan_cuda");
+	}
 	for (int i = 0; i < 64; i++)
 		ids[i] = 1 + (i * 37) % 500;
 	for (int which = 0; which < 3; which++) {
