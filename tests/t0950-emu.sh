@@ -45,7 +45,7 @@ bk-tokenize --model "$M" --system "$SYS" "$DATA/pipe/stories.txt" -o tok.bk 2>/d
 	bk-lens -q --max-tokens 256 --seed 1 gen.bk -o b.bk || echo "not ok - stories260K stream"
 
 test_expect_success 'the emulation catches what it is there to catch (tests/emu/test_emu_runtime.cc: 19 planted mistakes and their fixes)' '
-	"$EMU_BUILD/tests/emu/test_emu_runtime" >rt.log 2>&1 || { cat rt.log; false; }
+	env -u BK_EMU_KERNEL_LOG "$EMU_BUILD/tests/emu/test_emu_runtime" >rt.log 2>&1 || { cat rt.log; false; }
 '
 
 test_expect_success 'the memory plan against the CUDA ops. own accounting, each stage within 10 % (test_memplan_cuda)' '
@@ -127,16 +127,19 @@ test_expect_success 'bk-eval cuda vs cpu (held-out KL of base and baked)' '
 '
 fi
 
-# the trajectories are sampled on each device (bf16 logits on the GPU), so the bakes train on
-# slightly different tokens: 25 % per step
+# a sampled bake trains on tokens each device sampled (bf16 logits on the GPU), so its
+# losses are only checked finite; the paired bake (no sampling) is held to run.sh's bound
 if [ $FULL = 1 ]; then
-test_expect_success 'bk-bake --device cuda: the whole bake on the emulated GPU, losses near the host twin bake' '
+test_expect_success 'bk-bake --device cuda: a whole bake on the emulated GPU; paired, losses as the host twin bakes' '
 	sed "s|models/stories260K|$M|; s|output_dir: out|output_dir: bake-cpu|" "$DATA/bake/tiny.yaml" >tiny.yaml &&
-	bk-bake tiny.yaml --device cpu >/dev/null 2>&1 &&
 	bk-bake tiny.yaml --device cuda --output_dir bake-cuda >bake.out 2>bake.err || { cat bake.err; false; } &&
 	test -s bake-cuda/final_model/adapter_model.safetensors && test -s bake-cuda/results.json &&
-	bk-dump bake-cpu/metrics.bk >mb-cpu.jsonl && bk-dump bake-cuda/metrics.bk >mb-cuda.jsonl &&
-	$C loss mb-cpu.jsonl mb-cuda.jsonl 0.25
+	bk-dump bake-cuda/metrics.bk | jq -e -s "[.[] | select(.loss != null) | .loss] | length > 0 and all(. >= 0)" &&
+	{ cat tiny.yaml; echo "dataset: $DATA/pipe/bake.json"; } >paired.yaml &&
+	bk-bake paired.yaml --device cpu --output_dir paired-cpu >/dev/null 2>&1 &&
+	bk-bake paired.yaml --device cuda --output_dir paired-cuda >/dev/null 2>bake.err || { cat bake.err; false; } &&
+	bk-dump paired-cpu/metrics.bk >mb-cpu.jsonl && bk-dump paired-cuda/metrics.bk >mb-cuda.jsonl &&
+	$C loss mb-cpu.jsonl mb-cuda.jsonl
 '
 fi
 
