@@ -525,18 +525,22 @@ static void plan_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_b
 				.max_new = b->max_new, .ntraj = b->ntraj, .r = 0};
 		bk_mem_plan_gen(&f->st[f->n_st++], m, d, &g);
 	}
-	/* bk-teach: a bk-lens batch (B prompts' trajectories) per group, packed under its
-	 * budget; no credit taken for the prefix */
-	long tt = seqs * (b->max_t + mn - 1), one = b->max_t + mn - 1;
-	if (tt > b->teach_budget)
-		tt = b->teach_budget > one ? b->teach_budget : one;
-	bk_mem_teach t = {.max_T = (int)tt, .rows = (int)(seqs * mn), .k = b->top_k,
-			  .P = b->P, .fwd_only = 1};
-	if (b->top_k >= 0) /* exact mode (-1): no bk-teach, bk-step runs the teacher */
+	/* bk-teach (a teacher top-k or full field, top_k >= 0): a bk-lens batch (B prompts'
+	 * trajectories) per group, packed under its budget; no credit taken for the prefix.
+	 * top_k < 0: the exact KL, bk-step runs the teacher (no bk-teach) on the teacher's
+	 * sequences, longer than the student's */
+	if (b->top_k >= 0) {
+		long tt = seqs * (b->max_t + mn - 1), one = b->max_t + mn - 1;
+		if (tt > b->teach_budget)
+			tt = b->teach_budget > one ? b->teach_budget : one;
+		bk_mem_teach t = {.max_T = (int)tt, .rows = (int)(seqs * mn), .k = b->top_k,
+				  .P = b->P, .fwd_only = 1};
 		bk_mem_plan_teach(&f->st[f->n_st++], m, d, &t);
+	}
+	int lmax = b->top_k < 0 && b->max_t > b->max_s ? b->max_t : b->max_s;
 	bk_mem_step s = {.r = b->r, .targets = b->targets, .optim8 = b->optim8,
-			 .grad_checkpoint = f->grad_ckpt, .max_T = (int)(seqs * (b->max_s + mn)),
-			 .rows = (int)(seqs * mn), .k = b->top_k};
+			 .grad_checkpoint = f->grad_ckpt, .max_T = (int)(seqs * (lmax + mn)),
+			 .rows = (int)(seqs * mn), .k = b->top_k < 0 ? -1 : b->top_k};
 	bk_mem_plan_step(&f->st[f->n_st++], m, d, &s);
 	f->peak = 0;
 	for (int i = 0; i < f->n_st; i++)

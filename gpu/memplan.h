@@ -132,7 +132,8 @@ void bk_mem_print(const bk_mem_stage *s, void *file /* FILE * */);
 typedef struct {
 	int batch, grad_accum;  /* prompts per micro-batch, accumulation steps */
 	int ntraj, max_new;     /* trajectories per prompt, their longest */
-	int r, top_k, optim8, grad_ckpt, can_ckpt; /* bk-step; can_ckpt: it has the flag */
+	int r, optim8, grad_ckpt, can_ckpt; /* bk-step; can_ckpt: it has the flag */
+	int top_k;              /* bk-teach's top-k (0: full); < 0: exact, no bk-teach */
 	unsigned targets;
 	int max_t, max_s, P;    /* longest teacher / student prompt, the shared prefix */
 	int teach_budget;       /* bk-teach --max-tokens (4096) */
@@ -142,7 +143,8 @@ typedef struct {
 } bk_mem_bake;
 
 typedef struct {
-	bk_mem_stage st[3];     /* bk-gen, bk-teach, bk-step (paired: bk-teach, bk-step) */
+	bk_mem_stage st[3];     /* bk-gen, bk-teach, bk-step (paired: no bk-gen; exact KL:
+				 * no bk-teach) */
 	int n_st;
 	/* the choices (the bake's own values when nothing had to change) */
 	int sequential;         /* the GPU stages one after another through files */
