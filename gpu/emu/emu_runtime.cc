@@ -57,16 +57,6 @@ static cudaError_t fail(cudaError_t e)
 }
 
 // one line on stderr naming what the emulation caught, then exit 1 like die()
-[[noreturn]] __attribute__((format(printf, 1, 2))) static void emu_die(const char *fmt, ...)
-{
-	char buf[1024];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(buf, sizeof buf, fmt, ap);
-	va_end(ap);
-	die("cuda emulation: %s", buf);
-}
-
 void emu_fatal(const char *fmt, ...)
 {
 	char buf[1024];
@@ -149,7 +139,7 @@ static size_t emu_device_total(void)
 			else if (*end == 'M' || *end == 'm')
 				v *= 1 << 20;
 			if (v < 1 << 20)
-				emu_die("BK_EMU_DEVICE_MEMORY '%s' is below 1 MiB", e);
+				emu_fatal("BK_EMU_DEVICE_MEMORY '%s' is below 1 MiB", e);
 			total = (size_t)v;
 		}
 	}
@@ -234,7 +224,7 @@ void emu_guard_check(const void *p, const char *who)
 	uintptr_t base;
 	size_t size, at;
 	if (!guard_ok(p, &base, &size, &at))
-		emu_die("%s wrote past the end of the device allocation %p of %zu bytes (byte %zu "
+		emu_fatal("%s wrote past the end of the device allocation %p of %zu bytes (byte %zu "
 			"after its end changed)",
 			who, (void *)base, size, at);
 }
@@ -623,9 +613,9 @@ static cudaError_t check_copy(void *dst, const void *src, size_t n, cudaMemcpyKi
 	bool dd = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
 	bool sd = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
 	if (kind == cudaMemcpyDefault || kind == cudaMemcpyHostToHost || (unsigned)kind > 4)
-		emu_die("%s: kind %s is not used by bakery", call, kind_name(kind));
+		emu_fatal("%s: kind %s is not used by bakery", call, kind_name(kind));
 	if ((dd && !dev_range(dst, n)) || (sd && !dev_range(src, n)))
-		emu_die("%s (%s) of %zu bytes: %s %p is not inside a live device allocation",
+		emu_fatal("%s (%s) of %zu bytes: %s %p is not inside a live device allocation",
 			call, kind_name(kind), n, dd && !dev_range(dst, n) ? "dst" : "src",
 			dd && !dev_range(dst, n) ? dst : src);
 	return cudaSuccess;
@@ -684,7 +674,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
 cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s)
 {
 	if (!dev_range(dst, n))
-		emu_die("cudaMemsetAsync of %zu bytes: %p is not inside a live device allocation",
+		emu_fatal("cudaMemsetAsync of %zu bytes: %p is not inside a live device allocation",
 			n, dst);
 	if (n)
 		issue(S(s), [=] { memset(dst, v, n); }, "cudaMemsetAsync");
@@ -830,7 +820,7 @@ static void fiber_init(emu_fiber &f)
 		void *m = mmap(NULL, FIBER_STACK + page, PROT_READ | PROT_WRITE,
 			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 		if (m == MAP_FAILED)
-			emu_die("mmap of a fiber stack failed: %s", strerror(errno));
+			emu_fatal("mmap of a fiber stack failed: %s", strerror(errno));
 		mprotect(m, page, PROT_NONE); // guard page below the stack
 		f.stack = (char *)m + page;
 		f.size = FIBER_STACK;
@@ -887,7 +877,7 @@ static void block_error(emu_block_run *b, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(buf, sizeof buf, fmt, ap);
 	va_end(ap);
-	emu_die("kernel %s (launched at %s) block (%u,%u,%u): %s", b->d->name,
+	emu_fatal("kernel %s (launched at %s) block (%u,%u,%u): %s", b->d->name,
 		site(b->d->file, b->d->line).c_str(), blockIdx.x, blockIdx.y, blockIdx.z, buf);
 }
 
@@ -895,7 +885,7 @@ void emu_syncthreads(const char *file, int line)
 {
 	emu_block_run *b = g_blk;
 	if (!b || b->cur < 0)
-		emu_die("__syncthreads outside a kernel at %s", site(file, line).c_str());
+		emu_fatal("__syncthreads outside a kernel at %s", site(file, line).c_str());
 	emu_fiber &me = (*b->f)[b->cur];
 	me.state = F_BAR;
 	me.file = file;
@@ -923,9 +913,9 @@ const unsigned char *emu_warp_exchange(unsigned mask, const void *in, size_t byt
 {
 	emu_block_run *b = g_blk;
 	if (!b || b->cur < 0)
-		emu_die("%s outside a kernel", what);
+		emu_fatal("%s outside a kernel", what);
 	if (bytes > EMU_SLOT)
-		emu_die("%s of %zu bytes per lane", what, bytes);
+		emu_fatal("%s of %zu bytes per lane", what, bytes);
 	emu_fiber &me = (*b->f)[b->cur];
 	unsigned lane = me.flat % 32, w = me.flat / 32;
 	emu_warp &W = b->warps[w];
@@ -1006,7 +996,7 @@ void emu_ldmatrix_x2_trans(uint32_t &r0, uint32_t &r1, const void *row)
 {
 	if (g_blk)
 		block_error(g_blk, "__trap() at %s", site(file, line).c_str());
-	emu_die("__trap() at %s", site(file, line).c_str());
+	emu_fatal("__trap() at %s", site(file, line).c_str());
 }
 
 // ---------------------------------------------------------------------------------
@@ -1115,7 +1105,7 @@ static void run_grid(const emu_launch_desc &d, const std::function<void()> &body
 		if (d.smem) {
 			void *p = NULL;
 			if (posix_memalign(&p, 16, d.smem))
-				emu_die("out of memory for %zu bytes of shared memory", d.smem);
+				emu_fatal("out of memory for %zu bytes of shared memory", d.smem);
 			memset(p, 0xff, d.smem);
 			sm = (unsigned char *)p;
 		}
@@ -1255,7 +1245,7 @@ void emu_launch(const emu_launch_desc &d, cudaStream_t s, std::function<void()> 
 
 [[noreturn]] void emu_bad_arg(const emu_launch_desc &d, int i, const void *p, const char *when)
 {
-	emu_die("kernel %s (launched at %s): argument %d = %p is not in live device memory "
+	emu_fatal("kernel %s (launched at %s): argument %d = %p is not in live device memory "
 		"(checked when %s)",
 		d.name, site(d.file, d.line).c_str(), i + 1, p, when);
 }
