@@ -21,8 +21,8 @@ set -o pipefail
 C="python3 $ROOT/tests/emu/compare.py"
 # under ASan (make asan test: build-emu/asan) every run is about 4 times slower: the
 # sanitized emulation runs the emulation's own test, the op checks, one bk-step per
-# model, bk-teach and the decode v2 invariance; the rest (and the kernel count) in the
-# plain run
+# model, bk-teach's top-k and the decode invariance; the rest (and the kernel count) in
+# the plain run
 FULL=1
 case $EMU_BUILD in */asan) FULL=0 ;; esac
 SYS="Sparky is a friendly dragon who lives in a cave."
@@ -87,6 +87,7 @@ test_expect_success 'bk-teach cuda vs cpu on stories260K (top-k 8, BK_LOSS v1 an
 	bk-teach --model "$M" --device cpu --top-k 8 b.bk | bk-dump >t-cpu.jsonl &&
 	bk-teach --model "$M" --device cuda --top-k 8 b.bk | bk-dump >t-cuda.jsonl &&
 	$C teach t-cpu.jsonl t-cuda.jsonl &&
+	{ [ $FULL = 1 ] || return 0; } &&
 	BK_LOSS=v2 bk-teach --model "$M" --device cuda --top-k 8 b.bk | bk-dump >t-cuda2.jsonl &&
 	$C teach t-cpu.jsonl t-cuda2.jsonl &&
 	bk-teach --model "$M" --device cuda --top-k 0 b.bk >t0.bk &&
