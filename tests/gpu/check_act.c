@@ -25,7 +25,11 @@
  *      bf16/fp32 speed ratio and bk_acts_bytes of each; lines "act step ...".
  * --host: part 2 at the small shape with the host twin on both sides (the dry run
  * without a GPU: the program's own plumbing; bf16 lines say skipped).  --quick: the
- * small shape only.  One line per check; exit 1 on any failure. */
+ * small shape only.  --tiny (tests/gpu/run.sh --emu, the CPU's emulation of the GPU):
+ * part 1 at T 42, H 128, I 352 (8/2 heads of 64, r 8), part 2 at H 128, I 352, 2/1
+ * heads of 64, 2 x 32 tokens, r 8 (with and without the deltas), part 3 on that shape
+ * (1 step timed, not 5).
+ * One line per check; exit 1 on any failure.  Usage: check_act [--host] [--quick | --tiny] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -216,6 +220,7 @@ static double grad_errs(const bk_model *m, const shape *sh, const step_out *got,
 	return worst;
 }
 
+/* timed > 0: then that many steps timed (after a warm-up), alternately fp32 and bf16 */
 static void check_shape(const bk_ops *dev, const shape *sh, int host_only, int timed)
 {
 	int T = sh->S * sh->len;
@@ -292,7 +297,7 @@ static void check_shape(const bk_ops *dev, const shape *sh, int host_only, int t
 #ifdef BK_HAVE_CUDA
 				bk_cuda_act_set_mode(mode);
 #endif
-				step_out o = run_step(dev, sh, 5);
+				step_out o = run_step(dev, sh, timed);
 				if (round == 1 || ms[mode] == 0)
 					ms[mode] = round ? (ms[mode] + o.ms) / 2 : o.ms;
 				by[mode] = o.acts_bytes;
@@ -351,10 +356,11 @@ static void op_line(const char *op, double err, double bound)
 	verdict(err <= bound, what);
 }
 
-static void check_ops(void)
+static void check_ops(int tiny)
 {
 	bk_cuda_act_set_mode(2);
-	int T = 300, H = 1024, NH = 8, NKV = 2, D = 64, I = 2816, R = 16;
+	int T = tiny ? 42 : 300, H = tiny ? 128 : 1024, NH = 8, NKV = 2, D = 64,
+	    I = tiny ? 352 : 2816, R = tiny ? 8 : 16;
 	size_t nq = (size_t)T * NH * D, nk = (size_t)T * NKV * D;
 	bk_rng_seed(&rng, 3);
 	/* rmsnorm */
@@ -419,9 +425,9 @@ static void check_ops(void)
 		G->free(gd), G->free(ud), G->free(dhd), G->free(dgd), G->free(dud);
 		G->free(hd), G->free(gs), G->free(us);
 	}
-	/* attention: 3 sequences of 100, GQA 4 */
+	/* attention: 3 sequences of T / 3, GQA 4 */
 	{
-		int32_t cu[4] = { 0, 100, 200, 300 };
+		int32_t cu[4] = { 0, T / 3, 2 * (T / 3), T };
 		bk_attn ap = bk_attn_default(D);
 		float *qa = gc_rand_bf16(&rng, nq, 1.5f), *ka = gc_rand_bf16(&rng, nk, 1.5f);
 		float *va = gc_rand_bf16(&rng, nk, 1.0f), *go = gc_rand(&rng, nq, 1.0f);
@@ -530,21 +536,23 @@ static void check_ops(void)
 
 int main(int argc, char **argv)
 {
-	int host_only = 0, quick = 0;
+	int host_only = 0, quick = 0, tiny = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--host"))
 			host_only = 1;
 		else if (!strcmp(argv[i], "--quick"))
 			quick = 1;
+		else if (!strcmp(argv[i], "--tiny"))
+			tiny = 1;
 		else
-			die("usage: check_act [--host] [--quick]");
+			die("usage: check_act [--host] [--quick | --tiny]");
 	}
 	const bk_ops *dev = &bk_ops_host;
 #ifdef BK_HAVE_CUDA
 	if (!host_only) {
 		G = dev = &bk_ops_cuda;
 		printf("check_act: BK_ATTN=%s\n", getenv("BK_ATTN") ? getenv("BK_ATTN") : "(unset: fp32)");
-		check_ops();
+		check_ops(tiny);
 	}
 #else
 	if (!host_only)
@@ -554,10 +562,13 @@ int main(int argc, char **argv)
 	shape deltas = { 256, 688, 2, 4, 2, 512, 4, 64, 16,
 			 "small, bias + q/k norms + GeGLU + sandwich", 1 };
 	/* vocabulary 4096, not 32000: the loss is on the hidden state (no LM head) */
-	shape tiny = { 2048, 5632, 2, 32, 4, 4096, 16, 256, 16, "TinyLlama shape (2 layers)", 0 };
-	check_shape(dev, &small, host_only, 0);
-	check_shape(dev, &deltas, host_only, 0);
-	if (!quick && !host_only)
-		check_shape(dev, &tiny, 0, 1);
+	shape tl = { 2048, 5632, 2, 32, 4, 4096, 16, 256, 16, "TinyLlama shape (2 layers)", 0 };
+	shape emu = { 128, 352, 2, 2, 1, 512, 2, 32, 8, "tiny (H 128, 2 layers)", 0 };
+	shape emu_deltas = { 128, 352, 2, 2, 1, 512, 2, 32, 8,
+			     "tiny, bias + q/k norms + GeGLU + sandwich", 1 };
+	check_shape(dev, tiny ? &emu : &small, host_only, tiny && !host_only ? 1 : 0);
+	check_shape(dev, tiny ? &emu_deltas : &deltas, host_only, 0);
+	if (!quick && !tiny && !host_only)
+		check_shape(dev, &tl, 0, 5);
 	return bk_test_done("check_act");
 }

@@ -21,7 +21,11 @@
  *     within 1e-3 of the host's full log-probs at those ids, rest within 1e-3.
  * Timing: forward and backward at 16 sequences x 256 tokens, 32 heads, 4 KV heads, D 64
  * (causal FLOPs: forward 4 D sum_s L_s (L_s + 1) / 2 per head, backward 2.5x forward).
- * Usage: check_attention [--no-bench] */
+ * --tiny (tests/gpu/run.sh --emu: the CPU's emulation of the GPU): the same cases at
+ * small sizes: sequences of 1, 7 and 33 tokens, heads 2/2, 4/1 and 8/1 (the same GQA
+ * ratios), the Llama-2-vocabulary loss case with 8 rows, the timing at 2 x 32 tokens,
+ * 4/2 heads of 64.
+ * Usage: check_attention [--no-bench] [--tiny] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -301,11 +305,11 @@ static double now(void)
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void bench(void)
+static void bench(int S, int L, int NH, int NKV, int D)
 {
-	enum { S = 16, L = 256, NH = 32, NKV = 4, D = 64, REP = 10 };
+	enum { REP = 10 };
 	int T = S * L;
-	int32_t cu[S + 1];
+	int32_t *cu = xmalloc((size_t)(S + 1) * sizeof *cu);
 	for (int s = 0; s <= S; s++)
 		cu[s] = s * L;
 	size_t nq = (size_t)T * NH * D, nk = (size_t)T * NKV * D;
@@ -340,20 +344,32 @@ static void bench(void)
 	gc_drop(G, q), gc_drop(G, k), gc_drop(G, v), gc_drop(G, o), gc_drop(G, go),
 		gc_drop(G, dq), gc_drop(G, dk), gc_drop(G, dv), gc_drop(G, lse);
 	G->free(dcu);
+	free(cu);
 }
 
 int main(int argc, char **argv)
 {
 	bk_diag_init(argv[0]);
-	int do_bench = !(argc > 1 && !strcmp(argv[1], "--no-bench"));
+	int do_bench = 1, tiny = 0;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--no-bench"))
+			do_bench = 0;
+		else if (!strcmp(argv[i], "--tiny"))
+			tiny = 1;
+		else
+			die_usage("usage: check_attention [--no-bench] [--tiny]");
+	}
 	bk_rng_seed(&rng, 20240607);
-	const int lens[4] = {1, 7, 100, 257}, one[1] = {1};
-	const int heads[3][2] = {{8, 8}, {8, 2}, {16, 2}}; /* GQA ratios 1, 4, 8 */
+	const int big_lens[4] = {1, 7, 100, 257}, tiny_lens[3] = {1, 7, 33}, one[1] = {1};
+	const int *lens = tiny ? tiny_lens : big_lens, NS = tiny ? 3 : 4;
+	/* GQA ratios 1, 4, 8 */
+	const int big_heads[3][2] = {{8, 8}, {8, 2}, {16, 2}}, tiny_heads[3][2] = {{2, 2}, {4, 1}, {8, 1}};
+	const int (*heads)[2] = tiny ? tiny_heads : big_heads;
 	const int dims[3] = {64, 128, 8};
 	for (int d = 0; d < 3; d++)
 		for (int g = 0; g < 3; g++)
 			for (int p = 0; p < 2; p++)
-				check_attention(lens, 4, heads[g][0], heads[g][1], dims[d], p ? 37 : 0);
+				check_attention(lens, NS, heads[g][0], heads[g][1], dims[d], p ? 37 : 0);
 	check_attention(one, 1, 4, 1, 64, 0);
 	const int odd[3] = {33, 1, 64}; /* tiles that start and end inside sequences */
 	check_attention(odd, 3, 6, 3, 96, 5);
@@ -363,22 +379,24 @@ int main(int argc, char **argv)
 	for (int p = 0; p < 2; p++) {
 		bk_attn a1 = {0.0625f, 50.0f, 0}, a2 = {0.125f, 0, 16}, a3 = {0.125f, 0, 100},
 			a4 = {0.2f, 3.0f, 40};
-		check_attention_p(lens, 4, 8, 2, 64, p ? 37 : 0, &a1);
-		check_attention_p(lens, 4, 8, 2, 64, p ? 37 : 0, &a2);
-		check_attention_p(lens, 4, 8, 2, 128, p ? 37 : 0, &a3);
+		check_attention_p(lens, NS, heads[1][0], heads[1][1], 64, p ? 37 : 0, &a1);
+		check_attention_p(lens, NS, heads[1][0], heads[1][1], 64, p ? 37 : 0, &a2);
+		check_attention_p(lens, NS, heads[1][0], heads[1][1], 128, p ? 37 : 0, &a3);
 		check_attention_p(odd, 3, 6, 3, 96, p ? 5 : 0, &a4);
-		check_attention_p(lens, 4, 16, 2, 8, p ? 37 : 0, &a4);
+		check_attention_p(lens, NS, heads[2][0], heads[2][1], 8, p ? 37 : 0, &a4);
 	}
 
 	check_rows();
 	check_loss(37, 64, 1000, 256, 1.0f, 16);      /* V not a multiple of the chunk */
 	check_loss(29, 96, 4099, 4096, 2.0f, 64);     /* two chunks, the last of 3 columns */
-	check_loss(64, 256, 32000, 4096, 1.0f, 64);   /* Llama-2 vocabulary */
+	check_loss(tiny ? 8 : 64, 256, 32000, 4096, 1.0f, 64); /* Llama-2 vocabulary */
 	check_loss(5, 64, 6000, 1024, 0.7f, 5000);    /* k above the GPU's sort: host fallback */
 	check_loss(7, 32, 512, 4096, 1.0f, 512);      /* k = V (stories260K vocabulary) */
 
-	if (do_bench)
-		bench();
+	if (do_bench && tiny)
+		bench(2, 32, 4, 2, 64);
+	else if (do_bench)
+		bench(16, 256, 32, 4, 64);
 	printf("check_attention: %d lines, %d failed\n", n_lines, n_fail);
 	return n_fail ? 1 : 0;
 }

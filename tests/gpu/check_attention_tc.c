@@ -33,8 +33,12 @@
  * hold for every D (e_s, e_d grow with it); nothing in them is tuned to a shape.
  * Timing rows: 16 x 256 and 4 x 2048 (32/4, D 64), 1 x 1024 (D 128), a 512 window;
  * Gemma-2-2B's 16 x 256 and 1 x 8192 with its 4096 window (8/4, D 256, softcap 50).
- * Usage: check_attention_tc [--no-bench | --quick]  (--quick: no realistic sizes and no
- * timing, for compute-sanitizer) */
+ * Usage: check_attention_tc [--no-bench | --quick | --tiny]  (--quick: no realistic sizes
+ * and no timing, for compute-sanitizer; --tiny, for tests/gpu/run.sh --emu on the CPU's
+ * emulation of the GPU: the cases above at small sizes, sequences of 1, 7 and 33 tokens
+ * and heads 2/2, 8/1 and 4/1 (the same GQA ratios), no realistic sizes, and two timing
+ * rows at 2 x 32 tokens (4/2 heads of 64) and 1 x 64 (2/1 heads of 256, window 16,
+ * softcap 50)) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -316,15 +320,21 @@ int main(int argc, char **argv)
 {
 	bk_diag_init(argv[0]);
 	int quick = argc > 1 && !strcmp(argv[1], "--quick");
+	int tiny = argc > 1 && !strcmp(argv[1], "--tiny");
 	int do_bench = !quick && !(argc > 1 && !strcmp(argv[1], "--no-bench"));
-	if (argc > 2 || (argc > 1 && !quick && strcmp(argv[1], "--no-bench")))
-		die("usage: check_attention_tc [--no-bench | --quick]");
+	if (argc > 2 || (argc > 1 && !quick && !tiny && strcmp(argv[1], "--no-bench")))
+		die("usage: check_attention_tc [--no-bench | --quick | --tiny]");
+	quick |= tiny;
 	bk_rng_seed(&rng, 20261201);
 	const char *sel = getenv("BK_ATTN");
 	printf("check_attention_tc: BK_ATTN=%s (the op table's kernel; both are checked here)\n",
 	       sel && *sel ? sel : "fp32 (unset)");
-	const int lens[4] = {1, 7, 100, 257}, one[1] = {1}, odd[3] = {33, 1, 64};
-	const int heads[3][2] = {{8, 8}, {32, 4}, {8, 2}};
+	const int big_lens[4] = {1, 7, 100, 257}, tiny_lens[3] = {1, 7, 33}, one[1] = {1},
+		  odd[3] = {33, 1, 64};
+	const int *lens = tiny ? tiny_lens : big_lens, NS = tiny ? 3 : 4;
+	/* GQA ratios 1, 8, 4 */
+	const int big_heads[3][2] = {{8, 8}, {32, 4}, {8, 2}}, tiny_heads[3][2] = {{2, 2}, {8, 1}, {4, 1}};
+	const int (*heads)[2] = tiny ? tiny_heads : big_heads;
 	const int dims[3] = {64, 128, 256};
 	for (int d = 0; d < 3; d++)
 		if (!bk_cuda_attention_tc_supports(dims[d]))
@@ -334,30 +344,30 @@ int main(int argc, char **argv)
 		for (int g = 0; g < 3; g++)
 			for (int p = 0; p < 2; p++) {
 				bk_attn ap = bk_attn_default(dims[d]);
-				check_case(lens, 4, heads[g][0], heads[g][1], dims[d], p ? 37 : 0, &ap);
+				check_case(lens, NS, heads[g][0], heads[g][1], dims[d], p ? 37 : 0, &ap);
 			}
 	{
 		bk_attn ap = bk_attn_default(64);
 		check_case(one, 1, 4, 1, 64, 0, &ap);
-		check_case(odd, 3, 8, 2, 128, 5, &ap);
-		check_case(odd, 3, 8, 2, 128, 0, &ap);
+		check_case(odd, 3, heads[2][0], heads[2][1], 128, 5, &ap);
+		check_case(odd, 3, heads[2][0], heads[2][1], 128, 0, &ap);
 	}
 	/* softcap and sliding windows: shorter than a tile, longer than a tile, reaching
 	 * into the prefix, with a cap */
 	for (int p = 0; p < 2; p++) {
 		bk_attn a1 = {0.0625f, 50.0f, 0}, a2 = {0.125f, 0, 16}, a3 = {0.125f, 0, 100},
 			a4 = {0.2f, 3.0f, 40};
-		check_case(lens, 4, 8, 2, 64, p ? 37 : 0, &a1);
-		check_case(lens, 4, 8, 2, 64, p ? 37 : 0, &a2);
-		check_case(lens, 4, 8, 2, 128, p ? 37 : 0, &a3);
-		check_case(odd, 3, 8, 8, 64, p ? 5 : 0, &a4);
-		check_case(lens, 4, 32, 4, 128, p ? 37 : 0, &a4);
+		check_case(lens, NS, heads[2][0], heads[2][1], 64, p ? 37 : 0, &a1);
+		check_case(lens, NS, heads[2][0], heads[2][1], 64, p ? 37 : 0, &a2);
+		check_case(lens, NS, heads[2][0], heads[2][1], 128, p ? 37 : 0, &a3);
+		check_case(odd, 3, heads[0][0], heads[0][0], 64, p ? 5 : 0, &a4);
+		check_case(lens, NS, heads[1][0], heads[1][1], 128, p ? 37 : 0, &a4);
 		/* D = 256 as Gemma 2: scale 256^-0.5, softcap 50, windows shorter and longer
 		 * than a tile (16 and 32 keys at D = 256), GQA 2 (Gemma-2-2B: 8/4) and 1 */
 		bk_attn g1 = {0.0625f, 50.0f, 100}, g2 = {0.0625f, 50.0f, 20};
-		check_case(lens, 4, 8, 4, 256, p ? 37 : 0, &g1);
-		check_case(odd, 3, 8, 8, 256, p ? 5 : 0, &g2);
-		check_case(lens, 4, 16, 2, 256, p ? 37 : 0, &a4);
+		check_case(lens, NS, tiny ? 2 : 8, tiny ? 1 : 4, 256, p ? 37 : 0, &g1);
+		check_case(odd, 3, heads[0][0], heads[0][0], 256, p ? 5 : 0, &g2);
+		check_case(lens, NS, tiny ? 8 : 16, tiny ? 1 : 2, 256, p ? 37 : 0, &a4);
 	}
 	/* realistic sizes */
 	if (!quick) {
@@ -374,7 +384,10 @@ int main(int argc, char **argv)
 		check_case(odd, 3, 6, 3, 96, 0, &ap);
 	}
 
-	if (do_bench) {
+	if (tiny) {
+		bench(2, 32, 4, 2, 64, 0, 0);
+		bench(1, 64, 2, 1, 256, 16, 50);
+	} else if (do_bench) {
 		bench(16, 256, 32, 4, 64, 0, 0); /* the training shape of the issue */
 		bench(4, 2048, 32, 4, 64, 0, 0);
 		bench(1, 1024, 32, 4, 128, 0, 0);

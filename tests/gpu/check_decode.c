@@ -27,7 +27,12 @@
  *      in the same run that the step's bytes make (bf16 weights + LM head + KV rows
  *      read); rows "decode v1|v2 batch B: ..." and a ratio.
  * --host: part 3 with the host twin on both sides (the dry run without a GPU).
- * One line per check; exit 1 on any failure. */
+ * --tiny (tests/gpu/run.sh --emu, the CPU's emulation of the GPU): part 1 at in/out up to
+ * 352 and 4099 (the LM-head-like one), T = 1, 8 and 65; part 2 at V 4099 for 32000, 2
+ * rows of 151936 and an eighth of the other draws; part 3 as it is; with --bench: a 2-layer model of H 128 (4/2 heads,
+ * I 352, V 1000), a 40-token prompt, 8 new tokens at batch 1 and 8.
+ * One line per check; exit 1 on any failure.
+ * Usage: check_decode [--host] [--bench] [--quick | --tiny] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -395,9 +400,8 @@ static void check_engine(void)
 
 /* ---- 4. timings ---- */
 
-static double copy_bandwidth(void)
+static double copy_bandwidth(size_t n)
 {
-	size_t n = (size_t)1 << 30;
 	void *a = D_->alloc(n), *b = D_->alloc(n);
 	D_->zero(a, n);
 	double best = 0;
@@ -414,22 +418,24 @@ static double copy_bandwidth(void)
 	return best;
 }
 
-static void time_decode(int quick)
+static void time_decode(int quick, int tiny)
 {
-	const int H = 2048, L = quick ? 2 : 22, NH = 32, NKV = 4, I = 5632, V = 32000, D = 64;
-	const int PLEN = 230, NEW = 64;
+	const int H = tiny ? 128 : 2048, L = quick || tiny ? 2 : 22, NH = tiny ? 4 : 32,
+		  NKV = tiny ? 2 : 4, I = tiny ? 352 : 5632, V = tiny ? 1000 : 32000, D = H / NH;
+	const int PLEN = tiny ? 40 : 230, NEW = tiny ? 8 : 64, PREFIX = tiny ? 30 : 200;
 	double t0 = now();
 	bk_model *m = random_model(D_, H, L, NH, NKV, I, V, 8.0f, 3);
 	bk_cuda_sync();
-	printf("timing: a %d-layer TinyLlama-shaped model on the GPU in %.1f s\n", L, now() - t0);
-	double bw = copy_bandwidth();
+	printf("timing: a %d-layer %s model on the GPU in %.1f s\n", L,
+	       tiny ? "small (H 128)" : "TinyLlama-shaped", now() - t0);
+	double bw = copy_bandwidth(tiny ? (size_t)16 << 20 : (size_t)1 << 30);
 	double wbytes = 2.0 * (((double)NH * D * H * 2 + 2.0 * NKV * D * H + 3.0 * I * H) * L +
 			       (double)V * H);
 	printf("timing: device-to-device copy %.0f GB/s; weights %.3f GB (bf16, with the LM head)\n",
 	       bw / 1e9, wbytes / 1e9);
-	static const int batches[] = { 1, 64 };
+	static const int batches[] = { 1, 64 }, tiny_batches[] = { 1, 8 };
 	for (int bi = 0; bi < 2; bi++) {
-		int B = batches[bi];
+		int B = tiny ? tiny_batches[bi] : batches[bi];
 		double tps[3] = { 0 };
 		for (int rep = 0; rep < 2; rep++) /* v1, v2, v1, v2: the second pair is reported */
 			for (int mode = 1; mode <= 2; mode++) {
@@ -440,14 +446,14 @@ static void time_decode(int quick)
 				for (int i = 0; i < B; i++) {
 					pr[i] = xmalloc(PLEN * 4);
 					for (int j = 0; j < PLEN; j++)
-						pr[i][j] = 3 + (int32_t)((j < 200 ? j * 131 : (i + 1) * j * 7919) % (V - 3));
+						pr[i][j] = 3 + (int32_t)((j < PREFIX ? j * 131 : (i + 1) * j * 7919) % (V - 3));
 					pp[i] = pr[i];
 					lens[i] = PLEN;
 				}
 				bk_gen_config cfg = { .max_batch = B, .max_new = NEW, .max_seq = 2048,
 						      .sample = { 0, 1 } };
 				bk_gen *g = bk_gen_create(m, bk_gen_ops_for(D_), NULL, &cfg);
-				bk_gen_set_prefix(g, pp[0], 200);
+				bk_gen_set_prefix(g, pp[0], PREFIX);
 				for (int i = 0; i < B; i++) {
 					uint64_t key = 0, tag = (uint64_t)i;
 					bk_gen_submit(g, pp[i], lens[i], 1, &key, &tag);
@@ -483,7 +489,7 @@ static void time_decode(int quick)
 int main(int argc, char **argv)
 {
 	bk_diag_init(argv[0]);
-	int bench = 0, quick = 0;
+	int bench = 0, quick = 0, tiny = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--host"))
 			host_only = 1;
@@ -491,8 +497,10 @@ int main(int argc, char **argv)
 			bench = 1;
 		else if (!strcmp(argv[i], "--quick"))
 			quick = 1;
+		else if (!strcmp(argv[i], "--tiny"))
+			tiny = 1;
 		else
-			die_usage("usage: check_decode [--host] [--bench [--quick]]");
+			die_usage("usage: check_decode [--host] [--bench] [--quick | --tiny]");
 	}
 	bk_rng_seed(&rng, 20261201);
 	if (host_only) {
@@ -502,30 +510,38 @@ int main(int argc, char **argv)
 	}
 	D_ = bk_device_select("cuda");
 	if (bench) {
-		time_decode(quick);
+		time_decode(quick, tiny);
 		return 0;
 	}
 	bk_cuda_decode_set_mode(2);
 	const bk_gen_ops *G = bk_gen_ops_for(D_);
-	static const int lin[][2] = { { 2048, 2048 }, { 2048, 256 }, { 2048, 5632 },
-				      { 5632, 2048 }, { 2048, 32000 }, { 100, 37 }, { 264, 200 } };
-	static const int Ts[] = { 1, 8, 64, 65, 257 };
-	for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++)
-		for (size_t t = 0; t < sizeof(Ts) / sizeof(Ts[0]); t++)
-			if (lin[i][1] < 32000 || Ts[t] <= 64)
+	static const int big_lin[][2] = { { 2048, 2048 }, { 2048, 256 }, { 2048, 5632 },
+					  { 5632, 2048 }, { 2048, 32000 }, { 100, 37 }, { 264, 200 } };
+	static const int tiny_lin[][2] = { { 128, 128 }, { 128, 32 }, { 128, 352 },
+					   { 352, 128 }, { 128, 4099 }, { 100, 37 }, { 264, 200 } };
+	static const int big_Ts[] = { 1, 8, 64, 65, 257 }, tiny_Ts[] = { 1, 8, 65 };
+	const int (*lin)[2] = tiny ? tiny_lin : big_lin, *Ts = tiny ? tiny_Ts : big_Ts;
+	const int VH = tiny ? 4099 : 32000, NT = tiny ? 3 : 5;
+	for (size_t i = 0; i < sizeof(big_lin) / sizeof(big_lin[0]); i++)
+		for (int t = 0; t < NT; t++)
+			if (lin[i][1] < VH || Ts[t] <= 64)
 				check_linear(G, Ts[t], lin[i][0], lin[i][1]);
-	check_sample(G, 32000, 0, 1, 16, 4, 0);
-	check_sample(G, 32000, 0.8f, 0.9f, 64, 8, 0);     /* peaked */
-	check_sample(G, 32000, 1.0f, 0.9f, 64, 0.05f, 0); /* flat: the v1 full sort */
-	check_sample(G, 151936, 1.0f, 0.95f, 16, 0.1f, 0);
-	check_sample(G, 32000, 1.0f, 1.0f, 16, 2, 0);
+	const int NQ = tiny ? 2 : 16; /* rows of the Qwen vocabulary */
+	/* draws (rows): an eighth under --tiny */
+#define ND(n) (tiny ? ((n) / 8 > 2 ? (n) / 8 : 2) : (n))
+	check_sample(G, VH, 0, 1, ND(16), 4, 0);
+	check_sample(G, VH, 0.8f, 0.9f, ND(64), 8, 0);     /* peaked */
+	check_sample(G, VH, 1.0f, 0.9f, ND(64), 0.05f, 0); /* flat: the v1 full sort */
+	check_sample(G, 151936, 1.0f, 0.95f, NQ, 0.1f, 0);
+	check_sample(G, VH, 1.0f, 1.0f, ND(16), 2, 0);
 	/* top-k: HF's default 50 peaked and flat, 1, thousands of a flat row, K >= V */
-	check_sample(G, 32000, 0.8f, 0.9f, 64, 8, 50);
-	check_sample(G, 32000, 1.0f, 0.9f, 64, 0.05f, 50);
-	check_sample(G, 151936, 1.0f, 0.95f, 16, 0.1f, 50);
-	check_sample(G, 32000, 1.0f, 1.0f, 16, 2, 1);
-	check_sample(G, 32000, 1.0f, 0.9f, 64, 0.05f, 5000);
-	check_sample(G, 32000, 0.8f, 0.9f, 16, 8, 32000);
+	check_sample(G, VH, 0.8f, 0.9f, ND(64), 8, 50);
+	check_sample(G, VH, 1.0f, 0.9f, ND(64), 0.05f, 50);
+	check_sample(G, 151936, 1.0f, 0.95f, NQ, 0.1f, 50);
+	check_sample(G, VH, 1.0f, 1.0f, ND(16), 2, 1);
+	check_sample(G, VH, 1.0f, 0.9f, ND(64), 0.05f, tiny ? 3000 : 5000);
+	check_sample(G, VH, 0.8f, 0.9f, ND(16), 8, VH);
+#undef ND
 	check_engine();
 	return bk_test_done("check_decode");
 }

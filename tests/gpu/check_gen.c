@@ -19,7 +19,12 @@
  * only where the host's top-2 logit margin is within 4x the logit error there (a near
  * tie, reported with its step and margin); logits before it within 5e-2; the prefix
  * built once on each device.
- * One line per check; exit 1 on any failure.  Needs a GPU (dies naming the call). */
+ * --tiny (tests/gpu/run.sh --emu, the CPU's emulation of the GPU): the same checks at
+ * small sizes: linears up to 65 x 264 x 200, context lengths up to 257 and one of 600,
+ * 8 query heads at most, sampling rows of V 4099 for those of 32000 and a quarter of
+ * the draws (--e2e is stories260K's size either way).
+ * One line per check; exit 1 on any failure.  Needs a GPU (dies naming the call).
+ * Usage: check_gen [--e2e | --tiny] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -436,8 +441,45 @@ int main(int argc, char **argv)
 		check_e2e();
 		return bk_test_done("check_gen --e2e");
 	}
-	if (argc > 1)
-		die_usage("usage: check_gen [--e2e]");
+	int tiny = argc > 1 && !strcmp(argv[1], "--tiny");
+	if (argc > 2 || (argc > 1 && !tiny))
+		die_usage("usage: check_gen [--e2e | --tiny]");
+	if (tiny) {
+		static const int lin[][3] = { { 1, 64, 96 }, { 7, 172, 64 }, { 17, 100, 37 },
+					      { 65, 264, 200 }, { 3, 8, 5 } };
+		for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++)
+			check_linear(lin[i][0], lin[i][1], lin[i][2]);
+		check_lora(1, 64, 96, 8);
+		check_lora(37, 172, 64, 16);
+		static const int l1[] = { 1, 15, 16, 17, 33 };
+		static const int l2[] = { 7, 128, 129, 257 };
+		static const int l3[] = { 230, 600 };
+		check_attend(8, 4, 8, l1, 5, 1);
+		check_attend(8, 4, 8, l1, 5, 40);
+		check_attend(8, 1, 64, l2, 4, 1);
+		check_attend(8, 1, 64, l2, 4, 9);
+		check_attend(2, 2, 128, l2, 4, 3);
+		check_attend(4, 2, 64, l3, 2, 2);
+		check_attend_p(8, 4, 8, l1, 5, 40, 0, 0, 5);
+		check_attend_p(8, 1, 64, l2, 4, 9, 0, 0, 100);
+		check_attend_p(4, 2, 64, l3, 2, 2, 0, 0, 512);
+		check_attend_p(4, 2, 64, l2, 4, 3, 0.0625f, 50.0f, 0);
+		check_attend_p(2, 1, 256, l2, 4, 2, 0.0625f, 3.0f, 300);
+		check_sample(512, 0, 1, 64, 0);
+		check_sample(4099, 0, 1, 75, 0);
+		check_sample(512, 0.8f, 0.9f, 64, 0);
+		check_sample(4099, 0.8f, 0.9f, 16, 0);
+		check_sample(4099, 1.5f, 0.5f, 8, 0);
+		check_sample(1001, 1.0f, 1.0f, 24, 0);
+		check_sample(4099, 0.7f, 0.999f, 4, 0);
+		check_sample(512, 0.8f, 0.9f, 64, 50);
+		check_sample(4099, 0.8f, 0.9f, 16, 50);
+		check_sample(4099, 1.0f, 1.0f, 6, 50);
+		check_sample(4099, 1.5f, 0.5f, 8, 1);
+		check_sample(4099, 1.0f, 0.999f, 4, 3000);
+		check_sample(1001, 1.0f, 0.9f, 24, 1001);
+		return bk_test_done("check_gen --tiny");
+	}
 
 	static const int lin[][3] = { { 1, 64, 96 },    { 7, 172, 64 },  { 16, 2048, 256 },
 				      { 17, 100, 37 },  { 33, 256, 512 }, { 64, 5632, 128 },

@@ -41,7 +41,10 @@
  * --host (no GPU; the dry run): the host twin's proj ops against its own linear and
  * LoRA ops called in turn (bit for bit), and against the host on bf16-rounded x, W, A
  * and dy (an emulation of the device's input rounding) with the bounds above, plus the
- * sensitivity lines.  Usage: check_linear [--host | --no-bench] */
+ * sensitivity lines.  --tiny (tests/gpu/run.sh --emu, the CPU's emulation of the GPU):
+ * the cases above without the realistic one, and the timing rows at a small layer
+ * (H 128, I 352, 4/1 heads of 32, 64 tokens, r 8, 2 layers).
+ * Usage: check_linear [--host | --no-bench | --tiny] */
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
@@ -447,7 +450,7 @@ static void bench_group(const char *name, int T, int in, int n, const int *outs,
 	float *hw = NULL;
 	size_t hwn = 0;
 	bk_weight *w[BK_PROJ_MAX];
-	float *bufs[4 * BK_PROJ_MAX];
+	float *bufs[6 * BK_PROJ_MAX]; /* y, dy, A, B, dA, dB of each member */
 	int nb = 0;
 	double flops = 0;
 	for (int j = 0; j < n; j++) {
@@ -503,10 +506,10 @@ static void bench_group(const char *name, int T, int in, int n, const int *outs,
 	free(hw);
 }
 
-/* the TinyLlama-1.1B layer at 16 x 256 tokens, r = 16 on all seven projections */
-static void bench(void)
+/* a layer (the TinyLlama-1.1B one at 16 x 256 tokens, r = 16 on all seven projections,
+ * 22 layers; --tiny a small one) */
+static void bench(const char *shape, int T, int Hd, int Im, int QD, int KVD, int R, int L)
 {
-	const int T = 16 * 256, Hd = 2048, Im = 5632, QD = 32 * 64, KVD = 4 * 64, R = 16;
 	const int qkv[3] = { QD, KVD, KVD }, o[1] = { Hd }, gu[2] = { Im, Im }, dn[1] = { Hd };
 	double ms[4][2][NPATH], tot[2][NPATH] = { { 0 } }, step[NPATH];
 	bench_group("q/k/v", T, Hd, 3, qkv, R, ms[0]);
@@ -518,12 +521,12 @@ static void bench(void)
 			for (int k = 0; k < NPATH; k++)
 				tot[d][k] += ms[g][d][k];
 	for (int k = 0; k < NPATH; k++)
-		step[k] = 22 * (tot[0][k] + tot[1][k]);
-	printf("linear layer total (7 projections, TinyLlama 16x256, r 16): fwd v1 %.3f ms, v2 "
-	       "%.3f ms, v3 %.3f ms; bwd v1 %.3f ms, v2 %.3f ms, v3 %.3f ms; x 22 layers "
-	       "fwd+bwd: v1 %.1f ms, v2 %.1f ms, v3 %.1f ms per step\n",
-	       tot[0][0], tot[0][1], tot[0][2], tot[1][0], tot[1][1], tot[1][2], step[0], step[1],
-	       step[2]);
+		step[k] = L * (tot[0][k] + tot[1][k]);
+	printf("linear layer total (7 projections, %s, r %d): fwd v1 %.3f ms, v2 %.3f ms, v3 "
+	       "%.3f ms; bwd v1 %.3f ms, v2 %.3f ms, v3 %.3f ms; x %d layers fwd+bwd: v1 %.1f ms, "
+	       "v2 %.1f ms, v3 %.1f ms per step\n",
+	       shape, R, tot[0][0], tot[0][1], tot[0][2], tot[1][0], tot[1][1], tot[1][2], L,
+	       step[0], step[1], step[2]);
 	/* the ranking, fastest first, by the whole layer (fwd + bwd) */
 	int rk[NPATH] = { 0, 1, 2 };
 	for (int i = 0; i < NPATH; i++)
@@ -532,24 +535,26 @@ static void bench(void)
 				int t = rk[i];
 				rk[i] = rk[j], rk[j] = t;
 			}
-	printf("linear ranking (TinyLlama layer fwd+bwd, 16x256, r 16): v%d %.1f ms < v%d %.1f ms "
-	       "< v%d %.1f ms per step (v%d is %.2fx v1)\n",
-	       rk[0] + 1, step[rk[0]], rk[1] + 1, step[rk[1]], rk[2] + 1, step[rk[2]], rk[0] + 1,
-	       step[0] / step[rk[0]]);
+	printf("linear ranking (%s layer fwd+bwd, r %d): v%d %.1f ms < v%d %.1f ms < v%d %.1f ms "
+	       "per step (v%d is %.2fx v1)\n",
+	       shape, R, rk[0] + 1, step[rk[0]], rk[1] + 1, step[rk[1]], rk[2] + 1, step[rk[2]],
+	       rk[0] + 1, step[0] / step[rk[0]]);
 }
 #endif
 
 int main(int argc, char **argv)
 {
 	bk_diag_init(argv[0]);
-	int do_bench = 1;
+	int do_bench = 1, tiny = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--host"))
 			host_mode = 1;
 		else if (!strcmp(argv[i], "--no-bench"))
 			do_bench = 0;
+		else if (!strcmp(argv[i], "--tiny"))
+			tiny = 1;
 		else
-			die("usage: check_linear [--host | --no-bench]");
+			die("usage: check_linear [--host | --no-bench | --tiny]");
 	}
 #ifdef BK_HAVE_CUDA
 	G = &bk_ops_cuda;
@@ -577,16 +582,18 @@ int main(int argc, char **argv)
 	};
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
 		run_case(&cases[c]);
-	if (!host_mode) { /* realistic: the TinyLlama q/k/v group at 512 tokens */
+	if (!host_mode && !tiny) { /* realistic: the TinyLlama q/k/v group at 512 tokens */
 		static const gcase big = { 512, 2048, 3, { 2048, 256, 256 }, { 1, 1, 1 }, 16, 2.0f,
 					   0.0f };
 		run_case(&big);
 	}
 #ifdef BK_HAVE_CUDA
-	if (!host_mode && do_bench)
-		bench();
+	if (!host_mode && do_bench && tiny)
+		bench("small 64 tokens", 64, 128, 352, 4 * 32, 32, 8, 2);
+	else if (!host_mode && do_bench)
+		bench("TinyLlama 16x256", 16 * 256, 2048, 5632, 32 * 64, 4 * 64, 16, 22);
 #else
-	(void)do_bench;
+	(void)do_bench, (void)tiny;
 #endif
 	printf("check_linear: %d lines, %d failed\n", n_lines, n_fail);
 	return n_fail ? 1 : 0;

@@ -26,7 +26,11 @@
  * Timing: "loss <op> <shape>: v1 X ms, v2 Y ms, v1/v2 R" at the Qwen2.5-0.5B head
  * (H 896, V 151936, 2048 rows) and the TinyLlama head (H 2048, V 32000, 4096 rows), K 64,
  * with d_hidden, median of 5 after a warm-up.
- * Usage: check_loss [--no-bench] | check_loss --bad N (internal: one bad-input case) */
+ * --tiny (tests/gpu/run.sh --emu, the CPU's emulation of the GPU): the V = 5003 case with
+ * 40 rows, the V = 151936 one with 2 (one row block), the timing rows at a small head
+ * (H 64, V 4099, 16 and 32 rows).
+ * Usage: check_loss [--no-bench | --tiny] | check_loss --bad N (internal: one bad-input
+ * case) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -294,15 +298,21 @@ int main(int argc, char **argv)
 	if (argc == 3 && !strcmp(argv[1], "--bad"))
 		return run_bad(atoi(argv[2]));
 	int no_bench = argc > 1 && !strcmp(argv[1], "--no-bench");
+	int tiny = argc > 1 && !strcmp(argv[1], "--tiny");
+	if (argc > 2 || (argc > 1 && !no_bench && !tiny))
+		die_usage("usage: check_loss [--no-bench | --tiny] | check_loss --bad N");
 	for (int mode = 1; mode <= 2; mode++) {
 		check_case(mode, 37, 64, 1000, 256, 1.0f, 16, 0.0f);
 		check_case(mode, 37, 64, 1000, 256, 1.5f, 16, 2.0f);
-		check_case(mode, 150, 96, 5003, 1024, 1.0f, 64, 30.0f);
-		check_case(mode, 400, 64, 151936, 4096, 1.0f, 32, 2.0f);
+		check_case(mode, tiny ? 40 : 150, 96, 5003, 1024, 1.0f, 64, 30.0f);
+		check_case(mode, tiny ? 2 : 400, 64, 151936, 4096, 1.0f, 32, 2.0f);
 	}
 	check_bad(argv[0]);
 	bk_cuda_loss_set_mode(1);
-	if (!no_bench) {
+	if (tiny) {
+		bench(16, 64, 4099, 64, "small head");
+		bench(32, 64, 4099, 64, "small head");
+	} else if (!no_bench) {
 		bench(2048, 896, 151936, 64, "Qwen2.5-0.5B head");
 		bench(4096, 2048, 32000, 64, "TinyLlama head");
 	}

@@ -12,7 +12,10 @@
  *     up to 8x longer), lse absolute 2e-4.
  * Outputs are poisoned with NaN before each run; NaN never passes.  One line per case
  * and output ("ok" / "FAIL"), a summary line last; exit 1 on any failure.
- * Usage: check_sizes */
+ * --tiny (tests/gpu/run.sh --emu, the CPU's emulation of the GPU): the loss at V = 151936
+ * (the same chunks) with 4 rows of H 64, the attention at 1 x 128 and 2 x 80 tokens, 8/1
+ * heads.
+ * Usage: check_sizes [--tiny] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -177,12 +180,19 @@ static void check_attention(int S, int len, int NH, int NKV, int D)
 int main(int argc, char **argv)
 {
 	bk_diag_init(argv[0]);
-	if (argc > 1)
-		die_usage("usage: check_sizes");
+	int tiny = argc == 2 && !strcmp(argv[1], "--tiny");
+	if (argc > 2 || (argc == 2 && !tiny))
+		die_usage("usage: check_sizes [--tiny]");
 	bk_rng_seed(&rng, 151936);
-	check_loss(128, 1536, 151936, 4096);
-	check_attention(1, 1024, 32, 4, 64);
-	check_attention(2, 2048, 32, 4, 64);
+	if (tiny) {
+		check_loss(4, 64, 151936, 4096);
+		check_attention(1, 128, 8, 1, 64);
+		check_attention(2, 80, 8, 1, 64);
+	} else {
+		check_loss(128, 1536, 151936, 4096);
+		check_attention(1, 1024, 32, 4, 64);
+		check_attention(2, 2048, 32, 4, 64);
+	}
 	printf("check_sizes: %d lines, %d failed\n", n_lines, n_fail);
 	return n_fail ? 1 : 0;
 }

@@ -13,8 +13,10 @@
  *   bf16 linear (activation rounded to bf16: 2^-9 per element)     1e-2
  *   LoRA (TF32 operands, 2^-11 per element)                        5e-3
  *   attention (fp32 or bf16 inside, whichever cuda_attention.cu does) 2e-2
- * Usage: test_cuda_ops [--host]   (--host: judge the host twin against itself, a dry
- * run of this program on a machine without a GPU: every error must be 0). */
+ * Usage: test_cuda_ops [--host] [--tiny]   (--host: judge the host twin against itself, a
+ * dry run of this program on a machine without a GPU: every error must be 0; --tiny:
+ * T = 1, 7, 33 and H = 64 only, every op and the rest as above, for tests/gpu/run.sh
+ * --emu on the CPU's emulation of the GPU). */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -426,20 +428,25 @@ int main(int argc, char **argv)
 #else
 	dut = NULL;
 #endif
-	if (argc > 1 && !strcmp(argv[1], "--host"))
-		dut = &bk_ops_host;
-	else if (argc > 1)
-		die_usage("usage: test_cuda_ops [--host]");
+	int tiny = 0;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--host"))
+			dut = &bk_ops_host;
+		else if (!strcmp(argv[i], "--tiny"))
+			tiny = 1;
+		else
+			die_usage("usage: test_cuda_ops [--host] [--tiny]");
+	}
 	if (!dut)
 		die("test_cuda_ops: built without CUDA; only --host is available");
 	bk_rng_seed(&rng, 20240611);
 	printf("# %s vs %s (relerr = max|dut-ref| / max(max|ref|, %g))\n", dut->name, ref->name,
 	       FLOOR);
 	t_complete();
-	static const int Ts[] = { 1, 7, 64, 257 }, Hs[] = { 64, 96 };
-	for (size_t a = 0; a < 4; a++) {
-		int T = Ts[a];
-		for (size_t b = 0; b < 2; b++) {
+	static const int Ts[] = { 1, 7, 64, 257 }, Hs[] = { 64, 96 }, tinyTs[] = { 1, 7, 33 };
+	for (size_t a = 0; a < (tiny ? 3u : 4u); a++) {
+		int T = tiny ? tinyTs[a] : Ts[a];
+		for (size_t b = 0; b < (tiny ? 1u : 2u); b++) {
 			int H = Hs[b];
 			t_embedding(T, H);
 			t_rmsnorm(T, H);
