@@ -28,9 +28,10 @@
  *      read); rows "decode v1|v2 batch B: ..." and a ratio.
  * --host: part 3 with the host twin on both sides (the dry run without a GPU).
  * --tiny (tests/gpu/run.sh --emu, the CPU's emulation of the GPU): part 1 at in/out up to
- * 352 and 4099 (the LM-head-like one), T = 1, 8 and 65; part 2 at V 4099 for 32000, 2
- * rows of 151936 and an eighth of the other draws; part 3 as it is; with --bench: a 2-layer model of H 128 (4/2 heads,
- * I 352, V 1000), a 40-token prompt, 8 new tokens at batch 1 and 8.
+ * 352 and 4099 (the LM-head-like one), T = 1, 8 and 65; part 2 at V 1031 for 32000 and
+ * 2 rows of V 4099 for 151936, an eighth of the other draws, a K of 600 for the
+ * thousands; part 3 as it is; with --bench: a 2-layer model of H 128 (4/2 heads, I 352,
+ * V 1000), a 24-token prompt (16 shared), 4 new tokens at batch 1 and 4.
  * One line per check; exit 1 on any failure.
  * Usage: check_decode [--host] [--bench] [--quick | --tiny] */
 #include <math.h>
@@ -422,7 +423,7 @@ static void time_decode(int quick, int tiny)
 {
 	const int H = tiny ? 128 : 2048, L = quick || tiny ? 2 : 22, NH = tiny ? 4 : 32,
 		  NKV = tiny ? 2 : 4, I = tiny ? 352 : 5632, V = tiny ? 1000 : 32000, D = H / NH;
-	const int PLEN = tiny ? 40 : 230, NEW = tiny ? 8 : 64, PREFIX = tiny ? 30 : 200;
+	const int PLEN = tiny ? 24 : 230, NEW = tiny ? 4 : 64, PREFIX = tiny ? 16 : 200;
 	double t0 = now();
 	bk_model *m = random_model(D_, H, L, NH, NKV, I, V, 8.0f, 3);
 	bk_cuda_sync();
@@ -433,7 +434,7 @@ static void time_decode(int quick, int tiny)
 			       (double)V * H);
 	printf("timing: device-to-device copy %.0f GB/s; weights %.3f GB (bf16, with the LM head)\n",
 	       bw / 1e9, wbytes / 1e9);
-	static const int batches[] = { 1, 64 }, tiny_batches[] = { 1, 8 };
+	static const int batches[] = { 1, 64 }, tiny_batches[] = { 1, 4 };
 	for (int bi = 0; bi < 2; bi++) {
 		int B = tiny ? tiny_batches[bi] : batches[bi];
 		double tps[3] = { 0 };
@@ -522,25 +523,26 @@ int main(int argc, char **argv)
 	static const int big_Ts[] = { 1, 8, 64, 65, 257 }, tiny_Ts[] = { 1, 8, 65 };
 	const int (*lin)[2] = tiny ? tiny_lin : big_lin, *Ts = tiny ? tiny_Ts : big_Ts;
 	const int VH = tiny ? 4099 : 32000, NT = tiny ? 3 : 5;
+	const int VS = tiny ? 1031 : 32000; /* the sampler's rows */
 	for (size_t i = 0; i < sizeof(big_lin) / sizeof(big_lin[0]); i++)
 		for (int t = 0; t < NT; t++)
 			if (lin[i][1] < VH || Ts[t] <= 64)
 				check_linear(G, Ts[t], lin[i][0], lin[i][1]);
-	const int NQ = tiny ? 2 : 16; /* rows of the Qwen vocabulary */
+	const int VQ = tiny ? 4099 : 151936, NQ = tiny ? 2 : 16; /* the Qwen vocabulary */
 	/* draws (rows): an eighth under --tiny */
 #define ND(n) (tiny ? ((n) / 8 > 2 ? (n) / 8 : 2) : (n))
-	check_sample(G, VH, 0, 1, ND(16), 4, 0);
-	check_sample(G, VH, 0.8f, 0.9f, ND(64), 8, 0);     /* peaked */
-	check_sample(G, VH, 1.0f, 0.9f, ND(64), 0.05f, 0); /* flat: the v1 full sort */
-	check_sample(G, 151936, 1.0f, 0.95f, NQ, 0.1f, 0);
-	check_sample(G, VH, 1.0f, 1.0f, ND(16), 2, 0);
+	check_sample(G, VS, 0, 1, ND(16), 4, 0);
+	check_sample(G, VS, 0.8f, 0.9f, ND(64), 8, 0);     /* peaked */
+	check_sample(G, VS, 1.0f, 0.9f, ND(64), 0.05f, 0); /* flat: the v1 full sort */
+	check_sample(G, VQ, 1.0f, 0.95f, NQ, 0.1f, 0);
+	check_sample(G, VS, 1.0f, 1.0f, ND(16), 2, 0);
 	/* top-k: HF's default 50 peaked and flat, 1, thousands of a flat row, K >= V */
-	check_sample(G, VH, 0.8f, 0.9f, ND(64), 8, 50);
-	check_sample(G, VH, 1.0f, 0.9f, ND(64), 0.05f, 50);
-	check_sample(G, 151936, 1.0f, 0.95f, NQ, 0.1f, 50);
-	check_sample(G, VH, 1.0f, 1.0f, ND(16), 2, 1);
-	check_sample(G, VH, 1.0f, 0.9f, ND(64), 0.05f, tiny ? 3000 : 5000);
-	check_sample(G, VH, 0.8f, 0.9f, ND(16), 8, VH);
+	check_sample(G, VS, 0.8f, 0.9f, ND(64), 8, 50);
+	check_sample(G, VS, 1.0f, 0.9f, ND(64), 0.05f, 50);
+	check_sample(G, VQ, 1.0f, 0.95f, NQ, 0.1f, 50);
+	check_sample(G, VS, 1.0f, 1.0f, ND(16), 2, 1);
+	check_sample(G, VS, 1.0f, 0.9f, ND(64), 0.05f, tiny ? 600 : 5000);
+	check_sample(G, VS, 0.8f, 0.9f, ND(16), 8, VS);
 #undef ND
 	check_engine();
 	return bk_test_done("check_decode");

@@ -16,13 +16,19 @@
 # Exit status 0 passed, 1 failed, 77 skipped (no libnccl.so.2 on the machine: run.sh
 # writes a SKIP row).  --host LIB: the same on the host twin with a stand-in library
 # (tests/unit/fake_nccl.c, BK_NCCL_HOST=1), to check this script on a machine without
-# a GPU.  The last line sums up.
+# a GPU.  --tiny (tests/gpu/run.sh --emu, the CPU's emulation of the GPU, with the
+# stand-in library as BK_NCCL_LIB): one epoch instead of two.  The last line sums up.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 BUILD=${BUILD:-build/gpu}
 case $BUILD in /*) B=$BUILD ;; *) B=$PWD/$BUILD ;; esac
-DEV=cuda HOSTLIB=
-if [ "${1:-}" = --host ]; then DEV=cpu HOSTLIB=${2:?--host LIB}; fi
+DEV=cuda HOSTLIB= EPOCHS=2
+case ${1:-} in
+--host) DEV=cpu HOSTLIB=${2:?--host LIB} ;;
+--tiny) EPOCHS=1 ;;
+"") ;;
+*) echo "check_dist.sh: error: unknown argument '$1' (usage: check_dist.sh [--host LIB | --tiny])" >&2; exit 2 ;;
+esac
 W=$(mktemp -d "${TMPDIR:-/tmp}/bk-dist-gpu.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 export XDG_CACHE_HOME="$W/cache" PATH="$B/bin:$PATH" TMPDIR="$W"
@@ -63,7 +69,7 @@ M=models/stories260K
 bk-tokenize --model $M --system "Sparky is a friendly dragon who lives in a cave." \
 	tests/data/pipe/bake.json 2>"$W/tok.err" | bk-lens -q --max-tokens 128 >"$W/b.bk" ||
 	{ cat "$W/tok.err"; echo "check_dist.sh: FAIL: no data (bk-tokenize | bk-lens)"; exit 1; }
-F="--model $M --device $DEV --lora-r 8 --lora-alpha 16 --lr 2e-3 --batch-size 1 --epochs 2 --grad-accum 2 --seed 1 --logging-steps 1"
+F="--model $M --device $DEV --lora-r 8 --lora-alpha 16 --lr 2e-3 --batch-size 1 --epochs $EPOCHS --grad-accum 2 --seed 1 --logging-steps 1"
 fail=0
 bad() { fail=1; echo "check_dist.sh: FAIL: $*"; }
 run() { # name, env assignments...: one bk-step run into $W/name

@@ -10,19 +10,27 @@
 #      built once; greedy text equal to --device cpu's for most records (reported);
 #   4. bk-gen --device cuda --top-k (bk-bake passes HF's 50): 50 does not depend on
 #      --max-batch, 512 (the vocabulary) gives the tokens of no top-k, 1 those of greedy.
+# --tiny (tests/gpu/run.sh --emu, the CPU's emulation of the GPU): check_gen --tiny, and
+# bk-gen with 2 trajectories of 8 new tokens instead of 3 of 40.
 # Exit status 1 when a check fails; the last line sums up.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/gpu}
-B=$PWD/$BUILD
+TINY= NEW=40 NT=3
+case ${1:-} in
+--tiny) TINY=--tiny NEW=8 NT=2 ;;
+"") ;;
+*) echo "check_gen.sh: error: unknown argument '$1' (usage: check_gen.sh [--tiny])" >&2; exit 2 ;;
+esac
+case $BUILD in /*) B=$BUILD ;; *) B=$PWD/$BUILD ;; esac
 W=$(mktemp -d "${TMPDIR:-/tmp}/bk-gen-gpu.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 export XDG_CACHE_HOME="$W/cache" PATH="$B/bin:$PATH"
 fail=0 notes=()
 bad() { fail=1; echo "check_gen.sh: FAIL: $*"; }
 
-echo "== check_gen (ops vs host twin)"
-"$B/tests/gpu/check_gen" || bad "check_gen"
+echo "== check_gen $TINY (ops vs host twin)"
+"$B/tests/gpu/check_gen" $TINY || bad "check_gen $TINY"
 echo "== check_gen --e2e (greedy, stories260K, cuda vs cpu)"
 "$B/tests/gpu/check_gen" --e2e | tee "$W/e2e.log" || bad "check_gen --e2e"
 notes+=("e2e: $(grep -c 'greedy tokens equal' "$W/e2e.log") of 8 prompts equal")
@@ -31,7 +39,7 @@ echo "== bk-gen --device cuda"
 M=models/stories260K
 bk-tokenize --model $M --system "Sparky the dragon lives in a big castle." \
 	tests/data/pipe/stories.txt -o "$W/s.bk" 2>/dev/null || bad "bk-tokenize"
-G="bk-gen --model $M --num-trajectories 3 --max-new-tokens 40 --seed 5"
+G="bk-gen --model $M --num-trajectories $NT --max-new-tokens $NEW --seed 5"
 for mb in 1 7 64; do
 	$G --device cuda --max-batch $mb "$W/s.bk" -o "$W/c$mb.bk" 2>"$W/c$mb.err" || { tail -3 "$W/c$mb.err"; bad "bk-gen cuda --max-batch $mb"; }
 done

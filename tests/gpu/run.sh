@@ -18,19 +18,28 @@
 # memory / clocks / power every 0.5 s) and logs.tar.gz (every log, re-packed after each
 # stage): 4 files.  Logs themselves live in a temporary directory.
 # Usage: tests/gpu/run.sh [--prebuilt] [--pack DIR] --out DIR [--budget SECONDS]
-#                         [--dry-run] [--quick]
+#                         [--dry-run | --emu] [--quick]
 #   --prebuilt  use the pack (tests/gpu/pack.sh, default .gpu) as it is; without it the
 #               pack is made first (a CUDA build: minutes)
 #   --dry-run   on a machine without a GPU: the same script end to end in seconds, GPU
 #               stages reported "skipped (dry run)", host twin and tiny shapes instead
-#   --quick     2 layers instead of 22 in the TinyLlama-shaped benchmarks
+#   --emu       the rehearsal of the device run (also BK_GPU_EMU=1): every stage in
+#               device mode, its GPU part on the CPU's emulation of the GPU (make emu:
+#               build-emu, packed from ${BUILD:-build-emu} unless --prebuilt), at small
+#               sizes (each check program's --tiny, small bench shapes); timing rows
+#               say "ran (emulated: not a speed)"; the HF / Python comparisons and
+#               compute-sanitizer are skipped with a row saying why.  A few minutes.
+#   --quick     2 layers instead of 22 in the TinyLlama-shaped benchmarks; with --emu:
+#               the make-test subset (each check program, but check_gen.sh, check_dist.sh
+#               and the bk-step comparisons once each, one bench_step size)
 # Exit status: 1 when a correctness check failed (benchmarks only report), 2 on usage.
 set -uo pipefail
 HERE=$PWD
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-PACK= OUT= BUDGET=480 DRY=0 PREBUILT=0 QUICK=0
-USAGE="usage: tests/gpu/run.sh [--prebuilt] [--pack DIR] --out DIR [--budget SECONDS] [--dry-run] [--quick]"
+PACK= OUT= BUDGET=480 DRY=0 PREBUILT=0 QUICK=0 EMU=0
+[ "${BK_GPU_EMU:-0}" = 1 ] && EMU=1
+USAGE="usage: tests/gpu/run.sh [--prebuilt] [--pack DIR] --out DIR [--budget SECONDS] [--dry-run | --emu] [--quick]"
 usage() { echo "run.sh: error: $1 ($USAGE)" >&2; exit 2; }
 while [ $# -gt 0 ]; do
 	case $1 in
@@ -39,11 +48,15 @@ while [ $# -gt 0 ]; do
 	--out) OUT=${2:?}; shift 2 ;;
 	--budget) BUDGET=${2:?}; shift 2 ;;
 	--dry-run) DRY=1; shift ;;
+	--emu) EMU=1; shift ;;
 	--quick) QUICK=1; shift ;;
 	*) usage "unknown argument '$1'" ;;
 	esac
 done
 [ -n "$OUT" ] || usage "--out DIR is required"
+[ $DRY = 1 ] && [ $EMU = 1 ] && usage "--dry-run and --emu (BK_GPU_EMU=1) exclude each other"
+# --emu: the device run on the emulated GPU; TINY is every check program's small-size flag
+TINY=; [ $EMU = 1 ] && TINY=--tiny
 case $OUT in /*) ;; *) OUT=$HERE/$OUT ;; esac # relative to where run.sh was started
 case $PACK in "") PACK=.gpu ;; /*) ;; *) PACK=$HERE/$PACK ;; esac
 [[ $BUDGET =~ ^[0-9]+$ ]] && [ "$BUDGET" -ge 10 ] || usage "--budget '$BUDGET': a number of seconds, at least 10"
@@ -72,6 +85,15 @@ row() { # stage check result seconds note
 		"$(cell "$3")" "$4" "$(cell "$5")" >>"$R"
 }
 fail_row() { FAILS=$((FAILS + 1)); FAILED+=("$2"); row "$1" "$2" "FAIL" "$3" "$4"; }
+# trow: a timing row; under --emu a measured result is no speed: the result cell says so
+# and the number goes to the note; a benchmark that failed there is a failure (it ran
+# only for its code paths; on a GPU a failed benchmark only reports)
+trow() { # stage check result seconds note
+	if [ $EMU = 0 ]; then row "$@"
+	elif [[ $3 == FAIL* || $3 == TIMEOUT* || $3 == "not in the pack" ]]; then fail_row "$1" "$2" "$4" "$3: $5"
+	elif [[ $3 == "not run"* ]]; then row "$@"
+	else row "$1" "$2" "ran (emulated: not a speed)" "$4" "$3; $5"; fi
+}
 archive() { # every log into one archive, atomically replaced; kept under 15 MiB
 	tar -czf "$OUT/.logs.tar.gz" -C "$W" logs 2>/dev/null
 	if [ "$(stat -c %s "$OUT/.logs.tar.gz" 2>/dev/null || echo 0)" -gt 15000000 ]; then
@@ -110,6 +132,9 @@ trap 'finish "run.sh exited early"' EXIT
 # failing one also when re-run with BK_CUDA_SYNC=1).
 stage() {
 	local name=$1 max=$2 l; shift 2
+	# the emulation is slow and a shared machine slower: a stage's own limit (sized for
+	# the device) times 4; the budget still bounds the whole run
+	[ $EMU = 1 ] && max=$((max * 4))
 	l=$(left)
 	S_LIM=$((max < l ? max : l)) S_DT=0
 	if [ $S_LIM -lt $MIN_STAGE ]; then
@@ -169,18 +194,32 @@ check() {
 	return 1
 }
 
+# --emu --quick (make test's subset, tests/t0991-gpu-emu.sh): the check programs and
+# scripts named here run; each other one gets a row saying so
+EMU_QUICK="test_cuda_ops check_optim check_gen check_linear check_sizes check_dist.sh"
+unselected() { # NAME [PART]: true (and a row) when --emu --quick leaves NAME out
+	[ $EMU = 1 ] && [ $QUICK = 1 ] || return 1
+	case " $EMU_QUICK " in *" $1 "*) return 1 ;; esac
+	row "${2:-gpu}" "$1" "skipped (--emu --quick)" "" "not in make test's subset (tests/t0991); run.sh --emu runs it"
+}
+
 # ---- the pack -----------------------------------------------------------------------
 START=$SECONDS
 {
 	echo "# bakery GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 	echo
-	echo "Mode: $([ $DRY = 1 ] && echo "DRY RUN (no GPU; GPU stages skipped, tiny shapes)" || echo device); budget $BUDGET s; pack $PACK$([ $QUICK = 1 ] && echo "; --quick (2 layers)")."
+	if [ $DRY = 1 ]; then mode="DRY RUN (no GPU; GPU stages skipped, tiny shapes)"
+	elif [ $EMU = 1 ]; then mode="EMULATED (--emu: the device run with the CUDA code on the CPU's emulation of the GPU, gpu/emu; small sizes; timings are no speeds)"
+	else mode=device; fi
+	echo "Mode: $mode; budget $BUDGET s; pack $PACK$([ $QUICK = 1 ] && echo "; --quick$([ $EMU = 1 ] && echo " (the make-test subset)" || echo " (2 layers)")")."
 	echo
 	echo "| # | part | check | result | s | note |"
 	echo "|---|---|---|---|---|---|"
 } >"$R"
 if [ $PREBUILT = 0 ]; then
-	if [ $DRY = 1 ]; then popt="--build ${BUILD:-build} --no-build --no-wheels"; else popt=; fi
+	if [ $DRY = 1 ]; then popt="--build ${BUILD:-build} --no-build --no-wheels"
+	elif [ $EMU = 1 ]; then popt="--build ${BUILD:-build-emu} --no-build --no-wheels"
+	else popt=; fi
 	# shellcheck disable=SC2086
 	if stage pack 900 tests/gpu/pack.sh --pack "$PACK" $popt; then
 		row "pack" "tests/gpu/pack.sh" "ok" "$S_DT" "$(tail -1 "$LOGS/pack.log")"
@@ -271,15 +310,22 @@ except Exception:
 	sed -n '1,/^$/p' "$P/MANIFEST"
 } >"$OUT/env.txt" 2>&1
 GPU=$(sys_env nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-if [ $DRY = 0 ] && [ -n "$GPU" ]; then
+if [ $DRY = 0 ] && [ $EMU = 0 ] && [ -n "$GPU" ]; then
 	q=timestamp,utilization.gpu,utilization.memory,memory.used,memory.total,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
 	sys_env nvidia-smi --query-gpu=$q --format=csv -c 1 >/dev/null 2>&1 || q=timestamp,utilization.gpu,memory.used,memory.total,clocks.sm,clocks.mem,power.draw,temperature.gpu
 	sys_env nvidia-smi --query-gpu=$q --format=csv -lms 500 >"$OUT/smi.csv" 2>&1 &
 	SMI_PID=$!
 	row "env" "GPU" "$GPU" "" "$(sys_env nvidia-smi --query-gpu=driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1); nvcc $(sys_env nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p'); trace in smi.csv"
 else
-	echo "no GPU trace: $([ $DRY = 1 ] && echo "dry run" || echo "nvidia-smi found no GPU")" >"$OUT/smi.csv"
+	echo "no GPU trace: $([ $DRY = 1 ] && echo "dry run" || { [ $EMU = 1 ] && echo "emulation (--emu)"; } || echo "nvidia-smi found no GPU")" >"$OUT/smi.csv"
 	if [ $DRY = 1 ]; then row "env" "GPU" "none (dry run)" "" "env.txt has the machine"
+	elif [ $EMU = 1 ]; then
+		# the pack must be the emulation's: a CUDA build would need a GPU here
+		if grep -aq BK_EMU_DEVICE_MEMORY "$P/bin/bk-step"; then
+			row "env" "GPU" "emulated (gpu/emu)" "" "the CUDA code on the CPU, $(nproc) cores; device memory ${BK_EMU_DEVICE_MEMORY:-4G} (BK_EMU_DEVICE_MEMORY); no speed, no hardware rounding, no true concurrency"
+		else
+			fail_row "env" "GPU" "" "--emu but the pack's bk-step is not the emulation's (make emu; pack.sh --build build-emu)"
+		fi
 	else fail_row "env" "GPU" "" "nvidia-smi shows no GPU: every GPU stage below will fail"; fi
 fi
 archive
@@ -294,50 +340,66 @@ done
 progs=$(for f in tests/gpu/test_*.c tests/gpu/test_*.cu tests/gpu/check_*.c tests/gpu/check_*.cu; do
 	[ -f "$f" ] && basename "${f%.*}"; done | awk '{ k = $0 == "test_cuda_ops" ? 0 : $0 == "check_attention" ? 1 : $0 == "check_optim" ? 2 : $0 == "check_gen" ? 3 : 4; print k, $0 }' | sort | cut -d' ' -f2 | uniq)
 for c in $progs; do
-	if [ ! -x "$P/tests/gpu/$c" ]; then
+	if unselected "$c"; then :
+	elif [ ! -x "$P/tests/gpu/$c" ]; then
 		if [ $DRY = 1 ]; then row gpu "$c" "skipped (dry run: CPU pack)" "" "not built without CUDA"
 		else fail_row gpu "$c" "" "not in the pack: tests/gpu/$c.c is there, the pack was built without it"; fi
 	elif [ $DRY = 1 ]; then
 		if grep -q -- '--host' "tests/gpu/$c".c* 2>/dev/null; then check gpu "$c --host" 90 "$P/tests/gpu/$c" --host
 		else row gpu "$c" "skipped (dry run)" "" "needs a GPU"; fi
 	else
-		check gpu "$c" 90 "$P/tests/gpu/$c"
+		# shellcheck disable=SC2086
+		check gpu "$c" 90 "$P/tests/gpu/$c" $TINY
 	fi
 	if [ "$c" = check_gen ] && [ -f tests/gpu/check_gen.sh ]; then
 		if [ $DRY = 1 ]; then row gpu "check_gen.sh" "skipped (dry run)" "" "needs a GPU"
-		elif [ -x "$P/tests/gpu/check_gen" ]; then check gpu check_gen.sh 120 env BUILD="${P#"$ROOT"/}" bash tests/gpu/check_gen.sh
+		elif unselected check_gen.sh; then :
+		elif [ -x "$P/tests/gpu/check_gen" ]; then
+			# shellcheck disable=SC2086
+			check gpu check_gen.sh 120 env BUILD="${P#"$ROOT"/}" bash tests/gpu/check_gen.sh $TINY
 			# the same checks on the v2 decode path (BK_DECODE=v2: cuda_linear2/sample2, graphs)
-			check gpu check_gen.sh-v2 120 env BK_DECODE=v2 BUILD="${P#"$ROOT"/}" bash tests/gpu/check_gen.sh
+			# shellcheck disable=SC2086
+			check gpu check_gen.sh-v2 120 env BK_DECODE=v2 BUILD="${P#"$ROOT"/}" bash tests/gpu/check_gen.sh $TINY
 		fi
 	fi
 done
 # check_linear's timings (the projection groups, BK_LINEAR v1 vs v2 vs v3) and ranking as rows
 while read -r line; do
-	row timing "projections: ${line%%:*}" "${line#*: }" "" "tests/gpu/check_linear.c"
+	trow timing "projections: ${line%%:*}" "${line#*: }" "" "tests/gpu/check_linear.c"
 done < <(grep -E '^linear (fwd|bwd|layer total|ranking)' "$LOGS/check_linear.log" 2>/dev/null)
 for s in tests/gpu/check_*.sh; do
 	[ -f "$s" ] && [ "$s" != tests/gpu/check_gen.sh ] || continue
+	unselected "$(basename "$s")" && continue
 	if [ $DRY = 1 ] && [ "$s" = tests/gpu/check_dist.sh ] && [ -f "$P/tests/fake-nccl/libnccl.so.2" ]; then
 		# the script itself, on the host twin through the stand-in NCCL
 		check gpu "check_dist.sh --host" 120 env BUILD="${P#"$ROOT"/}" bash "$s" --host "$P/tests/fake-nccl/libnccl.so.2"
 	elif [ $DRY = 1 ]; then row gpu "$(basename "$s")" "skipped (dry run)" "" "needs a GPU"
-	else check gpu "$(basename "$s")" 120 env BUILD="${P#"$ROOT"/}" bash "$s"; fi
+	elif [ $EMU = 1 ] && [ "$s" = tests/gpu/check_dist.sh ]; then
+		# the emulated GPU's memory is the host's: the stand-in NCCL (a real one needs a GPU)
+		if [ -f "$P/tests/fake-nccl/libnccl.so.2" ]; then
+			check gpu "$(basename "$s")" 120 env BUILD="${P#"$ROOT"/}" BK_NCCL_LIB="$P/tests/fake-nccl/libnccl.so.2" bash "$s" --tiny
+		else fail_row gpu "$(basename "$s")" "" "--emu: the pack has no tests/fake-nccl/libnccl.so.2"; fi
+	else
+		# shellcheck disable=SC2086
+		check gpu "$(basename "$s")" 120 env BUILD="${P#"$ROOT"/}" bash "$s" $TINY
+	fi
 done
 
 # check_loss's timings (the LM-head KL, BK_LOSS v1 vs v2) as rows
 while read -r line; do
-	row timing "${line%%:*}" "${line#*: }" "" "tests/gpu/check_loss.c"
+	trow timing "${line%%:*}" "${line#*: }" "" "tests/gpu/check_loss.c"
 done < <(grep -E '^loss kl_' "$LOGS/check_loss.log" 2>/dev/null)
 # check_act (BK_ACT=bf16 activations: gpu/cuda/cuda_act.cuh) once more under BK_ATTN=tc:
 # the loop above ran it with the environment's BK_ATTN (fp32 unless set), so both
 # activation types meet both attention kernels; its step timings (fp32 vs bf16) as rows
-if [ $DRY = 0 ] && [ -x "$P/tests/gpu/check_act" ]; then
-	check gpu "check_act-tc" 120 env BK_ATTN=tc "$P/tests/gpu/check_act"
+if [ $DRY = 0 ] && [ -x "$P/tests/gpu/check_act" ] && ! unselected check_act-tc; then
+	# shellcheck disable=SC2086
+	check gpu "check_act-tc" 120 env BK_ATTN=tc "$P/tests/gpu/check_act" $TINY
 fi
 for n in check_act check_act-tc; do
 	a="BK_ATTN=${BK_ATTN:-fp32}"; [ $n = check_act-tc ] && a=BK_ATTN=tc
 	while read -r line; do
-		row timing "${line%%:*}, $a" "${line#*: }" "" "tests/gpu/check_act.c"
+		trow timing "${line%%:*}, $a" "${line#*: }" "" "tests/gpu/check_act.c"
 	done < <(grep -E '^act step' "$LOGS/$n.log" 2>/dev/null)
 done
 # bk-step --device cpu vs --device cuda (dry run: cpu vs cpu, which must agree exactly)
@@ -346,7 +408,11 @@ DEV2=cuda; [ $DRY = 1 ] && DEV2=cpu
 # the second runs: cuda (the default kernels), cuda-v2 and cuda-v3 (BK_LINEAR=v2 / v3: the
 # fused projections of cuda_proj.cuh, until a GPU run has validated them)
 DEVS2=$DEV2; [ $DRY = 0 ] && DEVS2="cuda cuda-v2 cuda-v3"
-EPOCHS=2; [ $DRY = 1 ] && EPOCHS=1
+if [ $EMU = 1 ] && [ $QUICK = 1 ]; then
+	DEVS2=cuda
+	unselected "bk-step cpu vs cuda-v2, cuda-v3" correctness
+fi
+EPOCHS=2; { [ $DRY = 1 ] || [ $EMU = 1 ]; } && EPOCHS=1
 step_data() {
 	bk-tokenize --model $M --system "Sparky is a friendly dragon who lives in a cave." \
 		tests/data/pipe/stories.txt -o "$W/tok.bk" &&
@@ -406,7 +472,7 @@ fi
 # run of the last loop above (dropout 0.1): issue 15's end-to-end target, every step's
 # loss within 1 % of the host twin's (the row also gives the fp32 CUDA run's worst)
 # (not when the host twin's dropout-0.1 run failed: l-cpu would be the dropout-0 one's)
-if [ $DRY = 0 ] && [ -s "$W/l-cpu" ] && [[ ${bad:-} != *" cpu:"* ]]; then
+if [ $DRY = 0 ] && [ -s "$W/l-cpu" ] && [[ ${bad:-} != *" cpu:"* ]] && ! unselected "bk-step cpu vs cuda BK_ACT=bf16" correctness; then
 	F="--model $M --lora-r 8 --lora-alpha 16 --lr 2e-3 --lora-dropout 0.1 --seed 1 --epochs $EPOCHS --logging-steps 1"
 	worst32="? (no run)"
 	[ -s "$W/l-cuda" ] && worst32=$(paste "$W/l-cpu" "$W/l-cuda" | awk '{ d = ($4 - $2) / $2; d = d < 0 ? -d : d; if (d > w) w = d } END { printf "%.2e", w + 0 }')
@@ -432,84 +498,90 @@ archive
 # ---- 2. timings ------------------------------------------------------------------------
 PEAK=
 if [ $DRY = 1 ]; then
-	row timing "cuBLAS bf16 GEMM rate" "skipped (dry run)" "" "needs a GPU"
-elif [ -x "$P/tests/gpu/gemm_bench" ] && stage gemm_bench 60 "$P/tests/gpu/gemm_bench"; then
+	trow timing "cuBLAS bf16 GEMM rate" "skipped (dry run)" "" "needs a GPU"
+elif [ -x "$P/tests/gpu/gemm_bench" ] && stage gemm_bench 60 "$P/tests/gpu/gemm_bench" $TINY; then
 	PEAK=$(awk '/^peak/ && $2 > 0 {print $2}' "$LOGS/gemm_bench.log")
-	row timing "cuBLAS bf16 GEMM rate (best shape)" "$PEAK TFLOP/s" "$S_DT" "$(grep -m1 square "$LOGS/gemm_bench.log")"
+	trow timing "cuBLAS bf16 GEMM rate (best shape)" "$PEAK TFLOP/s" "$S_DT" "$(grep -m1 square "$LOGS/gemm_bench.log")"
 else
-	row timing "cuBLAS bf16 GEMM rate" "$([ -x "$P/tests/gpu/gemm_bench" ] && why || echo "not in the pack")" "$S_DT" "$(lastline gemm_bench)"
+	trow timing "cuBLAS bf16 GEMM rate" "$([ -x "$P/tests/gpu/gemm_bench" ] && why || echo "not in the pack")" "$S_DT" "$(lastline gemm_bench)"
 fi
 L=22; [ $QUICK = 1 ] && L=2
+STEPS=3
 if [ $DRY = 1 ]; then SHAPE_ARGS="--device cpu 64 2 4 2 128 512 4"; SIZES="4x32 2x64" SHAPE_NAME="tiny Llama (H 64, 2 layers, host twin)"
+elif [ $EMU = 1 ]; then SHAPE_ARGS="--device cuda 128 2 2 1 352 512 8"; SIZES="2x32 1x64" STEPS=2 SHAPE_NAME="small Llama (H 128, 2 layers, 2/1 heads of 64, r 8, emulated)"
 else SHAPE_ARGS="--device cuda 2048 $L 32 4 5632 32000 64"; SIZES="16x256 4x2048" SHAPE_NAME="TinyLlama shape ($L layers, r 64)"; fi
+[ $EMU = 1 ] && [ $QUICK = 1 ] && SIZES=${SIZES%% *} && unselected "bench_step: the second size; BK_LINEAR=v2, v3; BK_ACT=bf16" timing
 declare -A TPS MEMB
 for sz in $SIZES; do
 	for mode in plain ckpt; do
 		opt=; [ $mode = ckpt ] && opt=--grad-checkpoint
 		n="bench_step-$sz-$mode"
 		# shellcheck disable=SC2086
-		if stage "$n" 90 "$P/bench/bench_step" $opt ${PEAK:+--peak-tflops $PEAK} $SHAPE_ARGS ${sz%x*} ${sz#*x} 3; then
+		if stage "$n" 90 "$P/bench/bench_step" $opt ${PEAK:+--peak-tflops $PEAK} $SHAPE_ARGS ${sz%x*} ${sz#*x} $STEPS; then
 			TPS[$sz-$mode]=$(kv tokens_per_s "$n") MEMB[$sz-$mode]=$(kv peak_bytes "$n")
-			row timing "bakery step, $SHAPE_NAME, $sz tokens, $mode" "$(kv tokens_per_s "$n") tokens/s" "$S_DT" \
+			trow timing "bakery step, $SHAPE_NAME, $sz tokens, $mode" "$(kv tokens_per_s "$n") tokens/s" "$S_DT" \
 				"MFU(6N) $(kv mfu_6n "$n") of ${PEAK:-?} TFLOP/s; model $(kv tflops "$n") TFLOP/s; peak $(kv peak_gib "$n") GiB (allocator), $(kv device_used_gib "$n") GiB on the device; phases ms: $(kv phases_ms "$n"); loss $(kv loss "$n"), grad norm $(kv grad_norm "$n")"
 		else
-			row timing "bakery step $sz $mode" "$(why)" "$S_DT" "$(lastline "$n")"
+			trow timing "bakery step $sz $mode" "$(why)" "$S_DT" "$(lastline "$n")"
 		fi
 	done
 done
 # the first size, plain, again with BK_LINEAR=v2 and v3 (the fused projections of
 # cuda_proj.cuh; the host twin ignores it): the end-to-end v2/v1 and v3/v1 ratios of the step
 for lin in v2 v3; do
+[ $EMU = 1 ] && [ $QUICK = 1 ] && break
 sz=${SIZES%% *} n="bench_step-${SIZES%% *}-plain-linear-$lin"
 # shellcheck disable=SC2086
-if stage "$n" 90 env BK_LINEAR=$lin "$P/bench/bench_step" ${PEAK:+--peak-tflops $PEAK} $SHAPE_ARGS ${sz%x*} ${sz#*x} 3; then
-	row timing "bakery step, $SHAPE_NAME, $sz tokens, plain, BK_LINEAR=$lin" "$(kv tokens_per_s "$n") tokens/s" "$S_DT" \
+if stage "$n" 90 env BK_LINEAR=$lin "$P/bench/bench_step" ${PEAK:+--peak-tflops $PEAK} $SHAPE_ARGS ${sz%x*} ${sz#*x} $STEPS; then
+	trow timing "bakery step, $SHAPE_NAME, $sz tokens, plain, BK_LINEAR=$lin" "$(kv tokens_per_s "$n") tokens/s" "$S_DT" \
 		"$lin/v1 $(awk -v a="$(kv tokens_per_s "$n")" -v b="${TPS[$sz-plain]:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "?" }'); phases ms: $(kv phases_ms "$n"); peak $(kv peak_gib "$n") GiB; loss $(kv loss "$n")"
 else
-	row timing "bakery step $sz plain BK_LINEAR=$lin" "$(why)" "$S_DT" "$(lastline "$n")"
+	trow timing "bakery step $sz plain BK_LINEAR=$lin" "$(why)" "$S_DT" "$(lastline "$n")"
 fi
 done
 # the first size, plain, again with BK_ACT=bf16 (bf16 activations, gpu/cuda/cuda_act.cuh;
 # the host twin ignores it): the end-to-end bf16/fp32 ratio and peak memory of the step
 sz=${SIZES%% *} n="bench_step-${SIZES%% *}-plain-act-bf16"
+if [ $EMU = 1 ] && [ $QUICK = 1 ]; then :
 # shellcheck disable=SC2086
-if stage "$n" 90 env BK_ACT=bf16 "$P/bench/bench_step" ${PEAK:+--peak-tflops $PEAK} $SHAPE_ARGS ${sz%x*} ${sz#*x} 3; then
-	row timing "bakery step, $SHAPE_NAME, $sz tokens, plain, BK_ACT=bf16" "$(kv tokens_per_s "$n") tokens/s" "$S_DT" \
+elif stage "$n" 90 env BK_ACT=bf16 "$P/bench/bench_step" ${PEAK:+--peak-tflops $PEAK} $SHAPE_ARGS ${sz%x*} ${sz#*x} $STEPS; then
+	trow timing "bakery step, $SHAPE_NAME, $sz tokens, plain, BK_ACT=bf16" "$(kv tokens_per_s "$n") tokens/s" "$S_DT" \
 		"bf16/fp32 $(awk -v a="$(kv tokens_per_s "$n")" -v b="${TPS[$sz-plain]:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "?" }'); peak $(kv peak_gib "$n") GiB (fp32: $(awk -v b="${MEMB[$sz-plain]:-0}" 'BEGIN { if (b > 0) printf "%.2f", b / 1073741824; else print "?" }') GiB); phases ms: $(kv phases_ms "$n"); loss $(kv loss "$n")"
 else
-	row timing "bakery step $sz plain BK_ACT=bf16" "$(why)" "$S_DT" "$(lastline "$n")"
+	trow timing "bakery step $sz plain BK_ACT=bf16" "$(why)" "$S_DT" "$(lastline "$n")"
 fi
 GENDIR=$W/genmodel
 gopt=; [ $QUICK = 1 ] && gopt=--quick
 [ $DRY = 1 ] && gopt="--device cpu --tiny"
+[ $EMU = 1 ] && gopt=--tiny
 # shellcheck disable=SC2086
 if stage bench_gen 150 "$P/bench/bench_gen" $gopt --keep "$GENDIR"; then
 	while read -r line; do
-		row timing "bakery generate: $(sed -n 's/.*mode=\([^ ]*\) batch=\([^ ]*\).*/\1, batch \2/p' <<<"$line")" \
+		trow timing "bakery generate: $(sed -n 's/.*mode=\([^ ]*\) batch=\([^ ]*\).*/\1, batch \2/p' <<<"$line")" \
 			"$(sed -n 's/.*tokens_per_s=\([^ ]*\).*/\1/p' <<<"$line") tokens/s" "" \
 			"$(sed 's/^bench_gen: //' <<<"$line")"
 	done < <(grep '^bench_gen: mode=' "$LOGS/bench_gen.log")
-	row timing "bakery generate: summary" "ok" "$S_DT" "$(grep -m1 'copy bandwidth' "$LOGS/bench_gen.log")"
+	trow timing "bakery generate: summary" "ok" "$S_DT" "$(grep -m1 'copy bandwidth' "$LOGS/bench_gen.log")"
 else
-	row timing "bakery generate (bench_gen)" "$(why)" "$S_DT" "$(lastline bench_gen)"
+	trow timing "bakery generate (bench_gen)" "$(why)" "$S_DT" "$(lastline bench_gen)"
 fi
 # decode v1 against v2 (BK_DECODE), alternately in one process, batch 1 and 64
 if [ $DRY = 1 ]; then
-	row timing "decode v1 vs v2 (check_decode --bench)" "skipped (dry run)" "" "needs a GPU"
-elif [ -x "$P/tests/gpu/check_decode" ] && stage decode_bench 150 "$P/tests/gpu/check_decode" --bench $([ $QUICK = 1 ] && echo --quick); then
+	trow timing "decode v1 vs v2 (check_decode --bench)" "skipped (dry run)" "" "needs a GPU"
+elif [ -x "$P/tests/gpu/check_decode" ] && stage decode_bench 150 "$P/tests/gpu/check_decode" --bench $([ $QUICK = 1 ] && [ $EMU = 0 ] && echo --quick) $TINY; then
 	while read -r line; do
-		row timing "bakery $(sed -n 's/^\(decode v[12] batch [0-9]*\):.*/\1/p' <<<"$line")" \
+		trow timing "bakery $(sed -n 's/^\(decode v[12] batch [0-9]*\):.*/\1/p' <<<"$line")" \
 			"$(sed -n 's/.*tokens_per_s=\([^ ]*\).*/\1/p' <<<"$line") tokens/s" "" "$line"
 	done < <(grep '^decode v[12] batch' "$LOGS/decode_bench.log")
-	row timing "decode v2/v1" ok "$S_DT" "$(grep 'v2/v1\|copy' "$LOGS/decode_bench.log" | tr '\n' ';')"
+	trow timing "decode v2/v1" ok "$S_DT" "$(grep 'v2/v1\|copy' "$LOGS/decode_bench.log" | tr '\n' ';')"
 else
-	row timing "decode v1 vs v2 (check_decode --bench)" "$([ -x "$P/tests/gpu/check_decode" ] && why || echo "not in the pack")" "$S_DT" "$(lastline decode_bench)"
+	trow timing "decode v1 vs v2 (check_decode --bench)" "$([ -x "$P/tests/gpu/check_decode" ] && why || echo "not in the pack")" "$S_DT" "$(lastline decode_bench)"
 fi
 archive
 
 # ---- 3. the same on HF + PEFT and the Python tool ---------------------------------------
 PYOK=0
-if [ $DRY = 1 ]; then
+if [ $DRY = 1 ] || [ $EMU = 1 ]; then
 	# a syntax check that writes nothing (py_compile would leave __pycache__ in the tree)
 	PYSYN='import ast, sys
 for f in sys.argv[1:]:
@@ -524,7 +596,8 @@ for f in sys.argv[1:]:
 		elif [ $S_RC = 125 ]; then row compare "the packed Python tool (syntax)" "$(why)" "" ""
 		else fail_row compare "the packed Python tool (syntax)" "$S_DT" "$(lastline py-tool-syntax)"; fi
 	fi
-	row compare "HF + PEFT step, HF generate, the Python tool" "skipped (dry run)" "" "need torch with a GPU"
+	if [ $DRY = 1 ]; then row compare "HF + PEFT step, HF generate, the Python tool" "skipped (dry run)" "" "need torch with a GPU"
+	else row compare "HF + PEFT step, HF generate, the Python tool" "skipped (emulation)" "" "need torch with a real GPU (CUDA); the emulation is bakery's own, torch cannot use it"; fi
 elif sys_env python3 -c 'import torch, transformers, peft; assert torch.cuda.is_available()' >/dev/null 2>&1; then
 	PYOK=1
 else
@@ -580,6 +653,8 @@ archive
 # ---- 4. compute-sanitizer on the op checks, while time is left --------------------------
 if [ $DRY = 1 ]; then
 	row sanitizer "compute-sanitizer memcheck / racecheck" "skipped (dry run)" "" "needs a GPU"
+elif [ $EMU = 1 ]; then
+	row sanitizer "compute-sanitizer memcheck / racecheck" "skipped (emulation)" "" "needs a real GPU; the emulation checked bounds, poisoned memory, barriers and stream order itself (gpu/emu)"
 elif ! command -v compute-sanitizer >/dev/null; then
 	row sanitizer "compute-sanitizer" "not run" "" "no compute-sanitizer on this machine"
 else
