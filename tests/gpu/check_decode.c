@@ -30,7 +30,7 @@
  * --tiny (tests/gpu/run.sh --emu, the CPU's emulation of the GPU): part 1 at in/out up to
  * 352 and 4099 (the LM-head-like one), T = 1, 8 and 65; part 2 at V 1031 for 32000 and
  * 2 rows of V 4099 for 151936, an eighth of the other draws, a K of 600 for the
- * thousands; part 3 as it is; with --bench: a 2-layer model of H 128 (4/2 heads, I 352,
+ * thousands; part 3 with 10 new tokens per prompt; with --bench: a 2-layer model of H 128 (4/2 heads, I 352,
  * V 1000), a 24-token prompt (16 shared), 4 new tokens at batch 1 and 4.
  * One line per check; exit 1 on any failure.
  * Usage: check_decode [--host] [--bench] [--quick | --tiny] */
@@ -241,6 +241,7 @@ static bk_model *random_model(const bk_ops *ops, int H, int L, int NH, int NKV, 
 /* ---- 3. the engine ---- */
 
 enum { EN = 6, ENEW = 40, EP = 24 };
+static int enew = ENEW; /* new tokens per prompt: ENEW, --tiny 10 */
 typedef struct {
 	float *rows[EN][ENEW];
 	int V;
@@ -283,7 +284,7 @@ static void run_engine(const bk_model *m, int max_batch, float temperature, capt
 	uint64_t keys[EN];
 	for (int i = 0; i < EN; i++)
 		keys[i] = bk_crng_key(5, (uint64_t)i, 0, 0);
-	bk_gen_config cfg = { .max_batch = max_batch, .max_new = ENEW, .max_seq = 512,
+	bk_gen_config cfg = { .max_batch = max_batch, .max_new = enew, .max_seq = 512,
 			      .sample = { temperature, 0.9f }, .on_logits = cap ? on_logits : NULL,
 			      .ctx = cap };
 	if (cap)
@@ -499,7 +500,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--quick"))
 			quick = 1;
 		else if (!strcmp(argv[i], "--tiny"))
-			tiny = 1;
+			tiny = 1, enew = 10;
 		else
 			die_usage("usage: check_decode [--host] [--bench] [--quick | --tiny]");
 	}

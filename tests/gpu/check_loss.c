@@ -27,8 +27,8 @@
  * (H 896, V 151936, 2048 rows) and the TinyLlama head (H 2048, V 32000, 4096 rows), K 64,
  * with d_hidden, median of 5 after a warm-up.
  * --tiny (tests/gpu/run.sh --emu, the CPU's emulation of the GPU): the V = 5003 case with
- * 40 rows, the V = 151936 one with 2 (one row block), the timing rows at a small head
- * (H 64, V 4099, 16 and 32 rows).
+ * 40 rows, the V = 151936 one as 2 rows of V = 20011 (5 chunks, one row block), the
+ * timing rows at a small head (H 64, V 4099, 16 and 32 rows).
  * Usage: check_loss [--no-bench | --tiny] | check_loss --bad N (internal: one bad-input
  * case) */
 #include <math.h>
@@ -305,7 +305,7 @@ int main(int argc, char **argv)
 		check_case(mode, 37, 64, 1000, 256, 1.0f, 16, 0.0f);
 		check_case(mode, 37, 64, 1000, 256, 1.5f, 16, 2.0f);
 		check_case(mode, tiny ? 40 : 150, 96, 5003, 1024, 1.0f, 64, 30.0f);
-		check_case(mode, tiny ? 2 : 400, 64, 151936, 4096, 1.0f, 32, 2.0f);
+		check_case(mode, tiny ? 2 : 400, 64, tiny ? 20011 : 151936, 4096, 1.0f, 32, 2.0f);
 	}
 	check_bad(argv[0]);
 	bk_cuda_loss_set_mode(1);
