@@ -12,7 +12,8 @@
 # set, and prints the pack's size (it travels with the working tree: 64 MiB in all).
 # Usage: tests/gpu/pack.sh [--build DIR] [--pack DIR] [--no-build] [--no-wheels]
 #   --build DIR   build directory (default build/gpu); with --no-build, an existing build
-#                 (a CPU build too: tests/t1000-gpu-dryrun.sh packs build/ that way)
+#                 (a CPU build too: tests/t0990-gpu-dryrun.sh packs build/ that way, and
+#                 tests/t0991-gpu-emu.sh the emulation build, build-emu)
 #   --pack DIR    the pack folder (default .gpu, ignored by git)
 # Libraries over 4 MiB are stored xz-compressed, the programs (bin/, tests/, bench/) as
 # one programs.tar.xz; run.sh unpacks both.

@@ -30,9 +30,12 @@
 #               say "ran (emulated: not a speed)"; the HF / Python comparisons and
 #               compute-sanitizer are skipped with a row saying why.  A few minutes.
 #   --quick     2 layers instead of 22 in the TinyLlama-shaped benchmarks; with --emu:
-#               the make-test subset (each check program, but check_gen.sh, check_dist.sh
-#               and the bk-step comparisons once each, one bench_step size)
-# Exit status: 1 when a correctness check failed (benchmarks only report), 2 on usage.
+#               make test's subset (tests/t0991-gpu-emu.sh): the check programs and
+#               scripts in EMU_QUICK below, bk-step cpu vs cuda (v1, fp32), bench_step at
+#               the first size, bench_gen, check_decode --bench; every other one gets a
+#               row "skipped (--emu --quick)"
+# Exit status: 1 when a correctness check failed (benchmarks only report; under --emu a
+# failed benchmark is a failure too), 2 on usage.
 set -uo pipefail
 HERE=$PWD
 cd "$(dirname "$0")/../.."
@@ -501,7 +504,7 @@ if [ $DRY = 1 ]; then
 	trow timing "cuBLAS bf16 GEMM rate" "skipped (dry run)" "" "needs a GPU"
 elif [ -x "$P/tests/gpu/gemm_bench" ] && stage gemm_bench 60 "$P/tests/gpu/gemm_bench" $TINY; then
 	PEAK=$(awk '/^peak/ && $2 > 0 {print $2}' "$LOGS/gemm_bench.log")
-	trow timing "cuBLAS bf16 GEMM rate (best shape)" "$PEAK TFLOP/s" "$S_DT" "$(grep -m1 square "$LOGS/gemm_bench.log")"
+	trow timing "cuBLAS bf16 GEMM rate (best shape)" "${PEAK:-no positive} TFLOP/s" "$S_DT" "$(grep -m1 square "$LOGS/gemm_bench.log")"
 else
 	trow timing "cuBLAS bf16 GEMM rate" "$([ -x "$P/tests/gpu/gemm_bench" ] && why || echo "not in the pack")" "$S_DT" "$(lastline gemm_bench)"
 fi
