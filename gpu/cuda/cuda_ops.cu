@@ -232,6 +232,7 @@ static bk_weight *cuda_weight_upload(const float *host, int rows, int cols)
 		die("out of memory allocating a weight handle");
 	w->rows = rows;
 	w->cols = cols;
+	w->kind = BK_WEIGHT_PLAIN;
 	__nv_bfloat16 *d = (__nv_bfloat16 *)dev_alloc(n * sizeof(__nv_bfloat16));
 	float *stage = NULL;
 	CUDA_CHECK(cudaMalloc(&stage, (n < chunk ? n : chunk) * sizeof(float)));
