@@ -168,7 +168,15 @@ static bk_weight *up_linear(const bk_ops *ops, const bk_weight_source *src,
 	const float *p = src->get(src->ctx, layer, id, rows, cols);
 	BUG_ON(!p);
 	bk_q4 q;
-	bk_q4_quantize(&q, p, rows, cols, q4->type, q4->double_quant);
+	float *r = NULL; /* compute dtype bf16: quantised from the bf16 values (quant4.h) */
+	if (q4->compute_bf16) {
+		size_t n = (size_t)rows * cols;
+		r = xmalloc(n * sizeof(float));
+		for (size_t i = 0; i < n; i++)
+			r[i] = bk_q4_bf16_round(p[i]);
+	}
+	bk_q4_quantize(&q, r ? r : p, rows, cols, q4->type, q4->double_quant);
+	free(r);
 	if (src->put)
 		src->put(src->ctx, p);
 	bk_weight *w = ops->weight_upload_q4(&q, q4->compute_bf16);

@@ -3,11 +3,13 @@
 #include "gpu/quant4.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/diag.h"
+#include "common/flags.h"
 #include "gpu/optim8.h"
 
 /* NF4: bitsandbytes' table (functional.get_4bit_type("nf4")), already sorted */
@@ -311,4 +313,36 @@ size_t bk_q4_bytes(size_t rows, size_t cols, int double_quant)
 		return (n + 1) / 2 + nb * sizeof(float);
 	size_t nb2 = (nb + BK_Q4_BLOCK2 - 1) / BK_Q4_BLOCK2;
 	return (n + 1) / 2 + nb + nb2 * sizeof(float) + sizeof(float);
+}
+
+bk_q4_config bk_q4_flags_config(const bk_q4_flags *f)
+{
+	bk_q4_config c = {0};
+	static const char *const dep[] = {"bnb-4bit-quant-type", "bnb-4bit-use-double-quant",
+					  "bnb-4bit-compute-dtype"};
+	if (!f->load) {
+		for (int i = 0; i < 3; i++)
+			if (bk_flag_given(dep[i]))
+				die_usage("--%s needs --load-in-4bit", dep[i]);
+		return c;
+	}
+	c.type = bk_q4_parse(f->type);
+	if (c.type < 0)
+		die_usage("--bnb-4bit-quant-type: '%s' is not nf4 or fp4", f->type);
+	c.double_quant = f->double_quant != 0;
+	if (!strcmp(f->dtype, "bfloat16"))
+		c.compute_bf16 = 1;
+	else if (strcmp(f->dtype, "float32"))
+		die_usage("--bnb-4bit-compute-dtype: '%s' is not bfloat16 or float32", f->dtype);
+	return c;
+}
+
+const char *bk_q4_config_str(const bk_q4_config *c)
+{
+	static char buf[64];
+	if (!c->type)
+		return "no";
+	snprintf(buf, sizeof buf, "%s,%s%s", bk_q4_name(c->type),
+		 c->double_quant ? "double-quant," : "", c->compute_bf16 ? "bfloat16" : "float32");
+	return buf;
 }

@@ -44,9 +44,35 @@ enum { BK_Q4_NONE = 0, BK_Q4_NF4 = 1, BK_Q4_FP4 = 2 };
 typedef struct bk_q4_config {
 	int type;         /* BK_Q4_NONE (full precision), BK_Q4_NF4 or BK_Q4_FP4 */
 	int double_quant; /* bnb_4bit_use_double_quant */
-	int compute_bf16; /* bnb_4bit_compute_dtype bfloat16 (else float32): the
-			   * dequantised weights are rounded to bf16 before use */
+	int compute_bf16; /* bnb_4bit_compute_dtype bfloat16, which the tool ties to its
+			   * torch_dtype: transformers loads the weights in bf16 (an fp32
+			   * checkpoint's values rounded) before bitsandbytes quantises them,
+			   * and dequantises them to bf16 values; else float32 for both */
 } bk_q4_config;
+
+/* The tools' 4-bit flags (bk-gen, bk-teach, bk-step, bk-eval), named after
+ * BitsAndBytesConfig's fields: --load-in-4bit (load), --bnb-4bit-quant-type (type),
+ * --bnb-4bit-use-double-quant 0..1 (double_quant), --bnb-4bit-compute-dtype (dtype) in
+ * the tool's bk_opt table, BK_Q4_USAGE in its usage text; bk_q4_flags_config after
+ * parsing. */
+typedef struct {
+	int load;          /* --load-in-4bit */
+	const char *type;  /* --bnb-4bit-quant-type nf4|fp4 */
+	long double_quant; /* --bnb-4bit-use-double-quant 1|0 */
+	const char *dtype; /* --bnb-4bit-compute-dtype bfloat16|float32 */
+} bk_q4_flags;
+#define BK_Q4_FLAGS_INIT {0, "nf4", 1, "bfloat16"}
+#define BK_Q4_USAGE                                                                       \
+	"  --load-in-4bit       QLoRA: the base model's decoder linears (q/k/v/o, gate/up/down)\n" \
+	"                       in 4 bits, quantised at load as bitsandbytes does\n"          \
+	"  --bnb-4bit-quant-type T       nf4 (default) or fp4\n"                               \
+	"  --bnb-4bit-use-double-quant N 1 (default): block absmaxes in 8 bits too; 0: fp32\n"  \
+	"  --bnb-4bit-compute-dtype D    bfloat16 (default) or float32 (the tool's torch_dtype)\n"
+/* the config of the flags (type BK_Q4_NONE without --load-in-4bit); a bad value, or a
+ * --bnb-4bit-* flag without --load-in-4bit, is a usage error */
+bk_q4_config bk_q4_flags_config(const bk_q4_flags *f);
+/* "no" or e.g. "nf4,double-quant,bfloat16" (static storage) */
+const char *bk_q4_config_str(const bk_q4_config *c);
 
 /* One quantised weight [rows, cols]. */
 typedef struct bk_q4 {

@@ -72,7 +72,13 @@ static bk_model *dequantised_twin(const bk_q4_config *q4)
 		for (int mod = 0; mod < BK_LORA_NMOD; mod++) {
 			const bk_weight *w = ly->w[mod];
 			bk_q4 q;
-			bk_q4_quantize(&q, w->data, w->rows, w->cols, q4->type, q4->double_quant);
+			size_t n = (size_t)w->rows * w->cols;
+			float *in = xmalloc(n * sizeof(float)); /* bf16 compute: from bf16 values */
+			for (size_t i = 0; i < n; i++)
+				in[i] = q4->compute_bf16 ? bk_q4_bf16_round(((float *)w->data)[i])
+							 : ((float *)w->data)[i];
+			bk_q4_quantize(&q, in, w->rows, w->cols, q4->type, q4->double_quant);
+			free(in);
 			float *d = xmalloc((size_t)w->rows * w->cols * sizeof(float));
 			bk_q4_dequantize(&q, d, q4->compute_bf16);
 			bk_q4_free(&q);
