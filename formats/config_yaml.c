@@ -402,7 +402,7 @@ static const bk_cfg_known known[] = {
 	{"model_name_or_path", DC, "mapped", NULL, "--model of every stage: a local HF directory, else a hub id (Org/Name) through the HF cache, downloaded into it when missing (HF_HUB_OFFLINE=1: cache only)"},
 	{"torch_dtype", DC, "note", "bfloat16", "with load_in_4bit: the 4-bit compute dtype, as the tool's bnb_4bit_compute_dtype (--bnb-4bit-compute-dtype bfloat16, or float32); else no effect: weights are read in their stored dtype; the GPU computes in bf16, the CPU twin in fp32"},
 	{"trust_remote_code", DC, "note", "false", "no effect: bakery runs Llama-family checkpoints with its own code, never the model's"},
-	{"load_in_4bit", DC, "mapped", "false", "QLoRA: --load-in-4bit on bk-gen, bk-teach, bk-step and bk-eval: the decoder linears quantised as bitsandbytes does, teacher and student on the quantised base (the CUDA ops have no 4-bit linears yet: the CPU twin only)"},
+	{"load_in_4bit", DC, "mapped", "false", "QLoRA: --load-in-4bit on bk-gen, bk-teach, bk-step and bk-eval: the decoder linears quantised as bitsandbytes does, teacher and student on the quantised base"},
 	{"bnb_4bit_quant_type", DC, "mapped", "nf4", "with load_in_4bit: --bnb-4bit-quant-type (nf4, fp4); no effect without it"},
 	{"bnb_4bit_use_double_quant", DC, "mapped", "true", "with load_in_4bit: --bnb-4bit-use-double-quant; no effect without it"},
 	{"bnb_4bit_compute_dtype", EXT, "mapped", NULL, "with load_in_4bit: --bnb-4bit-compute-dtype (bfloat16, float32); the tool sets it to torch_dtype, which it overrides"},

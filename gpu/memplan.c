@@ -173,7 +173,7 @@ static void add_weights(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev
 		add(s, BK_MEM_WEIGHTS, "4-bit base linears",
 		    "gpu/model.c bk_model_create: ops->weight_upload_q4", l4 * (size_t)m->L);
 		add(s, BK_MEM_BUF, "4-bit dequantisation scratch",
-		    "the CUDA 4-bit linears (not written yet): one linear dequantised to bf16 at a time", max2(I * H, QD * H) * 2);
+		    "gpu/cuda/cuda_q4.cuh cuda_weight_upload_q4: one linear in bf16", max2(I * H, QD * H) * 2);
 	}
 	add(s, BK_MEM_BUF, "rope tables", "gpu/model.c bk_model_create: inv_freq(_local)",
 	    (size_t)m->D / 2 * 4 * 2);
