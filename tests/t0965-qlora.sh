@@ -70,6 +70,31 @@ test_expect_success 'bad 4-bit flags are usage errors naming the flag' '
 	grep -q -- "--bnb-4bit-use-double-quant" err
 '
 
+test_expect_success 'a load_in_4bit bake of stories260K runs (CPU); its adapter is trained in 4 bits' '
+	cat >bake.yaml <<EOF &&
+model_name_or_path: $M
+template: raw
+system_prompt: "Sparky is a friendly dragon who lives in a cave."
+prompts_file: $DATA/pipe/stories.txt
+num_trajectories: 2
+trajectory_length: 12
+per_device_train_batch_size: 2
+learning_rate: 2e-3
+lora_r: 4
+lora_alpha: 8
+lora_dropout: 0
+seed: 1
+teacher_top_k: 16
+output_dir: bake-out
+use_cpu: true
+load_in_4bit: true
+bnb_4bit_quant_type: fp4
+EOF
+	bk-bake bake.yaml >bake.log 2>&1 &&
+	jq -e ".settings[\"load-in-4bit\"] == \"fp4,double-quant,bfloat16\"" bake-out/final_model/trainer_state.json &&
+	test -s bake-out/final_model/adapter_model.safetensors
+'
+
 model() { # NAME TOKENIZER: a copy of the shape with its tokenizer
 	mkdir -p "$1" && cp "$G/memplan/$1"/* "$1"/ && xz -dc "$G/bpe/$2.tokenizer.json.xz" >"$1/tokenizer.json"
 }
