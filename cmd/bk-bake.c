@@ -224,7 +224,7 @@ static int is_dir(const char *p)
 /* the bk-step features some fields need, from its usage text */
 static bk_bake_caps probe_caps(void)
 {
-	bk_bake_caps caps = {0, 0, 0};
+	bk_bake_caps caps = {0, 0, 0, 0};
 	bk_bake_cmd c;
 	bk_bake_cmd_init(&c, bindir, "bk-step");
 	bk_vec_push(&c.a, xstrdup("--help"));
@@ -249,6 +249,7 @@ static bk_bake_caps probe_caps(void)
 	caps.grad_checkpoint = strstr(buf, "--grad-checkpoint") != NULL;
 	caps.optim_8bit = strstr(buf, "--optim") && strstr(buf, "adamw8bit");
 	caps.save_total_limit = strstr(buf, "--save-total-limit") != NULL;
+	caps.load_4bit = strstr(buf, "--load-in-4bit") != NULL;
 	bk_bake_cmd_free(&c);
 	return caps;
 }
@@ -311,6 +312,8 @@ static int mem_plan(bk_bake_plan *p, bk_bake_cmds *b, const bk_bake_caps *caps,
 	}
 	bk_config *mc = bk_config_load(p->model);
 	bk_mem_model m = bk_mem_model_of(mc);
+	m.q4 = p->q4_type != NULL; /* load_in_4bit: the linears in 4 bits on the GPU */
+	m.q4_double_quant = p->q4_double_quant;
 	bk_config_free(mc);
 	int mt = 256, ms = 256, mr = 0, sys = 0, paired = b->paired;
 	if (tokens) {

@@ -24,6 +24,8 @@ static const char usage[] =
 	"               [--eval FILE] [--held-out FILE] [--kl-prompts FILE]\n"
 	"               [--kl-tokens N] [--max-new-tokens N] [--max-batch N]\n"
 	"               [--temperature T] [--show N] [-o FILE]\n"
+	"               [--load-in-4bit [--bnb-4bit-quant-type T]\n"
+	"                [--bnb-4bit-use-double-quant N] [--bnb-4bit-compute-dtype D]]\n"
 	"Compares the base model without the system prompt (baseline), with it\n"
 	"(discrete) and base + adapter without it (baked): keyword accuracy of greedy\n"
 	"answers on Q&A files, and the mean per-token KL(teacher || student) on\n"
@@ -41,7 +43,8 @@ static const char usage[] =
 	"  --max-batch N        sequences generated together (default 64)\n"
 	"  --temperature T      KL temperature (default 1.0)\n"
 	"  --show N             print the first N answers of each configuration on stderr\n"
-	"  -o, --output FILE    write results.json to FILE (atomically)\n";
+	"  -o, --output FILE    write results.json to FILE (atomically)\n"
+	BK_Q4_USAGE;
 
 typedef struct {
 	const char *model, *adapter, *device, *template_name, *system, *system_file, *corpus,
@@ -169,6 +172,7 @@ int main(int argc, char **argv)
 {
 	eval_opts o = {.device = "auto", .out = "-", .kl_tokens = 64, .max_new = 100,
 		       .max_batch = 64, .temperature = 1.0};
+	bk_q4_flags q4f = BK_Q4_FLAGS_INIT;
 	bk_opt opts[] = {
 		{"model", 0, BK_OPT_STR, &o.model, 0, 0},
 		{"adapter", 0, BK_OPT_STR, &o.adapter, 0, 0},
@@ -188,6 +192,10 @@ int main(int argc, char **argv)
 		{"temperature", 0, BK_OPT_DOUBLE, &o.temperature, 0, 0},
 		{"show", 0, BK_OPT_INT, &o.show, 0, 1L << 20},
 		{"output", 'o', BK_OPT_STR, &o.out, 0, 0},
+		{"load-in-4bit", 0, BK_OPT_FLAG, &q4f.load, 0, 0},
+		{"bnb-4bit-quant-type", 0, BK_OPT_STR, &q4f.type, 0, 0},
+		{"bnb-4bit-use-double-quant", 0, BK_OPT_INT, &q4f.double_quant, 0, 1},
+		{"bnb-4bit-compute-dtype", 0, BK_OPT_STR, &q4f.dtype, 0, 0},
 		{0},
 	};
 	bk_diag_init(argv[0]);
@@ -196,6 +204,7 @@ int main(int argc, char **argv)
 		die_usage("bk-eval takes no positional arguments");
 	if (!o.model)
 		die_usage("--model DIR is required");
+	bk_q4_config q4 = bk_q4_flags_config(&q4f);
 	const char *model_arg = o.model;
 	char *model_dir = bk_hub_model_dir(o.model, NULL);
 	o.model = model_dir;
@@ -216,7 +225,7 @@ int main(int argc, char **argv)
 	if (tmpl < 0)
 		die_usage("unknown template '%s' (known: %s)", o.template_name, bk_template_names());
 	bk_template_check(tmpl, spm);
-	bk_loaded_model lm = bk_model_load(ops, o.model);
+	bk_loaded_model lm = bk_model_load_q4(ops, o.model, &q4);
 	bk_lora *lora = NULL;
 	if (o.adapter) {
 		bk_adapter *ad = bk_adapter_load(o.adapter, lm.cfg);

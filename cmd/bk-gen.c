@@ -29,7 +29,10 @@ static const char usage[] =
 	"              [--top-k K] [--top-p P] [--max-new-tokens N] [--epochs N] [--seed N]\n"
 	"              [--max-batch N] [--kv-memory BYTES] [--max-prompt N] [--window N]\n"
 	"              [-v] [-o FILE] [--shard I/N] [--retokenize]\n"
-	"              [--system TEXT | --system-file FILE] [STREAM]\n"
+	"              [--system TEXT | --system-file FILE]\n"
+	"              [--load-in-4bit [--bnb-4bit-quant-type T]\n"
+	"               [--bnb-4bit-use-double-quant N] [--bnb-4bit-compute-dtype D]]\n"
+	"              [STREAM]\n"
 	"Samples --num-trajectories responses per epoch from the teacher (adapter off, the\n"
 	"record's t_prompt) for every record without 'resp', and writes one record per\n"
 	"sample with resp, response, traj and epoch added; empty samples are dropped.\n"
@@ -60,7 +63,8 @@ static const char usage[] =
 	"  --retokenize            resp is the response text tokenized again as an assistant\n"
 	"                          turn, with the template's end of turn (what bk-tokenize\n"
 	"                          makes of a given response; the tool's trajectories), not\n"
-	"                          the sampled ids\n";
+	"                          the sampled ids\n"
+	BK_Q4_USAGE;
 
 typedef struct {
 	long ntraj, max_new, epochs, seed, max_batch, window, top_k;
@@ -235,6 +239,7 @@ int main(int argc, char **argv)
 	const char *out_path = "-", *model = NULL, *device = "auto", *kv_memory = NULL;
 	const char *shard_spec = NULL;
 	long max_prompt = 0;
+	bk_q4_flags q4f = BK_Q4_FLAGS_INIT;
 	bk_opt opts[] = {
 		{"model", 0, BK_OPT_STR, &model, 0, 0},
 		{"device", 0, BK_OPT_STR, &device, 0, 0},
@@ -255,6 +260,10 @@ int main(int argc, char **argv)
 		{"output", 'o', BK_OPT_STR, &out_path, 0, 0},
 		{"shard", 0, BK_OPT_STR, &shard_spec, 0, 0},
 		{"retokenize", 0, BK_OPT_FLAG, &o.retokenize, 0, 0},
+		{"load-in-4bit", 0, BK_OPT_FLAG, &q4f.load, 0, 0},
+		{"bnb-4bit-quant-type", 0, BK_OPT_STR, &q4f.type, 0, 0},
+		{"bnb-4bit-use-double-quant", 0, BK_OPT_INT, &q4f.double_quant, 0, 1},
+		{"bnb-4bit-compute-dtype", 0, BK_OPT_STR, &q4f.dtype, 0, 0},
 		{0},
 	};
 	bk_diag_init(argv[0]);
@@ -264,6 +273,7 @@ int main(int argc, char **argv)
 		die_usage("too many arguments");
 	if (!model)
 		die_usage("--model DIR is required");
+	bk_q4_config q4 = bk_q4_flags_config(&q4f);
 	char *model_dir = bk_hub_model_dir(model, NULL);
 	model = model_dir;
 	if (!(o.temperature >= 0 && o.temperature <= 100))
@@ -298,7 +308,7 @@ int main(int argc, char **argv)
 	free(tmpl_name);
 	o.tmpl = tmpl;
 
-	bk_loaded_model lm = bk_model_load(ops, model);
+	bk_loaded_model lm = bk_model_load_q4(ops, model, &q4);
 	const bk_model *m = lm.model;
 	bk_ids stop = { 0 };
 	bk_model_stop_ids(lm.cfg, tmpl, spm, &stop);

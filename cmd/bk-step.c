@@ -25,7 +25,10 @@ static const char usage[] =
 	"               [--base-model-name NAME] [--vocab-chunk N] [--optim NAME]\n"
 	"               [--grad-checkpoint] [--system TEXT | --system-file FILE]\n"
 	"               [--eval FILE [--eval-steps N] [--eval-final] [--eval-batch-size N]\n"
-	"               [--eval-delay N]] [STREAM]\n"
+	"               [--eval-delay N]]\n"
+	"               [--load-in-4bit [--bnb-4bit-quant-type T]\n"
+	"                [--bnb-4bit-use-double-quant N] [--bnb-4bit-compute-dtype D]]\n"
+	"               [STREAM]\n"
 	"Trains a LoRA adapter (the student: adapter on, no system prompt) to match the\n"
 	"teacher distribution of each record (its 'teacher' field, or the base model with\n"
 	"the system prompt when records carry none).  Writes DIR/checkpoint-N/ and\n"
@@ -71,7 +74,8 @@ static const char usage[] =
 	"  --eval-steps N       evaluate after every N optimizer steps (default 0 = none)\n"
 	"  --eval-final         evaluate after the last step too (HF's epoch strategy)\n"
 	"  --eval-batch-size N  validation records per batch (default 8, HF's)\n"
-	"  --eval-delay N       no evaluation before step N (default 0)\n";
+	"  --eval-delay N       no evaluation before step N (default 0)\n"
+	BK_Q4_USAGE;
 
 /* a number flag outside its range is a usage error naming the flag */
 static void need(int ok, const char *flag, double v, const char *range)
@@ -88,6 +92,7 @@ int main(int argc, char **argv)
 			  .vocab_chunk = 4096, .lr = 5e-5, .max_grad_norm = 1.0,
 			  .lora_alpha = 128, .lora_dropout = 0.05, .temperature = 1.0,
 			  .optim = "adamw", .log_every = 30, .eval_batch = 8};
+	bk_q4_flags q4f = BK_Q4_FLAGS_INIT;
 	bk_opt opts[] = {
 		{"system", 0, BK_OPT_STR, &sys_text, 0, 0},
 		{"system-file", 0, BK_OPT_STR, &sys_file, 0, 0},
@@ -125,6 +130,10 @@ int main(int argc, char **argv)
 		{"eval-final", 0, BK_OPT_FLAG, &o.eval_final, 0, 0},
 		{"eval-batch-size", 0, BK_OPT_INT, &o.eval_batch, 1, 1L << 20},
 		{"eval-delay", 0, BK_OPT_INT, &o.eval_delay, 0, 1L << 40},
+		{"load-in-4bit", 0, BK_OPT_FLAG, &q4f.load, 0, 0},
+		{"bnb-4bit-quant-type", 0, BK_OPT_STR, &q4f.type, 0, 0},
+		{"bnb-4bit-use-double-quant", 0, BK_OPT_INT, &q4f.double_quant, 0, 1},
+		{"bnb-4bit-compute-dtype", 0, BK_OPT_STR, &q4f.dtype, 0, 0},
 		{0},
 	};
 	bk_diag_init(argv[0]);
@@ -137,6 +146,7 @@ int main(int argc, char **argv)
 		die_usage("too many arguments");
 	if (!o.model || !o.out)
 		die_usage("--model DIR and --out DIR are required");
+	o.q4 = bk_q4_flags_config(&q4f);
 	/* a hub id: the adapter names it, as PEFT does, and the cache snapshot is read */
 	char *model_dir = bk_hub_model_dir(o.model, NULL);
 	if (!o.base_name && strcmp(model_dir, o.model))

@@ -22,7 +22,10 @@ static const char usage[] =
 	"usage: bk-teach --model DIR [--device D] [--top-k K] [--min-mass M]\n"
 	"                [--temperature T] [--max-tokens N | --batch-size N] [--vocab-chunk N]\n"
 	"                [-o FILE] [-v]\n"
-	"                [--shard I/N] [--system TEXT | --system-file FILE] [STREAM]\n"
+	"                [--shard I/N] [--system TEXT | --system-file FILE]\n"
+	"                [--load-in-4bit [--bnb-4bit-quant-type T]\n"
+	"                 [--bnb-4bit-use-double-quant N] [--bnb-4bit-compute-dtype D]]\n"
+	"                [STREAM]\n"
 	"Appends 'teacher' to every record: the base model's log-probs (adapter off) on\n"
 	"t_prompt + resp at each response position.  Records must carry 'resp' (run bk-gen\n"
 	"first on prompts-only data); a record without one is refused.\n"
@@ -43,7 +46,8 @@ static const char usage[] =
 	"  -o, --output FILE  write to FILE (atomically) instead of stdout\n"
 	"  --shard I/N        only the records of shard I of N (by record id; merge the\n"
 	"                     shards with bk-dump --merge)\n"
-	"  -v, --verbose      report the prefix, forwards, tokens and speed\n";
+	"  -v, --verbose      report the prefix, forwards, tokens and speed\n"
+	BK_Q4_USAGE;
 
 /* the records of one batch: raw bytes (re-read for the output) and their ids */
 typedef struct {
@@ -143,6 +147,7 @@ int main(int argc, char **argv)
 	const char *model = NULL, *device = "auto", *out_path = "-", *shard_spec = NULL;
 	long top_k = 64, max_tokens = 4096, batch_size = 0, vocab_chunk = 8192;
 	double temperature = 1.0;
+	bk_q4_flags q4f = BK_Q4_FLAGS_INIT;
 	bk_opt opts[] = {
 		{"model", 0, BK_OPT_STR, &model, 0, 0},
 		{"device", 0, BK_OPT_STR, &device, 0, 0},
@@ -157,6 +162,10 @@ int main(int argc, char **argv)
 		{"output", 'o', BK_OPT_STR, &out_path, 0, 0},
 		{"verbose", 'v', BK_OPT_FLAG, &bk_verbose, 0, 0},
 		{"shard", 0, BK_OPT_STR, &shard_spec, 0, 0},
+		{"load-in-4bit", 0, BK_OPT_FLAG, &q4f.load, 0, 0},
+		{"bnb-4bit-quant-type", 0, BK_OPT_STR, &q4f.type, 0, 0},
+		{"bnb-4bit-use-double-quant", 0, BK_OPT_INT, &q4f.double_quant, 0, 1},
+		{"bnb-4bit-compute-dtype", 0, BK_OPT_STR, &q4f.dtype, 0, 0},
 		{0},
 	};
 	bk_diag_init(argv[0]);
@@ -166,6 +175,7 @@ int main(int argc, char **argv)
 		die_usage("too many arguments");
 	if (!model)
 		die_usage("--model DIR is required");
+	bk_q4_config q4 = bk_q4_flags_config(&q4f);
 	char *model_dir = bk_hub_model_dir(model, NULL);
 	model = model_dir;
 	bk_shard shard = {0, 0};
@@ -189,7 +199,7 @@ int main(int argc, char **argv)
 	}
 	free(tok);
 	const bk_ops *ops = bk_device_select(device);
-	bk_loaded_model lm = bk_model_load(ops, model);
+	bk_loaded_model lm = bk_model_load_q4(ops, model, &q4);
 	bk_reader_expect(in, "model", lm.fingerprint, "model");
 	int V = lm.cfg->vocab_size;
 	if (top_k > V)

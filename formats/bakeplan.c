@@ -126,6 +126,12 @@ static void add_model(bk_bake_cmd *c, const bk_bake_plan *p)
 {
 	arg2(c, "--model", p->model);
 	arg2(c, "--device", p->device);
+	if (p->q4_type) { /* load_in_4bit: every stage on the quantised base, as the tool */
+		arg(c, "--load-in-4bit");
+		arg2(c, "--bnb-4bit-quant-type", p->q4_type);
+		arg2(c, "--bnb-4bit-use-double-quant", p->q4_double_quant ? "1" : "0");
+		arg2(c, "--bnb-4bit-compute-dtype", p->q4_dtype);
+	}
 }
 
 static int64_t ceil_div(int64_t a, int64_t b)

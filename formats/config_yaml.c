@@ -400,11 +400,12 @@ static const bk_cfg_known known[] = {
 	{"sequential_eval", BC, "note", "false", "no effect on the result: it only lowers the tool's peak memory in its validation loss"},
 	/* DataConfig */
 	{"model_name_or_path", DC, "mapped", NULL, "--model of every stage: a local HF directory, else a hub id (Org/Name) through the HF cache, downloaded into it when missing (HF_HUB_OFFLINE=1: cache only)"},
-	{"torch_dtype", DC, "note", "bfloat16", "no effect: weights are read in their stored dtype; the GPU computes in bf16, the CPU twin in fp32"},
+	{"torch_dtype", DC, "note", "bfloat16", "with load_in_4bit: the 4-bit compute dtype, as the tool's bnb_4bit_compute_dtype (--bnb-4bit-compute-dtype bfloat16, or float32); else no effect: weights are read in their stored dtype; the GPU computes in bf16, the CPU twin in fp32"},
 	{"trust_remote_code", DC, "note", "false", "no effect: bakery runs Llama-family checkpoints with its own code, never the model's"},
-	{"load_in_4bit", DC, "refused", "false", "4-bit (QLoRA) base weights are not supported: bf16 on the GPU, fp32 on the CPU"},
-	{"bnb_4bit_quant_type", DC, "note", "nf4", "no effect without load_in_4bit"},
-	{"bnb_4bit_use_double_quant", DC, "note", "true", "no effect without load_in_4bit"},
+	{"load_in_4bit", DC, "mapped", "false", "QLoRA: --load-in-4bit on bk-gen, bk-teach, bk-step and bk-eval: the decoder linears quantised as bitsandbytes does, teacher and student on the quantised base"},
+	{"bnb_4bit_quant_type", DC, "mapped", "nf4", "with load_in_4bit: --bnb-4bit-quant-type (nf4, fp4); no effect without it"},
+	{"bnb_4bit_use_double_quant", DC, "mapped", "true", "with load_in_4bit: --bnb-4bit-use-double-quant; no effect without it"},
+	{"bnb_4bit_compute_dtype", EXT, "mapped", NULL, "with load_in_4bit: --bnb-4bit-compute-dtype (bfloat16, float32); the tool sets it to torch_dtype, which it overrides"},
 	{"attn_implementation", DC, "note", NULL, "no effect on the result: bakery's own attention (flash-style kernels on the GPU, exact on the CPU)"},
 	{"auto_install_optional_deps", DC, "note", "true", "no effect: bakery installs nothing at run time"},
 	{"use_unsloth", DC, "mapped", "false", "true: lora_dropout 0, as the tool's Unsloth path; bakery's own kernels otherwise"},
@@ -1006,6 +1007,46 @@ static void map_perf(mapper *m, const bk_bake_caps *caps)
 			 "GPU); bakery runs on the CPU as it asks: write use_cpu: true");
 }
 
+/* load_in_4bit and the bnb_4bit_* fields (the tool's BitsAndBytesConfig) */
+static void map_quant(mapper *m, const bk_bake_caps *caps)
+{
+	bk_bake_plan *p = m->p;
+	int load = get_bool(m, "load_in_4bit");
+	const char *qt = scalar(m, "bnb_4bit_quant_type");
+	int dq = get_bool(m, "bnb_4bit_use_double_quant");
+	const char *cd = scalar(m, "bnb_4bit_compute_dtype"), *td = scalar(m, "torch_dtype");
+	if (load != 1) {
+		if (cd)
+			note_add(m, BK_CFG_NOTE, "bnb_4bit_compute_dtype",
+				 "no effect without load_in_4bit");
+		return;
+	}
+	if (!caps->load_4bit) {
+		note_add(m, BK_CFG_UNSUPPORTED, "load_in_4bit",
+			 "this bk-step has no --load-in-4bit (4-bit base weights)");
+		return;
+	}
+	p->q4_type = qt ? qt : "nf4";
+	if (strcmp(p->q4_type, "nf4") && strcmp(p->q4_type, "fp4"))
+		note_add(m, BK_CFG_UNSUPPORTED, "bnb_4bit_quant_type",
+			 "'%s': bitsandbytes' 4-bit types are nf4 and fp4", p->q4_type);
+	p->q4_double_quant = dq != 0; /* the tool's default: true */
+	const char *d = cd ? cd : td ? td : "bfloat16", *key = cd ? "bnb_4bit_compute_dtype"
+								    : "torch_dtype";
+	if (!strcmp(d, "bfloat16") || !strcmp(d, "bf16") || !strcmp(d, "torch.bfloat16")) {
+		p->q4_dtype = "bfloat16";
+	} else if (!strcmp(d, "float32") || !strcmp(d, "fp32") || !strcmp(d, "torch.float32")) {
+		p->q4_dtype = "float32";
+	} else if (!strcmp(d, "float16") || !strcmp(d, "fp16") || !strcmp(d, "auto")) {
+		p->q4_dtype = "bfloat16";
+		note_add(m, BK_CFG_NOTE, key,
+			 "'%s': the 4-bit weights are taken through bf16 (bakery has no fp16 "
+			 "compute)", d);
+	} else {
+		note_add(m, BK_CFG_UNSUPPORTED, key, "'%s' is not bfloat16, float16 or float32", d);
+	}
+}
+
 static void map_outputs(mapper *m)
 {
 	bk_bake_plan *p = m->p;
@@ -1183,6 +1224,7 @@ void bk_bake_plan_make(bk_bake_plan *p, const bk_cfg *c, const bk_bake_caps *cap
 	map_data(&m);
 	map_training(&m, caps);
 	map_perf(&m, caps);
+	map_quant(&m, caps);
 	map_outputs(&m);
 	map_eval(&m);
 	map_table(&m);

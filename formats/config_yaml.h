@@ -55,6 +55,7 @@ typedef struct {
 	int grad_checkpoint;  /* bk-step --grad-checkpoint */
 	int optim_8bit;       /* bk-step --optim adamw8bit */
 	int save_total_limit; /* bk-step --save-total-limit */
+	int load_4bit;        /* bk-step --load-in-4bit (and the other stages with it) */
 } bk_bake_caps;
 
 typedef struct {
@@ -100,6 +101,11 @@ typedef struct {
 	const char *schedule, *save_strategy; /* save_strategy: epoch, steps or no */
 	char *target_modules;                  /* "q_proj,v_proj" or "all-linear" (malloc'd) */
 	int grad_checkpoint, optim_8bit;       /* map to bk-step flags (caps permitting) */
+	/* load_in_4bit: every model stage's --load-in-4bit --bnb-4bit-quant-type q4_type
+	 * --bnb-4bit-use-double-quant q4_double_quant --bnb-4bit-compute-dtype q4_dtype;
+	 * q4_type NULL: full precision */
+	const char *q4_type, *q4_dtype;
+	int q4_double_quant;
 	/* outputs, evaluation */
 	const char *output_dir, *eval_file, *held_out_file, *kl_prompts, *device;
 	const char *resume; /* resume_from_checkpoint: a directory, or "true" (the last one) */

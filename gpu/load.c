@@ -321,6 +321,11 @@ static void load_put(void *ctx, const float *p)
 
 bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir)
 {
+	return bk_model_load_q4(ops, dir, NULL);
+}
+
+bk_loaded_model bk_model_load_q4(const bk_ops *ops, const char *dir, const bk_q4_config *q4)
+{
 	bk_loaded_model lm = {0};
 	lm.cfg = bk_config_load(dir);
 	bk_st *st = bk_st_open(dir);
@@ -351,6 +356,8 @@ bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir)
 	mc.final_softcap = (float)c->final_softcap;
 	mc.window = c->layer_window;
 	mc.inv_freq_local = has_local ? inv_local : NULL;
+	if (q4)
+		mc.q4 = *q4; /* the base linears quantised at create (gpu/model.h) */
 	/* tensor by tensor from the mapped checkpoint: read into fp32, uploaded, freed, so
 	 * the host holds at most one tensor in fp32 besides what the device keeps */
 	load_src ls = {c, st, pre};

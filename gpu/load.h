@@ -19,6 +19,11 @@ typedef struct {
 /* Loads DIR/config.json and its safetensors (one file or sharded), checks every
  * tensor against the config, converts to fp32 and creates the model on ops. */
 bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir);
+/* The same with the base linears in 4 bits when q4 (not NULL) has a type: QLoRA's
+ * load_in_4bit, quantised as bitsandbytes does from the checkpoint's values (a bf16
+ * checkpoint quantises as bnb quantises its bf16 tensor; gpu/quant4.h).  The
+ * fingerprint stays the checkpoint's. */
+bk_loaded_model bk_model_load_q4(const bk_ops *ops, const char *dir, const bk_q4_config *q4);
 void bk_model_unload(bk_loaded_model *lm);
 /* The fingerprint alone (for stream headers), without loading the weights: from the
  * fingerprint cache when its key matches (gpu/load.c: config.json's bytes and each

@@ -3,6 +3,7 @@
  * activation sizes with what bk_acts_create_* allocates on the host twin, and the
  * stages' plans with hand-computed numbers for a tiny config). */
 #include "gpu/memplan.h"
+#include "gpu/quant4.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,11 +148,15 @@ size_t bk_mem_lora_numbers(const bk_mem_model *m, int r, unsigned targets)
 }
 
 /* gpu/model.c bk_model_create: ops->weight_upload of every tensor, rows x cols numbers
- * of weight_bytes (cuda_ops.cu: bf16), and the RoPE tables (ops->alloc) */
+ * of weight_bytes (cuda_ops.cu: bf16), and the RoPE tables (ops->alloc).  With 4-bit
+ * linears on a GPU (m->q4): each linear's packed codes and statistics
+ * (ops->weight_upload_q4, bk_q4_bytes), and one scratch for a linear dequantised to
+ * bf16 at a time (the largest) */
 static void add_weights(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev *d)
 {
 	size_t H = m->H, I = m->I, QD = (size_t)m->NH * m->D, KVD = (size_t)m->NKV * m->D;
-	size_t layer = QD * H * 2 + KVD * H * 2 + I * H * 3 + 2 * H;
+	int q4 = m->q4 && d->cuda;
+	size_t layer = (q4 ? 0 : QD * H * 2 + KVD * H * 2 + I * H * 3) + 2 * H;
 	if (m->qkv_bias)
 		layer += QD + 2 * KVD;
 	if (m->qk_norm)
@@ -161,6 +166,15 @@ static void add_weights(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev
 	size_t n = (size_t)m->V * H * (m->tied ? 1 : 2) + H + layer * m->L;
 	add(s, BK_MEM_WEIGHTS, "base weights", "gpu/model.c bk_model_create: ops->weight_upload",
 	    n * (size_t)d->weight_bytes);
+	if (q4) {
+		int dq = m->q4_double_quant;
+		size_t l4 = 2 * bk_q4_bytes(QD, H, dq) + 2 * bk_q4_bytes(KVD, H, dq) +
+			    2 * bk_q4_bytes(I, H, dq) + bk_q4_bytes(H, I, dq);
+		add(s, BK_MEM_WEIGHTS, "4-bit base linears",
+		    "gpu/model.c bk_model_create: ops->weight_upload_q4", l4 * (size_t)m->L);
+		add(s, BK_MEM_BUF, "4-bit dequantisation scratch",
+		    "gpu/cuda/cuda_q4.cuh cuda_weight_upload_q4: one linear in bf16", max2(I * H, QD * H) * 2);
+	}
 	add(s, BK_MEM_BUF, "rope tables", "gpu/model.c bk_model_create: inv_freq(_local)",
 	    (size_t)m->D / 2 * 4 * 2);
 	if (d->cuda) {

@@ -27,6 +27,9 @@
 typedef struct {
 	int H, I, L, NH, NKV, D, V;
 	int tied, qkv_bias, qk_norm, sandwich;
+	int q4, q4_double_quant; /* load_in_4bit: the 7 base linears of every layer in 4 bits
+				  * (gpu/quant4.h bk_q4_bytes on a GPU; the host twin
+				  * expands them to fp32), with or without double quant */
 } bk_mem_model;
 
 /* the device and the environment switches that change what is allocated */

@@ -159,6 +159,31 @@ static bk_weight *up(const bk_ops *ops, const bk_weight_source *src, int layer, 
 	return w;
 }
 
+/* a base linear: 4-bit (quantised here from the source's fp32 values) when cfg->q4 */
+static bk_weight *up_linear(const bk_ops *ops, const bk_weight_source *src,
+			    const bk_q4_config *q4, int layer, int id, int rows, int cols)
+{
+	if (!q4->type)
+		return up(ops, src, layer, id, rows, cols);
+	const float *p = src->get(src->ctx, layer, id, rows, cols);
+	BUG_ON(!p);
+	bk_q4 q;
+	float *r = NULL; /* compute dtype bf16: quantised from the bf16 values (quant4.h) */
+	if (q4->compute_bf16) {
+		size_t n = (size_t)rows * cols;
+		r = xmalloc(n * sizeof(float));
+		for (size_t i = 0; i < n; i++)
+			r[i] = bk_q4_bf16_round(p[i]);
+	}
+	bk_q4_quantize(&q, r ? r : p, rows, cols, q4->type, q4->double_quant);
+	free(r);
+	if (src->put)
+		src->put(src->ctx, p);
+	bk_weight *w = ops->weight_upload_q4(&q, q4->compute_bf16);
+	bk_q4_free(&q);
+	return w;
+}
+
 /* the source over a bk_llama_weights */
 static const float *struct_get(void *ctx, int layer, int id, int rows, int cols)
 {
@@ -230,6 +255,10 @@ bk_model *bk_model_create_from(const bk_ops *ops, const bk_llama_config *cfg,
 	}
 	if (c->attn_scale < 0 || c->attn_softcap < 0 || c->final_softcap < 0 || c->embed_scale < 0)
 		die("model config: a scale or softcap is negative");
+	if (c->q4.type != BK_Q4_NONE && c->q4.type != BK_Q4_NF4 && c->q4.type != BK_Q4_FP4)
+		BUG("model config: 4-bit type %d", c->q4.type);
+	if (c->q4.type && !ops->weight_upload_q4)
+		die("4-bit base weights (load_in_4bit): the %s device has no 4-bit linears", ops->name);
 
 	/* one tensor at a time: got from the source, uploaded, given back (so a loader
 	 * holds at most one tensor on the host) */
@@ -242,7 +271,7 @@ bk_model *bk_model_create_from(const bk_ops *ops, const bk_llama_config *cfg,
 		for (int mod = 0; mod < BK_LORA_NMOD; mod++) {
 			int in, out;
 			bk_model_module_dims(c, mod, &in, &out);
-			m->layers[l].w[mod] = UP(l, mod, out, in);
+			m->layers[l].w[mod] = up_linear(ops, src, &c->q4, l, mod, out, in);
 		}
 		bk_layer *ly = &m->layers[l];
 		ly->attn_norm = UP(l, BK_W_ATTN_NORM, 1, c->H);

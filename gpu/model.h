@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "gpu/ops.h"
+#include "gpu/quant4.h"
 
 typedef struct bk_llama_config {
 	int H;          /* hidden_size */
@@ -38,6 +39,11 @@ typedef struct bk_llama_config {
 	const int *window;  /* [L] sliding window of each layer (0 = full) or NULL (copied) */
 	const float *inv_freq_local; /* [D/2] RoPE of the sliding layers (Gemma-3), or NULL:
 				      * every layer uses inv_freq (copied) */
+	/* QLoRA (load_in_4bit): q4.type != BK_Q4_NONE quantises the seven base linears of
+	 * every layer (q/k/v/o, gate/up/down) at create, as transformers' bitsandbytes
+	 * integration does (embeddings, norms, biases and the LM head stay as they are),
+	 * and uploads them with ops->weight_upload_q4 */
+	bk_q4_config q4;
 } bk_llama_config;
 
 /* fp32 host pointers in HF layout (W [out,in]); only read by bk_model_create.  Norm

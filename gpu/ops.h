@@ -37,7 +37,11 @@
 typedef struct bk_weight {
 	int rows, cols;
 	void *data;
+	int kind; /* BK_WEIGHT_PLAIN (0): from weight_upload; BK_WEIGHT_Q4: weight_upload_q4 */
 } bk_weight;
+enum { BK_WEIGHT_PLAIN = 0, BK_WEIGHT_Q4 = 1 };
+
+struct bk_q4; /* gpu/quant4.h */
 
 /* The attention parameters of attention_forward/backward (see there). */
 typedef struct bk_attn {
@@ -78,6 +82,15 @@ typedef struct bk_ops {
 	void (*zero)(void *p_device, size_t bytes);
 	bk_weight *(*weight_upload)(const float *host /* [rows,cols] */, int rows, int cols);
 	void (*weight_free)(bk_weight *w); /* NULL is fine */
+	/* A frozen base linear in 4 bits (QLoRA: bitsandbytes' NF4/FP4 blocks with their
+	 * statistics, gpu/quant4.h), [q->rows, q->cols].  Every op that takes the handle
+	 * (linear_*, proj_*) computes with W = bk_q4_dequantize(q), rounded to bf16 values
+	 * when compute_bf16 (bnb_4bit_compute_dtype bfloat16).  The implementation decides
+	 * how it holds it: the host twin (the reference) expands it here, once, to those
+	 * fp32 values; a GPU keeps the 4 bits and statistics and dequantises as it computes.
+	 * The handle's kind is BK_WEIGHT_Q4.  NULL: the implementation has no 4-bit weights
+	 * (gpu/model.c refuses a 4-bit model on it). */
+	bk_weight *(*weight_upload_q4)(const struct bk_q4 *q, int compute_bf16);
 
 	/* ---- embedding: x[t,:] = embed[ids[t],:]; ids must be in [0,V) (BUG otherwise) ---- */
 	void (*embedding_forward)(float *x /* [T,H] */, const int32_t *ids /* [T] */,

@@ -1088,6 +1088,7 @@ static void add_settings(run *R, int is_file, size_t nrec, int64_t warmup)
 	add_setting(R, "temperature", xasprintf("%.17g", o->temperature));
 	add_setting(R, "seed", xasprintf("%ld", o->seed));
 	add_setting(R, "vocab-chunk", xasprintf("%ld", o->vocab_chunk));
+	add_setting(R, "load-in-4bit", xstrdup(bk_q4_config_str(&o->q4)));
 	if (R->kind)
 		add_setting(R, "teacher", xstrdup(R->kind));
 }
@@ -1156,7 +1157,7 @@ int bk_step_run(const bk_step_opts *o)
 
 	const bk_ops *ops = bk_device_select(o->device);
 	bk_reader *in = bk_reader_open(o->input); /* a file: verified whole here */
-	R.lm = bk_model_load(ops, o->model);
+	R.lm = bk_model_load_q4(ops, o->model, &o->q4);
 	check_stream(&R, in);
 	if (o->eval)
 		load_eval(&R);

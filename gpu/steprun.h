@@ -43,6 +43,7 @@
 
 #include "gpu/optim.h"
 #include "gpu/optim8.h"
+#include "gpu/quant4.h"
 
 typedef struct {
 	const char *model, *out, *device, *schedule, *targets, *resume, *base_name, *optim;
@@ -60,6 +61,7 @@ typedef struct {
 	long save_steps, logging_steps, vocab_chunk, save_total_limit;
 	double lr, warmup_ratio, weight_decay, max_grad_norm, lora_alpha, lora_dropout,
 		temperature, log_every;
+	bk_q4_config q4;         /* --load-in-4bit ...: the base linears in 4 bits */
 } bk_step_opts;
 
 /* Runs the whole bake step; returns the exit status (invariant 7) or dies. */

@@ -174,6 +174,25 @@ for kind in gemma3 qwen2; do
 	'
 done
 
+# QLoRA (gpu/cuda/cuda_q4.cuh): the 4-bit linears dequantised to bf16 before each GEMM
+# equal the host twin's compute dtype bf16 weights, so the bounds are those above
+test_expect_success 'QLoRA --load-in-4bit: bk-teach and bk-step cuda vs cpu (nf4 + double quant), bk-gen cuda (decode v1 and v2) vs cpu' '
+	Q="--load-in-4bit --bnb-4bit-compute-dtype bfloat16" &&
+	bk-teach --model "$M" --device cpu --top-k 8 $Q b.bk | bk-dump >q-cpu.jsonl &&
+	bk-teach --model "$M" --device cuda --top-k 8 $Q b.bk | bk-dump >q-cuda.jsonl &&
+	$C teach q-cpu.jsonl q-cuda.jsonl &&
+	{ [ $FULL = 1 ] || return 0; } &&
+	step q4cpu cpu "$M" b.bk --lora-dropout 0 $Q && step q4cuda cuda "$M" b.bk --lora-dropout 0 $Q &&
+	same q4cpu q4cuda &&
+	G="bk-gen --model $M --num-trajectories 2 --max-new-tokens 12 --seed 2 $Q" &&
+	$G --device cpu tok.bk | bk-dump | jq -c .resp >q-g-cpu &&
+	for d in v1 v2; do
+		BK_DECODE=$d $G --device cuda tok.bk | bk-dump | jq -c .resp >"q-g-$d" &&
+		paste -d" " <(jq -c ".[0:2]" q-g-cpu) <(jq -c ".[0:2]" "q-g-$d") |
+			awk "{ n++; if (\$1 == \$2) same++ } END { print same \" of \" n \" records start alike\"; exit (n == 0 || same < n * 3 / 4) }" || return 1
+	done
+'
+
 if [ $FULL = 1 ]; then
 	test_expect_success 'every kernel of gpu/cuda/ launched' '
 		$C kernels "$BK_EMU_KERNEL_LOG" "$ROOT"/gpu/cuda/*.cu "$ROOT"/gpu/cuda/*.cuh >kernels.txt

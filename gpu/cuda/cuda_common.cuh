@@ -22,6 +22,11 @@ extern const char *bk_prog;
 }
 #define CUDA_BUG(...) bk_bug(__FILE__, __LINE__, __VA_ARGS__)
 
+// A base weight as bf16 [rows, cols] for the next GEMM on the stream: its own storage, or
+// a 4-bit weight dequantised into a scratch valid until the next 4-bit weight is asked
+// for (gpu/cuda/cuda_q4.cuh)
+extern "C" const __nv_bfloat16 *bk_cuda_weight_bf16(const bk_weight *w);
+
 #include "gpu/cuda/cuda_mode.h" // bk_cuda_env_mode: BK_LINEAR, BK_LOSS, BK_ATTN, BK_DECODE
 
 #define CUDA_CHECK(call)                                                               \

@@ -161,7 +161,7 @@ static void cuda_gen_linear(float *y, const float *x, const bk_weight *W, int T)
 		return;
 	}
 	int out = W->rows, in = W->cols;
-	const __nv_bfloat16 *w = (const __nv_bfloat16 *)W->data;
+	const __nv_bfloat16 *w = bk_cuda_weight_bf16(W); // 4-bit: dequantised (cuda_q4.cuh)
 	cudaStream_t st = bk_cuda_stream();
 	unsigned gx = bk_cuda_blocks((size_t)out, LIN_NT * 8);
 	if (T <= 16) {
@@ -232,7 +232,7 @@ static void lin2_scratch(void)
 static void cuda_gen_linear2(float *y, const float *x, const bk_weight *W, int T)
 {
 	int out = W->rows, in = W->cols, KS, CPS;
-	const __nv_bfloat16 *w = (const __nv_bfloat16 *)W->data;
+	const __nv_bfloat16 *w = bk_cuda_weight_bf16(W); // 4-bit: dequantised (cuda_q4.cuh)
 	cudaStream_t st = bk_cuda_stream();
 	lin2_plan(in, out, &KS, &CPS);
 	if (T > 64) {

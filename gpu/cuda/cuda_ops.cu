@@ -232,6 +232,7 @@ static bk_weight *cuda_weight_upload(const float *host, int rows, int cols)
 		die("out of memory allocating a weight handle");
 	w->rows = rows;
 	w->cols = cols;
+	w->kind = BK_WEIGHT_PLAIN;
 	__nv_bfloat16 *d = (__nv_bfloat16 *)dev_alloc(n * sizeof(__nv_bfloat16));
 	float *stage = NULL;
 	CUDA_CHECK(cudaMalloc(&stage, (n < chunk ? n : chunk) * sizeof(float)));
@@ -247,15 +248,22 @@ static bk_weight *cuda_weight_upload(const float *host, int rows, int cols)
 	return w;
 }
 
+#include "gpu/cuda/cuda_q4.cuh" // 4-bit base linears (QLoRA): weight_upload_q4
+
 static void cuda_weight_free(bk_weight *w)
 {
 	if (!w)
 		return;
+	if (w->kind == BK_WEIGHT_Q4) {
+		cuda_q4_free(w);
+		return;
+	}
 	dev_free(w->data);
 	free(w);
 }
 
-static const __nv_bfloat16 *wbf(const bk_weight *w) { return (const __nv_bfloat16 *)w->data; }
+// a weight as bf16 for the next GEMM (a 4-bit one dequantised into a scratch: cuda_q4.cuh)
+static const __nv_bfloat16 *wbf(const bk_weight *w) { return bk_cuda_weight_bf16(w); }
 
 // ---------------------------------------------------------------------------------
 // GEMMs (column-major cuBLAS on row-major buffers: a row-major [r,c] matrix is a
@@ -691,6 +699,7 @@ extern "C" const bk_ops bk_ops_cuda = {
 	.zero = cuda_zero,
 	.weight_upload = cuda_weight_upload,
 	.weight_free = cuda_proj_weight_free, // and BK_LINEAR=v3's stacked copies of it
+	.weight_upload_q4 = cuda_weight_upload_q4,
 	.embedding_forward = cuda_embedding_forward,
 	.rmsnorm_forward = cuda_rmsnorm_forward,
 	.rmsnorm_backward = cuda_rmsnorm_backward,

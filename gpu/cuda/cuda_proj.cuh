@@ -482,10 +482,20 @@ extern "C" void bk_cuda_proj_backward_v3(float *dx, const bk_proj *p, int n, con
 	gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, in, T, ld, 1.0f, W, in, dyb, ld, 1.0f, dx, in);
 }
 
+// 4-bit members (cuda_q4.cuh) run as v1: one dequantised weight per GEMM, in turn
+// (v2/v3 read several members' bf16 storage at once)
+static int proj_has_q4(const bk_proj *p, int n)
+{
+	for (int j = 0; j < n; j++)
+		if (p[j].W->kind == BK_WEIGHT_Q4)
+			return 1;
+	return 0;
+}
+
 static void cuda_proj_forward(const bk_proj *p, int n, const float *x, float *xa, int T,
 			      int in, int R, float scale, float drop, float *scratch)
 {
-	int mode = bk_cuda_linear_mode();
+	int mode = proj_has_q4(p, n) ? 1 : bk_cuda_linear_mode();
 	if (mode == 3)
 		bk_cuda_proj_forward_v3(p, n, x, xa, T, in, R, scale, drop, scratch);
 	else if (mode == 2)
@@ -498,7 +508,7 @@ static void cuda_proj_backward(float *dx, const bk_proj *p, int n, const float *
 			       const float *xa, int T, int in, int R, float scale, float drop,
 			       float *scratch)
 {
-	int mode = bk_cuda_linear_mode();
+	int mode = proj_has_q4(p, n) ? 1 : bk_cuda_linear_mode();
 	if (mode == 3)
 		bk_cuda_proj_backward_v3(dx, p, n, x, xa, T, in, R, scale, drop, scratch);
 	else if (mode == 2)

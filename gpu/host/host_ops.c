@@ -13,6 +13,7 @@
 #include "gpu/host/host_attn.h"
 #include "gpu/host/host_dots.h" /* dotf, dots: the attention scores */
 #include "gpu/optim8.h"
+#include "gpu/quant4.h"
 
 /* ---- memory ---- */
 
@@ -34,15 +35,29 @@ static void host_zero(void *p, size_t bytes)
 		memset(p, 0, bytes);
 }
 
-static bk_weight *host_weight_upload(const float *host, int rows, int cols)
+static bk_weight *host_weight_upload_plain_empty(int rows, int cols)
 {
 	BUG_ON(rows <= 0 || cols <= 0);
-	bk_weight *w = xmalloc(sizeof(*w));
-	size_t n = (size_t)rows * cols;
+	bk_weight *w = xcalloc(1, sizeof(*w));
 	w->rows = rows;
 	w->cols = cols;
-	w->data = xmalloc(n * sizeof(float));
-	memcpy(w->data, host, n * sizeof(float));
+	w->data = xmalloc((size_t)rows * cols * sizeof(float));
+	return w;
+}
+
+static bk_weight *host_weight_upload(const float *host, int rows, int cols)
+{
+	bk_weight *w = host_weight_upload_plain_empty(rows, cols);
+	memcpy(w->data, host, (size_t)rows * cols * sizeof(float));
+	return w;
+}
+
+/* 4-bit: expanded once, here, to the fp32 values the ops compute with (ops.h) */
+static bk_weight *host_weight_upload_q4(const bk_q4 *q, int compute_bf16)
+{
+	bk_weight *w = host_weight_upload_plain_empty(q->rows, q->cols);
+	bk_q4_dequantize(q, w->data, compute_bf16);
+	w->kind = BK_WEIGHT_Q4;
 	return w;
 }
 
@@ -817,6 +832,7 @@ const bk_ops bk_ops_host = {
 	.zero = host_zero,
 	.weight_upload = host_weight_upload,
 	.weight_free = host_weight_free,
+	.weight_upload_q4 = host_weight_upload_q4,
 	.embedding_forward = host_embedding_forward,
 	.rmsnorm_forward = host_rmsnorm_forward,
 	.rmsnorm_backward = host_rmsnorm_backward,

@@ -366,7 +366,7 @@ static void check_ops(int tiny)
 	/* rmsnorm */
 	float *x = gc_rand(&rng, (size_t)T * H, 2.0f), *w = gc_rand_bf16(&rng, H, 1.5f);
 	float *oh = xmalloc((size_t)T * H * 4), *rh = xmalloc((size_t)T * 4);
-	bk_weight hw = { 1, H, w };
+	bk_weight hw = { 1, H, w, BK_WEIGHT_PLAIN };
 	bk_ops_host.rmsnorm_forward(oh, rh, x, &hw, T, H, 1e-5f);
 	bk_weight *wd = G->weight_upload(w, 1, H);
 	float *xd = dput(x, (size_t)T * H), *rd = G->alloc((size_t)T * 4);
@@ -481,7 +481,7 @@ static void check_ops(int tiny)
 			dyh[j] = gc_rand(&rng, (size_t)T * out, 1.0f);
 			yh[j] = xmalloc((size_t)T * out * 4);
 			dAh[j] = xcalloc((size_t)R * H, 4), dBh[j] = xcalloc((size_t)out * R, 4);
-			Wl[j] = (bk_weight){ out, H, Wh[j] };
+			Wl[j] = (bk_weight){ out, H, Wh[j], BK_WEIGHT_PLAIN };
 			ph[j] = (bk_proj){ &Wl[j], Ah[j], Bh[j], 100 + j, yh[j], dyh[j], dAh[j], dBh[j] };
 			float *dA = G->alloc((size_t)R * H * 4), *dB = G->alloc((size_t)out * R * 4);
 			G->zero(dA, (size_t)R * H * 4), G->zero(dB, (size_t)out * R * 4);

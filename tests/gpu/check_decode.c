@@ -88,7 +88,7 @@ static void check_linear(const bk_gen_ops *G, int T, int in, int out)
 	float *xr = xmalloc((size_t)T * in * sizeof(float)), *yh = xmalloc((size_t)T * out * 4);
 	for (size_t i = 0; i < (size_t)T * in; i++)
 		xr[i] = gc_bf16(x[i]);
-	bk_weight wh = { out, in, w };
+	bk_weight wh = { out, in, w, BK_WEIGHT_PLAIN };
 	bk_gen_ops_host.linear(yh, xr, &wh, T);
 	bk_weight *wd = D_->weight_upload(w, out, in);
 	float *xd = gc_dup(D_, x, (size_t)T * in * 4), *yd = D_->alloc((size_t)T * out * 4);

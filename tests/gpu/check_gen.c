@@ -82,7 +82,7 @@ static void check_linear(int T, int in, int out)
 {
 	float *x = hrand((size_t)T * in, 1, 0), *w = hrand((size_t)out * in, 0.1f, 1);
 	float *yh = xmalloc((size_t)T * out * sizeof(float));
-	bk_weight wh = { out, in, w };
+	bk_weight wh = { out, in, w, BK_WEIGHT_PLAIN };
 	/* the host reference sees the same bf16 activations as the tensor cores */
 	float *xr = xmalloc((size_t)T * in * sizeof(float));
 	for (size_t i = 0; i < (size_t)T * in; i++)

@@ -163,7 +163,7 @@ static void test_rmsnorm(int T, int H)
 	std::vector<float> x = rnd((size_t)T * H, 2.0f, false), w = rnd(H, 1.5f, true);
 	std::vector<float> oh((size_t)T * H), rh(T), rg(T, NAN);
 	std::vector<__nv_bfloat16> og((size_t)T * H), wb = to_b(w);
-	bk_weight hw = { 1, H, w.data() };
+	bk_weight hw = { 1, H, w.data(), BK_WEIGHT_PLAIN };
 	bk_ops_host.rmsnorm_forward(oh.data(), rh.data(), x.data(), &hw, T, H, 1e-5f);
 	emu_launch(emu_dim3(T), 256, 0, [&]() {
 		act_rmsnorm_kernel(og.data(), rg.data(), x.data(), wb.data(), H, 1e-5f);

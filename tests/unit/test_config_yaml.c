@@ -1,9 +1,11 @@
 /* test_config_yaml.c - the flat YAML bake config: parsing (scalars, lists, nulls, line
  * numbers), errors with their line, overrides, and the mapping of every reference
  * field onto the stages (mapped, noted, ignored or refused; nothing silently). */
+#include "common/diag.h"
 #include "formats/config_yaml.h"
 #include "tests/harness.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static int parse(bk_cfg *c, const char *text, char *err, size_t n)
@@ -126,7 +128,7 @@ static void test_mapping(void)
 	char err[256];
 	bk_cfg c;
 	CHECK(parse(&c, every_field, err, sizeof err) == 0, "%s", err);
-	bk_bake_caps none = {0, 0, 0}, all = {1, 1, 1};
+	bk_bake_caps none = {0, 0, 0, 0}, all = {1, 1, 1, 1};
 	bk_bake_plan p;
 	bk_bake_plan_make(&p, &c, &none);
 	CHECK(!strcmp(p.model, "models/stories260K"), "model");
@@ -190,11 +192,12 @@ static void test_refusals(void)
 		    "target_modules: [q_proj, lm_head]\n"
 		    "num_train_epochs: 1.5\n"
 		    "load_in_4bit: true\n"
+		    "bnb_4bit_quant_type: int4\n"
 		    "adam_beta2: 0.98\n"
 		    "neftune_noise_alpha: 5\n"
 		    "bias: all\n",
 		    err, sizeof err) == 0, "%s", err);
-	bk_bake_caps caps = {1, 1, 1};
+	bk_bake_caps caps = {1, 1, 1, 1};
 	bk_bake_plan p;
 	bk_bake_plan_make(&p, &c, &caps);
 	const bk_cfg_note *n = note_for(&p, "model_name_or_path");
@@ -213,7 +216,7 @@ static void test_refusals(void)
 	bk_bake_plan_free(&hp);
 	bk_cfg_free(&h);
 	static const char *const keys[] = {"lr_scheduler_type", "optim", "target_modules",
-					   "load_in_4bit", "adam_beta2", "neftune_noise_alpha",
+					   "bnb_4bit_quant_type", "adam_beta2", "neftune_noise_alpha",
 					   "bias", NULL};
 	for (int i = 0; keys[i]; i++) {
 		n = note_for(&p, keys[i]);
@@ -233,6 +236,58 @@ static void test_refusals(void)
 	      "defaults");
 	bk_bake_plan_free(&p);
 	bk_cfg_free(&c);
+}
+
+/* load_in_4bit and the bnb_4bit_* fields: mapped onto the stages' 4-bit flags */
+static void test_qlora(void)
+{
+	char err[256];
+	bk_cfg c;
+	bk_bake_caps caps = {1, 1, 1, 1};
+	bk_bake_plan p;
+	const char *base = "model_name_or_path: models/stories260K\nsystem_prompt: x\n"
+			   "training_prompts: [a]\n";
+	char *t = xasprintf("%sload_in_4bit: true\n", base);
+	CHECK(parse(&c, t, err, sizeof err) == 0, "%s", err);
+	bk_bake_plan_make(&p, &c, &caps);
+	CHECK(p.n_refused == 0 && p.q4_type && !strcmp(p.q4_type, "nf4") && p.q4_double_quant &&
+		      !strcmp(p.q4_dtype, "bfloat16"),
+	      "load_in_4bit with the tool's defaults: nf4, double quant, torch_dtype bfloat16");
+	bk_bake_plan_free(&p), bk_cfg_free(&c), free(t);
+
+	t = xasprintf("%sload_in_4bit: true\nbnb_4bit_quant_type: fp4\n"
+		      "bnb_4bit_use_double_quant: false\ntorch_dtype: float32\n", base);
+	CHECK(parse(&c, t, err, sizeof err) == 0, "%s", err);
+	bk_bake_plan_make(&p, &c, &caps);
+	CHECK(p.n_refused == 0 && !strcmp(p.q4_type, "fp4") && !p.q4_double_quant &&
+		      !strcmp(p.q4_dtype, "float32"),
+	      "fp4, no double quant, compute dtype from torch_dtype");
+	bk_bake_plan_free(&p), bk_cfg_free(&c), free(t);
+
+	t = xasprintf("%sload_in_4bit: true\ntorch_dtype: float32\n"
+		      "bnb_4bit_compute_dtype: bfloat16\n", base);
+	CHECK(parse(&c, t, err, sizeof err) == 0, "%s", err);
+	bk_bake_plan_make(&p, &c, &caps);
+	CHECK(p.n_refused == 0 && !strcmp(p.q4_dtype, "bfloat16"),
+	      "bnb_4bit_compute_dtype overrides torch_dtype");
+	bk_bake_plan_free(&p), bk_cfg_free(&c), free(t);
+
+	t = xasprintf("%sbnb_4bit_quant_type: fp4\nbnb_4bit_compute_dtype: float32\n", base);
+	CHECK(parse(&c, t, err, sizeof err) == 0, "%s", err);
+	bk_bake_plan_make(&p, &c, &caps);
+	const bk_cfg_note *n = note_for(&p, "bnb_4bit_compute_dtype");
+	CHECK(p.n_refused == 0 && !p.q4_type && n && n->kind == BK_CFG_NOTE,
+	      "without load_in_4bit the bnb fields have no effect");
+	bk_bake_plan_free(&p), bk_cfg_free(&c), free(t);
+
+	bk_bake_caps old = {1, 1, 1, 0};
+	t = xasprintf("%sload_in_4bit: true\n", base);
+	CHECK(parse(&c, t, err, sizeof err) == 0, "%s", err);
+	bk_bake_plan_make(&p, &c, &old);
+	n = note_for(&p, "load_in_4bit");
+	CHECK(p.n_refused == 1 && !p.q4_type && n && n->kind == BK_CFG_UNSUPPORTED,
+	      "a bk-step without --load-in-4bit refuses it");
+	bk_bake_plan_free(&p), bk_cfg_free(&c), free(t);
 }
 
 /* the tool's own field names and HF fields it documents; its defaults (item 4) */
@@ -271,7 +326,7 @@ static void test_tool_fields(void)
 		    "save_total_limit: 2\n"
 		    "num_train_epochs: 0.5\n",
 		    err, sizeof err) == 0, "%s", err);
-	bk_bake_caps caps = {1, 1, 1};
+	bk_bake_caps caps = {1, 1, 1, 1};
 	bk_bake_plan p;
 	bk_bake_plan_make(&p, &c, &caps);
 	for (size_t i = 0; i < p.n_notes; i++)
@@ -296,7 +351,7 @@ static void test_tool_fields(void)
 	      "defaults are silent");
 	bk_bake_plan_free(&p);
 	/* without bk-step's --save-total-limit: ignored, not refused */
-	bk_bake_caps old = {1, 1, 0};
+	bk_bake_caps old = {1, 1, 0, 1};
 	bk_bake_plan_make(&p, &c, &old);
 	n = note_for(&p, "save_total_limit");
 	CHECK(n && n->kind == BK_CFG_IGNORED && !p.save_total_limit, "old bk-step");
@@ -357,7 +412,7 @@ static void test_warmup(void)
 			 "training_prompts: [a]\n%s", cases[i].yaml);
 		bk_cfg c;
 		CHECK(parse(&c, text, err, sizeof err) == 0, "case %zu: %s", i, err);
-		bk_bake_caps caps = {1, 1, 1};
+		bk_bake_caps caps = {1, 1, 1, 1};
 		bk_bake_plan p;
 		bk_bake_plan_make(&p, &c, &caps);
 		CHECK(p.n_refused == 0, "case %zu: %d refused", i, p.n_refused);
@@ -384,7 +439,7 @@ static void test_warmup(void)
 		    "training_prompts: [a]\nresume_from_checkpoint: true\n"
 		    "overwrite_output_dir: true\nno_cuda: true\ngroup_by_length: true\n",
 		    err, sizeof err) == 0, "%s", err);
-	bk_bake_caps caps = {1, 1, 1};
+	bk_bake_caps caps = {1, 1, 1, 1};
 	bk_bake_plan p;
 	bk_bake_plan_make(&p, &c, &caps);
 	CHECK(p.n_refused == 0, "%d refused", p.n_refused);
@@ -430,6 +485,7 @@ int main(void)
 	test_errors();
 	test_mapping();
 	test_refusals();
+	test_qlora();
 	test_warmup();
 	return bk_test_done("test_config_yaml");
 }

@@ -1,0 +1,133 @@
+// cuda_q4.cuh - 4-bit base linears on the GPU (ops->weight_upload_q4, QLoRA): the weight
+// stays on the device as bitsandbytes stores it (gpu/quant4.h: two NF4/FP4 codes a byte,
+// an fp32 absmax per block of 64, or with double quantisation a byte per block, an fp32
+// absmax2 per 256 blocks and the offset), 0.5 byte a weight plus the statistics.  A GEMM
+// that needs it gets it dequantised to bf16 into one reusable scratch, just before the
+// GEMM on the one stream (bk_cuda_weight_bf16): never a bf16 copy of the model, one
+// linear at a time (the scratch is the largest linear's).  Every value is
+// code[q] * absmax in fp32 rounded to bf16, as the host twin's compute dtype bf16
+// (bk_q4_dequantize(q, out, 1)), so the CUDA GEMMs see the host twin's weights exactly.
+// Included by cuda_ops.cu (its allocator); not a 4-bit GEMV: the decode linears
+// (cuda_gen.cu) dequantise the same way before their bf16 kernels.
+#ifndef BK_CUDA_Q4_CUH
+#define BK_CUDA_Q4_CUH
+
+#include "gpu/quant4.h"
+
+typedef struct {
+	float c[16]; // the 4-bit book (bk_q4_code)
+} q4_book;
+
+typedef struct {
+	int type;
+	size_t n, nb;
+	uint8_t *packed;  // [(n+1)/2]
+	float *absmax;    // [nb] (no double quant) or NULL
+	uint8_t *qabsmax; // [nb] (double quant) or NULL
+	float *absmax2;   // [nb2]
+	float offset;
+	q4_book book;
+} cuda_q4;
+
+static float *g_q4_code2;           // the nested absmax map [256] on the device
+static __nv_bfloat16 *g_q4_scratch; // one dequantised linear
+static size_t g_q4_scratch_n;
+
+// one byte (two values) per thread: out[2i], out[2i+1] from packed[i]; the block's absmax
+// from its fp32 value or its nested code
+__global__ void q4_dequant_kernel(__nv_bfloat16 *out, const uint8_t *packed, const float *absmax,
+				  const uint8_t *qabsmax, const float *absmax2,
+				  const float *code2, float offset, q4_book book, size_t n)
+{
+	size_t nbytes = (n + 1) / 2;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nbytes;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		uint8_t b = packed[i];
+		size_t e = 2 * i, blk = e / BK_Q4_BLOCK; // both values of a byte share a block
+		float a;
+		if (qabsmax) {
+			float t = __fmul_rn(code2[qabsmax[blk]], absmax2[blk / BK_Q4_BLOCK2]);
+			a = __fadd_rn(t, offset);
+		} else {
+			a = absmax[blk];
+		}
+		out[e] = __float2bfloat16_rn(__fmul_rn(book.c[b >> 4], a));
+		if (e + 1 < n)
+			out[e + 1] = __float2bfloat16_rn(__fmul_rn(book.c[b & 15], a));
+	}
+}
+
+static bk_weight *cuda_weight_upload_q4(const bk_q4 *q, int compute_bf16)
+{
+	(void)compute_bf16; // the GPU's GEMMs are bf16 either way (man/bk-step.1)
+	cuda_init();
+	cuda_q4 *d = (cuda_q4 *)calloc(1, sizeof(*d));
+	bk_weight *w = (bk_weight *)calloc(1, sizeof(*w));
+	if (!d || !w)
+		die("out of memory allocating a 4-bit weight handle");
+	d->type = q->type;
+	d->n = q->n;
+	d->nb = q->nb;
+	d->offset = q->offset;
+	memcpy(d->book.c, bk_q4_code(q->type), sizeof d->book.c);
+	size_t pb = (q->n + 1) / 2;
+	d->packed = (uint8_t *)dev_alloc(pb);
+	CUDA_CHECK(cudaMemcpy(d->packed, q->packed, pb, cudaMemcpyHostToDevice));
+	if (q->qabsmax) {
+		d->qabsmax = (uint8_t *)dev_alloc(q->nb);
+		CUDA_CHECK(cudaMemcpy(d->qabsmax, q->qabsmax, q->nb, cudaMemcpyHostToDevice));
+		d->absmax2 = (float *)dev_alloc(q->nb2 * sizeof(float));
+		CUDA_CHECK(cudaMemcpy(d->absmax2, q->absmax2, q->nb2 * sizeof(float),
+				      cudaMemcpyHostToDevice));
+		if (!g_q4_code2) {
+			g_q4_code2 = (float *)dev_alloc(256 * sizeof(float));
+			CUDA_CHECK(cudaMemcpy(g_q4_code2, bk_q4_code2(), 256 * sizeof(float),
+					      cudaMemcpyHostToDevice));
+		}
+	} else {
+		d->absmax = (float *)dev_alloc(q->nb * sizeof(float));
+		CUDA_CHECK(cudaMemcpy(d->absmax, q->absmax, q->nb * sizeof(float),
+				      cudaMemcpyHostToDevice));
+	}
+	if (q->n > g_q4_scratch_n) { // at load, before any GEMM reads it
+		CUDA_CHECK(cudaStreamSynchronize(g_stream));
+		dev_free(g_q4_scratch);
+		g_q4_scratch = (__nv_bfloat16 *)dev_alloc(q->n * sizeof(__nv_bfloat16));
+		g_q4_scratch_n = q->n;
+	}
+	w->rows = q->rows;
+	w->cols = q->cols;
+	w->kind = BK_WEIGHT_Q4;
+	w->data = d;
+	return w;
+}
+
+static void cuda_q4_free(bk_weight *w)
+{
+	cuda_q4 *d = (cuda_q4 *)w->data;
+	dev_free(d->packed);
+	dev_free(d->absmax);
+	dev_free(d->qabsmax);
+	dev_free(d->absmax2);
+	free(d);
+	free(w);
+}
+
+// The weight as bf16 [rows, cols] for the next GEMM on the stream: a plain weight's own
+// storage; a 4-bit one dequantised into the scratch, valid until the next 4-bit weight
+// is asked for (the callers take one weight per GEMM, in stream order).
+extern "C" const __nv_bfloat16 *bk_cuda_weight_bf16(const bk_weight *w)
+{
+	if (w->kind != BK_WEIGHT_Q4)
+		return (const __nv_bfloat16 *)w->data;
+	const cuda_q4 *d = (const cuda_q4 *)w->data;
+	if (d->n > g_q4_scratch_n)
+		CUDA_BUG("4-bit weight of %zu values, scratch %zu", d->n, g_q4_scratch_n);
+	size_t nbytes = (d->n + 1) / 2;
+	unsigned blocks = (unsigned)((nbytes + 255) / 256 < 65535 ? (nbytes + 255) / 256 : 65535);
+	BK_LAUNCH(q4_dequant_kernel, blocks, 256, 0, g_stream, g_q4_scratch, d->packed, d->absmax,
+		  d->qabsmax, d->absmax2, g_q4_code2, d->offset, d->book, d->n);
+	return g_q4_scratch;
+}
+
+#endif
