@@ -173,4 +173,50 @@ test_expect_success 'refused: --retokenize, paired records, K out of range, flag
 	test_must_fail --exit 2 $G --teacher-top-k 8 --min-mass 2 s.bk
 '
 
+# a bake's adapters: || a - b || / || b || (tests/emu/compare.py's reader) at most a bound;
+# prints it
+cat >adapter.py <<'EOF'
+import math, sys
+sys.path.insert(0, sys.argv[4])
+import compare
+a, b = compare.st_floats(sys.argv[1]), compare.st_floats(sys.argv[2])
+if len(a) != len(b):
+    sys.exit("the adapters have other shapes")
+d = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
+n = math.sqrt(sum(y * y for y in b))
+print("adapters: relative L2 difference %.3g (%d numbers)" % (d / n, len(a)))
+sys.exit(d > float(sys.argv[3]) * n or n == 0)
+EOF
+
+T="$DATA/bake/tiny.yaml --model_name_or_path $M --device cpu --teacher_top_k 8"
+test_expect_success 'bk-bake, teacher_top_k with sampled ids: bk-lens | bk-gen --teacher-top-k | bk-step, no bk-teach' '
+	bk-bake --dry-run $T --retokenize_trajectories false --output_dir d1 >plan1 &&
+	grep -q "^    bk-gen .* --teacher-top-k 8 --teacher-temperature 1 .*|$" plan1 &&
+	grep -q "^#    bk-gen scores its trajectories (teacher_top_k 8): no bk-teach$" plan1 &&
+	! grep -q "bk-teach " plan1 && grep -q "^# the pipe: bk-gen .* + bk-step .* (side by side)$" plan1 &&
+	! grep -q "^# bk-teach$" plan1 &&
+	grep -q "^#   teacher top-k of a step.s rows  .*gpu/gen.c score_ensure" plan1 &&
+	# retokenized trajectories (the default) and the full distribution: bk-teach scores
+	bk-bake --dry-run $T --output_dir d2 >plan2 &&
+	grep -q "^    bk-teach .* --top-k 8 " plan2 && ! grep -q -- "--teacher-top-k" plan2 &&
+	grep -q "^#    bk-teach scores the trajectories (retokenize_trajectories" plan2 &&
+	grep -q "^# bk-teach$" plan2 &&
+	bk-bake --dry-run $T --teacher_top_k 0 --retokenize_trajectories false --output_dir d3 >plan3 &&
+	grep -q "^    bk-teach .* --top-k 0 " plan3 && ! grep -q -- "--teacher-top-k" plan3
+'
+
+test_expect_success 'bk-bake: the same adapter as the pipe through bk-teach (relative L2 <= 1e-4)' '
+	bk-bake -v $T --retokenize_trajectories false --output_dir new >plan-new 2>err &&
+	! grep -q "^ *bk-teach " plan-new && ! grep -q "bk-teach" err &&
+	# the old pipe: the same commands, bk-teach scoring between bk-gen and bk-step
+	mkdir old && cp new/order.bk old/ &&
+	sed -n "/^bk-lens /,/>new\/metrics.bk$/p" plan-new >pipe-new && test $(wc -l <pipe-new) = 3 &&
+	sed "s# --teacher-top-k 8 --teacher-temperature 1 |# | bk-teach --model $M --device cpu --top-k 8 --temperature 1 |#;
+	     s#new/#old/#g; s#--out new#--out old#" pipe-new >pipe-old &&
+	grep -q "bk-teach" pipe-old && ! grep -q " new/\|--out new" pipe-old &&
+	bash -o pipefail pipe-old 2>err-old &&
+	python3 adapter.py new/final_model/adapter_model.safetensors old/final/adapter_model.safetensors \
+		1e-4 "$ROOT/tests/emu"
+'
+
 test_done
