@@ -421,22 +421,19 @@ int main(int argc, char **argv)
 	bk_gen *g = bk_gen_create(m, gops, NULL, &gc);
 
 	bk_writer *w = bk_writer_open(out_path);
-	bk_kv kv[] = { BK_KV_S("model", lm.fingerprint), BK_KV_I("seed", o.seed),
-		       BK_KV_D("sampling_temperature", o.temperature), BK_KV_I("top_k", o.top_k),
-		       BK_KV_D("top_p", o.top_p), BK_KV_I("max_new_tokens", o.max_new),
-		       BK_KV_I("num_trajectories", o.ntraj), BK_KV_I("epochs", o.epochs),
-		       BK_KV_I("retokenize", o.retokenize), BK_KV_S("shard", NULL),
-		       BK_KV_D("temperature", o.teacher_temp), BK_KV_I("teacher_top_k", o.teacher_k) };
-	char shard_buf[32];
-	kv[9].s = bk_shard_str(&shard, shard_buf, sizeof shard_buf);
-	/* scoring: bk-teach's keys (the KL temperature bk-step checks) and the top-k */
+	bk_kv kv[12] = { BK_KV_S("model", lm.fingerprint), BK_KV_I("seed", o.seed),
+			 BK_KV_D("sampling_temperature", o.temperature), BK_KV_I("top_k", o.top_k),
+			 BK_KV_D("top_p", o.top_p), BK_KV_I("max_new_tokens", o.max_new),
+			 BK_KV_I("num_trajectories", o.ntraj), BK_KV_I("epochs", o.epochs),
+			 BK_KV_I("retokenize", o.retokenize) };
 	int nkv = 9;
+	char shard_buf[32];
 	if (shard.n)
-		nkv++;
-	else
-		kv[9] = kv[10], kv[10] = kv[11];
-	if (o.teacher_k)
-		nkv += 2;
+		kv[nkv++] = BK_KV_S("shard", bk_shard_str(&shard, shard_buf, sizeof shard_buf));
+	if (o.teacher_k) { /* bk-gen scored: bk-teach's KL temperature (bk-step checks it) */
+		kv[nkv++] = BK_KV_D("temperature", o.teacher_temp);
+		kv[nkv++] = BK_KV_I("teacher_top_k", o.teacher_k);
+	}
 	bk_writer_header(w, in, kv, nkv);
 
 	/* Epoch-major over a file: one pass per epoch, so that epoch e's samples of every

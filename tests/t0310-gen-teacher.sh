@@ -219,4 +219,12 @@ test_expect_success 'bk-bake: the same adapter as the pipe through bk-teach (rel
 		1e-4 "$ROOT/tests/emu"
 '
 
+test_expect_success 'bk-bake, stages one after another (--gpu-memory): bk-gen scores into gen.bk, no teach.bk, the same adapter' '
+	bk-bake --gpu-memory 1GiB $T --retokenize_trajectories false --output_dir seq >/dev/null 2>err &&
+	grep -q "^bk-bake: memory plan: chose the GPU stages one after another" err &&
+	test -s seq/gen.bk && test ! -e seq/teach.bk &&
+	bk-dump seq/gen.bk | jq -e -s "length > 0 and all(.[]; .teacher.k == 8)" >/dev/null &&
+	cmp new/final_model/adapter_model.safetensors seq/final_model/adapter_model.safetensors
+'
+
 test_done
