@@ -378,6 +378,22 @@ static void draws_ensure(bk_gen *g, int N)
 	g->capN = n;
 }
 
+/* host memory of the teacher rows: pinned on the fast path (its copies are async) */
+static void *score_host_alloc(const bk_gen *g, size_t bytes)
+{
+	return g->fast ? g->gops->host_alloc(bytes) : xmalloc(bytes);
+}
+
+static void score_host_free(const bk_gen *g)
+{
+	void *h[] = { g->h_tids, g->h_tlogp, g->h_trest };
+	for (int i = 0; i < 3; i++)
+		if (g->fast)
+			g->gops->host_free(h[i]);
+		else
+			free(h[i]);
+}
+
 /* device and host rows for the teacher top-k of S logits rows (cfg.teacher_k) */
 static void score_ensure(bk_gen *g, int S)
 {
@@ -386,14 +402,16 @@ static void score_ensure(bk_gen *g, int S)
 	int n = (S + 15) / 16 * 16; /* rounded as gpu/memplan.c plans it */
 	size_t K = (size_t)g->cfg.teacher_k;
 	const bk_ops *ops = g->ops;
+	if (g->fast && g->capTk)
+		g->gops->sync(); /* no copy in flight into the old rows */
 	ops->free(g->d_tids), ops->free(g->d_tlogp), ops->free(g->d_trest);
-	free(g->h_tids), free(g->h_tlogp), free(g->h_trest);
+	score_host_free(g);
 	g->d_tids = ops->alloc((size_t)n * K * sizeof(int32_t));
 	g->d_tlogp = ops->alloc((size_t)n * K * sizeof(float));
 	g->d_trest = ops->alloc((size_t)n * sizeof(float));
-	g->h_tids = xmalloc((size_t)n * K * sizeof(int32_t));
-	g->h_tlogp = xmalloc((size_t)n * K * sizeof(float));
-	g->h_trest = xmalloc((size_t)n * sizeof(float));
+	g->h_tids = score_host_alloc(g, (size_t)n * K * sizeof(int32_t));
+	g->h_tlogp = score_host_alloc(g, (size_t)n * K * sizeof(float));
+	g->h_trest = score_host_alloc(g, (size_t)n * sizeof(float));
 	g->capTk = n;
 }
 
@@ -909,7 +927,7 @@ void bk_gen_free(bk_gen *g)
 	free(g->h_dctr);
 	free(g->h_dids);
 	free(g->h_dkey);
-	free(g->h_tids), free(g->h_tlogp), free(g->h_trest);
+	score_host_free(g);
 	free(g->pool.ref);
 	free(g->pool.freel);
 	if (g->fast) {
