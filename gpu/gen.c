@@ -13,8 +13,10 @@
  *      number max_batch (or the queue is empty, or the pool is short of blocks);
  *   2. runs one forward over [one token of every running sample] + [those prompts];
  *   3. draws the next token of every running sample and the first token of every sample
- *      of the new prompts; a sample that drew a stop id or reached its max_new is
- *      finished and its slot and blocks freed;
+ *      of the new prompts (with teacher_k, each row's teacher top-k is kept with the
+ *      token drawn from it, the prefill row once per entry: gen.h Scoring); a sample
+ *      that drew a stop id or reached its max_new is finished and its slot and blocks
+ *      freed;
  *   4. fills every free slot (those just freed too) with the next waiting sample, while
  *      the pool has its blocks.
  *
