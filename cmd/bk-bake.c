@@ -1,7 +1,8 @@
 /* bk-bake - a whole bake from the reference tool's flat YAML config: maps its fields
  * onto the stages (formats/config_yaml.c), runs bk-tokenize, writes the epochs'
- * prompt order, runs bk-lens | bk-gen | bk-step (| bk-teach | before bk-step with
- * teacher_top_k) as processes joined by
+ * prompt order, runs bk-lens | bk-gen | bk-step (bk-gen --teacher-top-k with
+ * teacher_top_k; | bk-teach | before bk-step for the full distribution or retokenized
+ * trajectories) as processes joined by
  * pipes, then bk-eval, and leaves output_dir in the tool's layout (formats/bakeout.c).
  * The commands are built in formats/bakeplan.c; here only the flags and the run:
  * processes, their logs, signals.  No model code. */
@@ -639,6 +640,8 @@ int main(int argc, char **argv)
 	char *part = b.resume ? xasprintf("%s.resumed", b.metrics) : NULL;
 	metrics_path = b.metrics, metrics_resume = b.resume;
 	int exact = p.top_k < 0; /* the tool's exact KL: bk-step runs the teacher */
+	/* bk-teach on sampled trajectories: not with the exact KL, nor when bk-gen scores */
+	int teach_sampled = !exact && !b.gen_scores;
 	if (paired) {
 		b.teach.out = "/dev/null"; /* it writes -o teach.bk */
 		if (!exact) {
@@ -655,7 +658,7 @@ int main(int argc, char **argv)
 		pipe_start(v, 2);
 		pipe_wait(v, 2);
 		show_log_warnings("bk-gen");
-		if (exact) { /* bk-step runs the teacher */
+		if (!teach_sampled) { /* bk-step runs the teacher, or bk-gen scored */
 			b.step.in = b.gen_file;
 		} else {
 			b.teach.in = b.gen_file;
@@ -670,18 +673,18 @@ int main(int argc, char **argv)
 		pipe_wait(&b.step, 1);
 	} else {
 		bk_bake_cmd v[] = {b.lens, b.gen, b.teach, b.step};
-		if (exact)
+		if (!teach_sampled)
 			v[2] = b.step;
-		int fd = pipe_start(v, exact ? 3 : 4);
+		int fd = pipe_start(v, teach_sampled ? 4 : 3);
 		bk_bake_metrics_copy(fd, part ? part : b.metrics, b.total);
 		metrics_part = part;
-		pipe_wait(v, exact ? 3 : 4);
+		pipe_wait(v, teach_sampled ? 4 : 3);
 		show_log_warnings("bk-gen");
 	}
 	if (metrics_part)
 		join_metrics();
 	free(part);
-	if (!exact)
+	if (paired ? !exact : teach_sampled)
 		show_log_warnings("bk-teach");
 	double t2 = now_s();
 	char *fin = bk_path_join(od, "final");

@@ -18,6 +18,7 @@
 #include "formats/inputs.h"
 #include "formats/shard.h"
 #include "formats/stream.h"
+#include "formats/teacher.h"
 #include "formats/template.h"
 #include "gpu/device.h"
 #include "gpu/gen.h"
@@ -29,6 +30,7 @@ static const char usage[] =
 	"              [--top-k K] [--top-p P] [--max-new-tokens N] [--epochs N] [--seed N]\n"
 	"              [--max-batch N] [--kv-memory BYTES] [--max-prompt N] [--window N]\n"
 	"              [-v] [-o FILE] [--shard I/N] [--retokenize]\n"
+	"              [--teacher-top-k K [--teacher-temperature T] [--min-mass M]]\n"
 	"              [--system TEXT | --system-file FILE]\n"
 	"              [--load-in-4bit [--bnb-4bit-quant-type T]\n"
 	"               [--bnb-4bit-use-double-quant N] [--bnb-4bit-compute-dtype D]]\n"
@@ -64,6 +66,15 @@ static const char usage[] =
 	"                          turn, with the template's end of turn (what bk-tokenize\n"
 	"                          makes of a given response; the tool's trajectories), not\n"
 	"                          the sampled ids\n"
+	"  --teacher-top-k K       score what is sampled: add bk-teach's 'teacher' field (the\n"
+	"                          teacher's K most likely ids, their log-probs and the rest\n"
+	"                          mass) at every sampled position, from the logits it was\n"
+	"                          drawn from; bk-teach is then not needed (not with\n"
+	"                          --retokenize, nor on paired records)\n"
+	"  --teacher-temperature T the KL temperature of that field (default 1.0)\n"
+	"  --min-mass M            bk-teach's rule: when the first batch's top-K keeps less\n"
+	"                          than M of the teacher's mass on average, write no teacher\n"
+	"                          field (bk-step computes the exact teacher) (default 0.5)\n"
 	BK_Q4_USAGE;
 
 typedef struct {
@@ -74,6 +85,9 @@ typedef struct {
 	long epoch0, pass_epochs;
 	int skip_paired;
 	int retokenize, tmpl; /* --retokenize with the stream's chat template */
+	long teacher_k;       /* --teacher-top-k (0: no scoring) */
+	double teacher_temp;
+	int vocab;
 } gen_opts;
 
 /* A record read but not yet written: its raw bytes and, when it is generated for,
@@ -83,6 +97,8 @@ typedef struct {
 	size_t len;
 	int generate;
 	int n_t, n_s; /* prompt lengths (for 'lens') */
+	int has_batch; /* bk-lens's 'batch' (the min-mass rule's first batch) */
+	int64_t batch;
 	int32_t *t_prompt;
 	bk_gen_result *res; /* [epochs * ntraj]; ids NULL until done */
 	int n_done;
@@ -103,6 +119,14 @@ static pending_rec *ring_at(ring *r, uint64_t no)
 typedef struct {
 	uint64_t in, passed, samples, written, dropped;
 } totals;
+
+/* bk-teach's --min-mass rule: the mass top-k leaves out (the 'rest'), over every
+ * position written; decided on the first batch (min_mass_decide) */
+typedef struct {
+	double sum, max, min_mass;
+	uint64_t n;
+	int decided, exact; /* exact: the first batch was flat, no teacher fields */
+} mass_stats;
 
 /* "2G", "512M", "64K" or plain bytes (powers of 1024) */
 static size_t parse_bytes(const char *s)
@@ -139,8 +163,59 @@ static char *strip(char *s)
 	return b;
 }
 
+/* the response text of a sample (decoded without its stop id, stripped) in *text
+ * (malloc'd, free it); returns where it starts, "" for a sample that is dropped */
+static char *sample_text(const bk_tok *spm, const bk_gen_result *r, char **text)
+{
+	int n_text = r->n - (r->stopped ? 1 : 0);
+	*text = bk_tok_decode(spm, r->ids, (size_t)(n_text > 0 ? n_text : 0));
+	return n_text > 0 ? strip(*text) : *text + strlen(*text);
+}
+
+/* Decides the --min-mass rule once, as bk-teach does on its first batch: over the
+ * written samples of the records at the head of the ring that share the first
+ * record's bk-lens 'batch' (the first record alone without one), at most a window.
+ * Returns 0 while that batch is not complete (the caller waits). */
+static int min_mass_decide(mass_stats *ms, const ring *rg, int eof, long per, const bk_tok *spm)
+{
+	const pending_rec *h = &rg->v[rg->head];
+	size_t cnt = 0;
+	while (cnt < rg->n) {
+		const pending_rec *p = &rg->v[(rg->head + cnt) % rg->cap];
+		if (cnt && (!h->has_batch || !p->has_batch || p->batch != h->batch))
+			break;
+		if (p->n_done < per)
+			return 0;
+		cnt++;
+	}
+	if (cnt == rg->n && !eof && rg->n < rg->cap)
+		return 0; /* the next record may still belong to the batch */
+	double sum = 0;
+	uint64_t n = 0;
+	for (size_t i = 0; i < cnt; i++) {
+		const pending_rec *p = &rg->v[(rg->head + i) % rg->cap];
+		for (long j = 0; j < per; j++) {
+			const bk_gen_result *r = &p->res[j];
+			char *text;
+			int kept = *sample_text(spm, r, &text) != 0;
+			free(text);
+			for (int t = 0; kept && t < r->n; t++)
+				sum += r->t_rest[t], n++;
+		}
+	}
+	ms->decided = 1;
+	if (n && ms->min_mass > 0 && 1 - sum / (double)n < ms->min_mass) {
+		ms->exact = 1;
+		warn("the teacher is flat: its top-k keeps %.1f%% of the mass on average over the "
+		     "first batch's %llu positions (--min-mass %g); writing no teacher field, so "
+		     "bk-step computes the exact teacher", 100 * (1 - sum / (double)n),
+		     (unsigned long long)n, ms->min_mass);
+	}
+	return 1;
+}
+
 static void emit(bk_writer *w, pending_rec *p, const gen_opts *o, const bk_tok *spm,
-		 totals *tot)
+		 totals *tot, mass_stats *ms)
 {
 	if (!p->generate) {
 		if (!o->skip_paired) {
@@ -149,7 +224,8 @@ static void emit(bk_writer *w, pending_rec *p, const gen_opts *o, const bk_tok *
 		}
 		return;
 	}
-	static const char *const skip[] = { "resp", "response", "traj", "epoch", "lens", NULL };
+	static const char *const skip[] = { "resp", "response", "traj", "epoch", "lens",
+					    "teacher", NULL };
 	msgpack_unpacked up;
 	msgpack_unpacked_init(&up);
 	size_t off = 0;
@@ -158,11 +234,9 @@ static void emit(bk_writer *w, pending_rec *p, const gen_opts *o, const bk_tok *
 	int has_lens = bk_obj_get(&up.data, "lens") != NULL;
 	for (long i = 0; i < o->pass_epochs * o->ntraj; i++) {
 		bk_gen_result *r = &p->res[i];
-		int n_text = r->n - (r->stopped ? 1 : 0);
-		char *text = bk_tok_decode(spm, r->ids, (size_t)n_text);
-		char *t = strip(text);
+		char *text, *t = sample_text(spm, r, &text);
 		bk_ids rt = { 0 };
-		if (n_text <= 0 || !*t) {
+		if (!*t) {
 			tot->dropped++;
 		} else {
 			/* --retokenize: the tool decodes (special tokens skipped), strips and
@@ -194,12 +268,25 @@ static void emit(bk_writer *w, pending_rec *p, const gen_opts *o, const bk_tok *
 				bk_pack_str(pk, "resp");
 				msgpack_pack_long(pk, (long)n_ids);
 			}
+			if (o->teacher_k && !ms->exact) { /* the rows ids were drawn from */
+				bk_teacher tf = { .k = (int)o->teacher_k,
+						  .temperature = (float)o->teacher_temp, .n = r->n,
+						  .v = o->vocab, .ids = r->t_ids, .logp = r->t_logp,
+						  .rest = r->t_rest };
+				bk_rec_key(w, "teacher");
+				bk_teacher_pack(pk, &tf);
+				for (int j = 0; j < r->n; j++) {
+					ms->sum += r->t_rest[j], ms->n++;
+					if (r->t_rest[j] > ms->max)
+						ms->max = r->t_rest[j];
+				}
+			}
 			bk_rec_end(w);
 			tot->written++;
 		}
 		free(text);
 		free(rt.v);
-		free(r->ids);
+		free(r->ids), free(r->t_ids), free(r->t_logp), free(r->t_rest);
 	}
 	msgpack_unpacked_destroy(&up);
 }
@@ -235,7 +322,8 @@ int main(int argc, char **argv)
 {
 	const char *sys_text = NULL, *sys_file = NULL;
 	gen_opts o = { .ntraj = 4, .max_new = 128, .epochs = 1, .max_batch = 64, .window = 256,
-		       .temperature = 0.8, .top_p = 0.9 };
+		       .temperature = 0.8, .top_p = 0.9, .teacher_temp = 1.0 };
+	mass_stats ms = { .min_mass = 0.5 };
 	const char *out_path = "-", *model = NULL, *device = "auto", *kv_memory = NULL;
 	const char *shard_spec = NULL;
 	long max_prompt = 0;
@@ -264,6 +352,9 @@ int main(int argc, char **argv)
 		{"bnb-4bit-quant-type", 0, BK_OPT_STR, &q4f.type, 0, 0},
 		{"bnb-4bit-use-double-quant", 0, BK_OPT_INT, &q4f.double_quant, 0, 1},
 		{"bnb-4bit-compute-dtype", 0, BK_OPT_STR, &q4f.dtype, 0, 0},
+		{"teacher-top-k", 0, BK_OPT_INT, &o.teacher_k, 0, 1L << 30},
+		{"teacher-temperature", 0, BK_OPT_DOUBLE, &o.teacher_temp, 0, 0},
+		{"min-mass", 0, BK_OPT_DOUBLE, &ms.min_mass, 0, 0},
 		{0},
 	};
 	bk_diag_init(argv[0]);
@@ -282,6 +373,20 @@ int main(int argc, char **argv)
 		die_usage("--top-p %g is not in (0,1]", o.top_p);
 	if (o.ntraj * o.epochs > (1L << 20))
 		die_usage("--num-trajectories x --epochs is over 1048576");
+	if (bk_flag_given("teacher-top-k") && o.teacher_k < 1)
+		die_usage("--teacher-top-k %ld: bk-gen writes a top-k field (K >= 1); the full "
+			  "distribution is bk-teach --top-k 0's", o.teacher_k);
+	if (!o.teacher_k && (bk_flag_given("teacher-temperature") || bk_flag_given("min-mass")))
+		die_usage("--%s needs --teacher-top-k", bk_flag_given("min-mass")
+								? "min-mass" : "teacher-temperature");
+	if (o.teacher_k && o.retokenize)
+		die_usage("--teacher-top-k scores the sampled ids, but --retokenize writes other "
+			  "ones (the text tokenized again, with the template's end of turn): score "
+			  "those with bk-teach");
+	if (!(o.teacher_temp > 0) || o.teacher_temp > 1e6)
+		die_usage("--teacher-temperature %g is not a positive number", o.teacher_temp);
+	if (!(ms.min_mass >= 0 && ms.min_mass <= 1))
+		die_usage("--min-mass %g is not in [0, 1]", ms.min_mass);
 	size_t kv_bytes = kv_memory ? parse_bytes(kv_memory) : 0;
 	bk_shard shard = {0, 0};
 	if (shard_spec)
@@ -312,22 +417,34 @@ int main(int argc, char **argv)
 	const bk_model *m = lm.model;
 	bk_ids stop = { 0 };
 	bk_model_stop_ids(lm.cfg, tmpl, spm, &stop);
+	if (o.teacher_k > lm.cfg->vocab_size)
+		die_usage("--teacher-top-k %ld is larger than the vocabulary (%d)", o.teacher_k,
+			  lm.cfg->vocab_size);
+	o.vocab = lm.cfg->vocab_size;
 	bk_gen_config gc = { .max_batch = (int)o.max_batch, .max_new = (int)o.max_new,
 			     .max_seq = bk_config_max_seq(lm.cfg),
 			     .sample = { (float)o.temperature, (float)o.top_p, (int)o.top_k },
 			     .stop = stop.v, .n_stop = (int)stop.n, .kv_memory = kv_bytes,
-			     .max_prompt = (int)max_prompt, .ntraj = (int)o.ntraj };
+			     .max_prompt = (int)max_prompt, .ntraj = (int)o.ntraj,
+			     .teacher_k = (int)o.teacher_k,
+			     .teacher_temperature = (float)o.teacher_temp };
 	bk_gen *g = bk_gen_create(m, gops, NULL, &gc);
 
 	bk_writer *w = bk_writer_open(out_path);
-	bk_kv kv[] = { BK_KV_S("model", lm.fingerprint), BK_KV_I("seed", o.seed),
-		       BK_KV_D("sampling_temperature", o.temperature), BK_KV_I("top_k", o.top_k),
-		       BK_KV_D("top_p", o.top_p), BK_KV_I("max_new_tokens", o.max_new),
-		       BK_KV_I("num_trajectories", o.ntraj), BK_KV_I("epochs", o.epochs),
-		       BK_KV_I("retokenize", o.retokenize), BK_KV_S("shard", NULL) };
+	bk_kv kv[12] = { BK_KV_S("model", lm.fingerprint), BK_KV_I("seed", o.seed),
+			 BK_KV_D("sampling_temperature", o.temperature), BK_KV_I("top_k", o.top_k),
+			 BK_KV_D("top_p", o.top_p), BK_KV_I("max_new_tokens", o.max_new),
+			 BK_KV_I("num_trajectories", o.ntraj), BK_KV_I("epochs", o.epochs),
+			 BK_KV_I("retokenize", o.retokenize) };
+	int nkv = 9;
 	char shard_buf[32];
-	kv[9].s = bk_shard_str(&shard, shard_buf, sizeof shard_buf);
-	bk_writer_header(w, in, kv, shard.n ? 10 : 9);
+	if (shard.n)
+		kv[nkv++] = BK_KV_S("shard", bk_shard_str(&shard, shard_buf, sizeof shard_buf));
+	if (o.teacher_k) { /* bk-gen scored: bk-teach's KL temperature (bk-step checks it) */
+		kv[nkv++] = BK_KV_D("temperature", o.teacher_temp);
+		kv[nkv++] = BK_KV_I("teacher_top_k", o.teacher_k);
+	}
+	bk_writer_header(w, in, kv, nkv);
 
 	/* Epoch-major over a file: one pass per epoch, so that epoch e's samples of every
 	 * record come before epoch e+1's (what bk-step's epochs expect).  A pipe cannot be
@@ -378,9 +495,15 @@ int main(int argc, char **argv)
 			memcpy(p->raw, raw, len);
 			p->len = len;
 			size_t nr;
-			if (bk_rec_ids_opt(in, rec, "resp", &ids, &cap, &nr))
+			if (bk_rec_ids_opt(in, rec, "resp", &ids, &cap, &nr)) {
+				if (o.teacher_k)
+					bk_reader_die(in, "key 'resp' is given: bk-gen --teacher-top-k "
+							  "scores only what it samples; score paired "
+							  "records with bk-teach");
 				continue; /* paired: passes through */
+			}
 			p->generate = 1;
+			p->has_batch = bk_rec_int_opt(in, rec, "batch", &p->batch);
 			p->n_t = (int)bk_rec_ids(in, rec, "t_prompt", &ids, &cap);
 			size_t ns = 0;
 			bk_rec_ids_opt(in, rec, "s_prompt", &ids, &cap, &ns);
@@ -439,7 +562,9 @@ int main(int argc, char **argv)
 		/* write every finished record at the head, in input order */
 		while (rg.n && (!rg.v[rg.head].generate || rg.v[rg.head].n_done == per)) {
 			pending_rec *p = &rg.v[rg.head];
-			emit(w, p, &o, spm, &tot);
+			if (o.teacher_k && !ms.decided && !min_mass_decide(&ms, &rg, eof, per, spm))
+				break; /* the first batch is not complete yet */
+			emit(w, p, &o, spm, &tot, &ms);
 			free(p->raw);
 			free(p->t_prompt);
 			free(p->res);
@@ -489,6 +614,16 @@ int main(int argc, char **argv)
 	     (unsigned long long)st->prefix_shared, bk_s(st->prefix_shared),
 	     (unsigned long long)st->kv_waits,
 	     (unsigned long long)st->recomputes);
+
+	if (o.teacher_k && ms.n) {
+		double mean = ms.sum / (double)ms.n;
+		note("top-%ld uncovered mass: mean %.4f, max %.4f over %llu positions", o.teacher_k,
+		     mean, ms.max, (unsigned long long)ms.n);
+		if (ms.min_mass > 0 && 1 - mean < ms.min_mass)
+			warn("top-%ld left %.1f%% of the teacher's mass uncovered on average (more than "
+			     "1 - --min-mass %g): the loss underestimates the KL; use a larger "
+			     "--teacher-top-k", o.teacher_k, 100 * mean, ms.min_mass);
+	}
 
 	bk_reader_close(in);
 	bk_writer_close(w);

@@ -107,6 +107,11 @@ static void print_pipe(FILE *f, const bk_bake_cmd *v, int n, const char *last_ou
 
 /* ---- the bake's commands ---- */
 
+int bk_bake_gen_scores(const bk_bake_plan *p)
+{
+	return p->top_k >= 1 && !p->retokenize;
+}
+
 static void add_system(bk_bake_cmd *c, const bk_bake_plan *p, const bk_bake_cmds *b)
 {
 	if (p->template_name)
@@ -331,6 +336,11 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 	arg_long(c, "--seed", p->seed);
 	if (p->retokenize)
 		arg(c, "--retokenize");
+	b->gen_scores = bk_bake_gen_scores(p);
+	if (b->gen_scores) { /* bk-gen scores what it samples: no bk-teach on the pipe */
+		arg_long(c, "--teacher-top-k", p->top_k);
+		arg_num(c, "--teacher-temperature", p->temperature);
+	}
 	if (b->gen_max_batch > 0)
 		arg_long(c, "--max-batch", b->gen_max_batch);
 	if (b->gen_max_prompt > 0)
@@ -415,11 +425,20 @@ void bk_bake_print_plan(const bk_bake_cmds *b, const bk_bake_plan *p, int paired
 		else
 			printf("#    %s: ceil(epochs) epochs of the prompts, each shuffled with seed "
 			       "%ld\n", b->order, p->data_seed);
+		int no_teach = p->top_k < 0 || b->gen_scores;
+		if (b->gen_scores)
+			printf("#    bk-gen scores its trajectories (teacher_top_k %ld): no bk-teach\n",
+			       p->top_k);
+		else if (p->top_k >= 0)
+			printf("#    bk-teach scores the trajectories (%s)\n", p->top_k == 0
+			       ? "teacher_top_k 0: the full distribution"
+			       : "retokenize_trajectories: ids that were not all sampled; false lets "
+				 "bk-gen score them");
 		if (b->sequential) {
 			bk_bake_cmd v[] = {b->lens, b->gen}, t = b->teach, s = b->step;
 			printf("#    the GPU stages one after another (the memory plan), through files\n");
 			print_pipe(stdout, v, 2, b->gen_file);
-			if (p->top_k < 0) { /* exact: bk-step runs the teacher */
+			if (no_teach) { /* exact: bk-step runs the teacher; or bk-gen scored */
 				s.in = b->gen_file;
 			} else {
 				t.in = b->gen_file;
@@ -429,9 +448,9 @@ void bk_bake_print_plan(const bk_bake_cmds *b, const bk_bake_plan *p, int paired
 			print_pipe(stdout, &s, 1, b->metrics);
 		} else {
 			bk_bake_cmd v[] = {b->lens, b->gen, b->teach, b->step};
-			if (p->top_k < 0) /* exact: bk-step runs the teacher */
+			if (no_teach) /* exact: bk-step runs the teacher; or bk-gen scored */
 				v[2] = b->step;
-			print_pipe(stdout, v, p->top_k < 0 ? 3 : 4, b->metrics);
+			print_pipe(stdout, v, no_teach ? 3 : 4, b->metrics);
 		}
 		if (!paired_known)
 			printf("#    STEPS = max_steps, or ceil(epochs x ceil(ceil(prompts / batch) / "

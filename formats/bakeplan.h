@@ -33,6 +33,8 @@ typedef struct {
 	bk_bake_cmd tok, lens, gen, teach, step, eval;
 	bk_bake_cmd evtok; /* the validation records (eval_strategy), when p->eval_data */
 	int paired, has_eval;
+	int gen_scores; /* bk-gen --teacher-top-k scores the trajectories: no bk-teach on
+			 * sampled data (bk_bake_gen_scores) */
 	char *tokens, *order, *teach_file, *metrics, *tmpl_file, *sys_file, *eval_json;
 	char *eval_tokens; /* evtok's output, bk-step --eval */
 	const char *resume; /* the checkpoint bk-step resumes from, or NULL */
@@ -47,6 +49,13 @@ typedef struct {
 	/* the plan of steps (known after tokenizing; 0 before) */
 	int64_t prompts, epochs_written, last_records, order_records, total, per_epoch;
 } bk_bake_cmds;
+
+/* 1 when bk-gen scores the trajectories it samples (bk-gen --teacher-top-k, set by
+ * bk_bake_build): a top-k teacher (teacher_top_k >= 1) on the sampled ids
+ * (retokenize_trajectories false).  Else bk-teach scores sampled data with a teacher
+ * field: the full distribution (teacher_top_k 0) or retokenized trajectories, whose
+ * ids were not all sampled (an end of turn after a cut one). */
+int bk_bake_gen_scores(const bk_bake_plan *p);
 
 /* The steps as HF counts them for n records (prompts, or pairs when b->paired): an
  * epoch is ceil(ceil(n / batch) / accumulation) steps, ceil(epochs x that) in all, or

@@ -65,6 +65,7 @@ void bk_bake_mem_shape(bk_mem_bake *b, const bk_bake_plan *p, const bk_bake_caps
 	b->max_new = (int)p->trajectory_length;
 	b->r = (int)p->lora_r;
 	b->top_k = (int)p->top_k;
+	b->gen_scores = !paired && bk_bake_gen_scores(p);
 	b->optim8 = p->optim_8bit;
 	b->grad_ckpt = p->grad_checkpoint;
 	b->can_ckpt = caps->grad_checkpoint;

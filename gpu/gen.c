@@ -13,8 +13,10 @@
  *      number max_batch (or the queue is empty, or the pool is short of blocks);
  *   2. runs one forward over [one token of every running sample] + [those prompts];
  *   3. draws the next token of every running sample and the first token of every sample
- *      of the new prompts; a sample that drew a stop id or reached its max_new is
- *      finished and its slot and blocks freed;
+ *      of the new prompts (with teacher_k, each row's teacher top-k is kept with the
+ *      token drawn from it, the prefill row once per entry: gen.h Scoring); a sample
+ *      that drew a stop id or reached its max_new is finished and its slot and blocks
+ *      freed;
  *   4. fills every free slot (those just freed too) with the next waiting sample, while
  *      the pool has its blocks.
  *
@@ -60,6 +62,9 @@ typedef struct entry {
 	int n_samples, next; /* samples; the next one to start */
 	uint64_t *keys, *tags;
 	int32_t *first; /* [n_samples] first token of each sample, once prefilled */
+	int32_t *t_ids; /* [K] teacher top-k of the prefill row (teacher_k), once prefilled */
+	float *t_logp;  /* [K] */
+	float t_rest;
 	btable tab;     /* positions 0..n-1, once prefilled */
 	int prefilled;
 	struct entry *link;
@@ -72,6 +77,9 @@ typedef struct {
 	btable tab;   /* positions 0..n+max_new-1 */
 	int32_t *out; /* [max_new] */
 	int n_out;
+	int32_t *t_ids; /* [max_new, K] teacher rows of out (teacher_k), else NULL */
+	float *t_logp;  /* [max_new, K] */
+	float *t_rest;  /* [max_new] */
 } slot;
 
 typedef struct {
@@ -140,6 +148,11 @@ struct bk_gen {
 	int32_t *d_drow, *d_dctr, *d_dids, *h_drow, *h_dctr, *h_dids;     /* [N] */
 	uint64_t *d_dkey, *h_dkey;                                         /* [N] */
 	void *swork;                                                       /* device */
+	/* teacher scoring (cfg.teacher_k = K): the top-k of a step's capTk rows */
+	int capTk;
+	int32_t *d_tids, *h_tids; /* [capTk,K] device, host */
+	float *d_tlogp, *h_tlogp; /* [capTk,K] */
+	float *d_trest, *h_trest; /* [capTk] */
 	/* the fast step (gops->fast(), gen.h): one pinned input block [f_ints] (ids, pos,
 	 * seq, slot, nkey [fT] each, draw rows, draw counters [fN] each, draw keys [fN]
 	 * uint64, table [fS, fW]) and its device mirror; padding rows of a batch bucket
@@ -365,6 +378,68 @@ static void draws_ensure(bk_gen *g, int N)
 		g->swork = ops->alloc(g->gops->sample_work_bytes(n, g->m->cfg.V));
 	}
 	g->capN = n;
+}
+
+/* host memory of the teacher rows: pinned on the fast path (its copies are async) */
+static void *score_host_alloc(const bk_gen *g, size_t bytes)
+{
+	return g->fast ? g->gops->host_alloc(bytes) : xmalloc(bytes);
+}
+
+static void score_host_free(const bk_gen *g)
+{
+	void *h[] = { g->h_tids, g->h_tlogp, g->h_trest };
+	for (int i = 0; i < 3; i++)
+		if (g->fast)
+			g->gops->host_free(h[i]);
+		else
+			free(h[i]);
+}
+
+/* device and host rows for the teacher top-k of S logits rows (cfg.teacher_k) */
+static void score_ensure(bk_gen *g, int S)
+{
+	if (S <= g->capTk)
+		return;
+	int n = (S + 15) / 16 * 16; /* rounded as gpu/memplan.c plans it */
+	size_t K = (size_t)g->cfg.teacher_k;
+	const bk_ops *ops = g->ops;
+	if (g->fast && g->capTk)
+		g->gops->sync(); /* no copy in flight into the old rows */
+	ops->free(g->d_tids), ops->free(g->d_tlogp), ops->free(g->d_trest);
+	score_host_free(g);
+	g->d_tids = ops->alloc((size_t)n * K * sizeof(int32_t));
+	g->d_tlogp = ops->alloc((size_t)n * K * sizeof(float));
+	g->d_trest = ops->alloc((size_t)n * sizeof(float));
+	g->h_tids = score_host_alloc(g, (size_t)n * K * sizeof(int32_t));
+	g->h_tlogp = score_host_alloc(g, (size_t)n * K * sizeof(float));
+	g->h_trest = score_host_alloc(g, (size_t)n * sizeof(float));
+	g->capTk = n;
+}
+
+/* The teacher top-k of the step's logits rows 0..S-1 into h_tids, h_tlogp, h_trest
+ * (gen.h Scoring), after the draws (the op may scale the logits in place).  async: the
+ * fast path's copies, ordered on the stream, waited for by its one sync. */
+static void score_rows(bk_gen *g, int S, int async)
+{
+	size_t K = (size_t)g->cfg.teacher_k;
+	score_ensure(g, S);
+	g->gops->teacher_topk(g->logits, S, g->m->cfg.V, g->cfg.teacher_temperature, (int)K,
+			      g->d_tids, g->d_tlogp, g->d_trest);
+	void (*dl)(void *, const void *, size_t) = async ? g->gops->download_async
+							 : g->ops->download;
+	dl(g->h_tids, g->d_tids, (size_t)S * K * sizeof(int32_t));
+	dl(g->h_tlogp, g->d_tlogp, (size_t)S * K * sizeof(float));
+	dl(g->h_trest, g->d_trest, (size_t)S * sizeof(float));
+}
+
+/* row `row` of the step's teacher top-k into row `at` of ids, logp [*,K], rest [*] */
+static void score_put(const bk_gen *g, int32_t *ids, float *logp, float *rest, int at, int row)
+{
+	size_t K = (size_t)g->cfg.teacher_k;
+	memcpy(ids + (size_t)at * K, g->h_tids + (size_t)row * K, K * sizeof(int32_t));
+	memcpy(logp + (size_t)at * K, g->h_tlogp + (size_t)row * K, K * sizeof(float));
+	rest[at] = g->h_trest[row];
 }
 
 /* ---- the forward of one step ---- */
@@ -713,6 +788,8 @@ static void forward_fast(bk_gen *g, const item *it, int S, const drawreq *d, int
 	go->download_async(g->f_ids_h, g->f_ids_d, (size_t)N * sizeof(int32_t));
 	if (want_host) /* pageable: this copy waits for itself */
 		go->download_async(g->h_logits, g->logits, (size_t)S * V * sizeof(float));
+	if (g->cfg.teacher_k) /* after the draws and the logits' copy: on the stream */
+		score_rows(g, S, 1);
 	go->sync();
 	g->st.steps++;
 	if (g->cfg.on_logits)
@@ -742,6 +819,13 @@ bk_gen *bk_gen_create(const bk_model *m, const bk_gen_ops *gops, const bk_lora *
 		    cfg->sample.temperature, cfg->sample.top_p, cfg->sample.top_k);
 	if (lora && lora->L != m->cfg.L)
 		BUG("generation: lora of %d layers on a model of %d", lora->L, m->cfg.L);
+	if (cfg->teacher_k < 0 || cfg->teacher_k > m->cfg.V)
+		die("generation: teacher top-k %d is not in [0, %d]", cfg->teacher_k, m->cfg.V);
+	if (cfg->teacher_k && !(cfg->teacher_temperature > 0))
+		die("generation: teacher temperature %g is not positive",
+		    (double)cfg->teacher_temperature);
+	if (cfg->teacher_k && !gops->teacher_topk)
+		die("generation: the %s decode ops cannot score the teacher", gops->name);
 	bk_gen *g = xcalloc(1, sizeof(*g));
 	g->m = m;
 	g->ops = m->ops;
@@ -796,7 +880,11 @@ static void entry_unprefill(bk_gen *g, entry *e)
 {
 	tab_release(g, &e->tab);
 	free(e->first);
+	free(e->t_ids);
+	free(e->t_logp);
 	e->first = NULL;
+	e->t_ids = NULL;
+	e->t_logp = NULL;
 	e->prefilled = 0;
 }
 
@@ -819,18 +907,21 @@ void bk_gen_free(bk_gen *g)
 		entry_free(g, e);
 	}
 	for (int i = 0; i < g->cfg.max_batch; i++) {
-		tab_release(g, &g->slots[i].tab);
-		free(g->slots[i].out);
+		slot *s = &g->slots[i];
+		tab_release(g, &s->tab);
+		free(s->out), free(s->t_ids), free(s->t_logp), free(s->t_rest);
 	}
-	for (size_t i = g->done_head; i < g->done.n; i++)
-		free(g->done.v[i].ids);
+	for (size_t i = g->done_head; i < g->done.n; i++) {
+		bk_gen_result *r = &g->done.v[i];
+		free(r->ids), free(r->t_ids), free(r->t_logp), free(r->t_rest);
+	}
 	free(g->done.v);
 	tab_release(g, &g->pfx);
 	free(g->prefix_ids);
 	ws_free(g);
 	const bk_ops *ops = g->ops;
 	void *dev[] = { g->d_table, g->d_drow, g->d_dctr, g->d_dids, g->d_dkey, g->swork,
-			g->pool.k, g->pool.v };
+			g->pool.k, g->pool.v, g->d_tids, g->d_tlogp, g->d_trest };
 	for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
 		ops->free(dev[i]);
 	free(g->h_table);
@@ -838,6 +929,7 @@ void bk_gen_free(bk_gen *g)
 	free(g->h_dctr);
 	free(g->h_dids);
 	free(g->h_dkey);
+	score_host_free(g);
 	free(g->pool.ref);
 	free(g->pool.freel);
 	if (g->fast) {
@@ -958,9 +1050,13 @@ void bk_gen_submit(bk_gen *g, const int32_t *prompt, int n_prompt, int n,
 
 static void finish(bk_gen *g, slot *s, int stopped)
 {
-	bk_gen_result r = { .tag = s->tag, .ids = s->out, .n = s->n_out, .stopped = stopped };
+	bk_gen_result r = { .tag = s->tag, .ids = s->out, .n = s->n_out, .stopped = stopped,
+			    .t_ids = s->t_ids, .t_logp = s->t_logp, .t_rest = s->t_rest };
 	bk_vec_push(&g->done, r);
 	s->out = NULL;
+	s->t_ids = NULL;
+	s->t_logp = NULL;
+	s->t_rest = NULL;
 	g->pending--;
 }
 
@@ -1001,6 +1097,15 @@ static int start(bk_gen *g, slot *s)
 	s->tag = e->tags[i];
 	s->n_out = 0;
 	s->out = xmalloc((size_t)s->max_new * sizeof(int32_t));
+	if (g->cfg.teacher_k) { /* its first row: the entry's prefill row */
+		size_t K = (size_t)g->cfg.teacher_k, n = (size_t)s->max_new;
+		s->t_ids = xmalloc(n * K * sizeof(int32_t));
+		s->t_logp = xmalloc(n * K * sizeof(float));
+		s->t_rest = xmalloc(n * sizeof(float));
+		memcpy(s->t_ids, e->t_ids, K * sizeof(int32_t));
+		memcpy(s->t_logp, e->t_logp, K * sizeof(float));
+		s->t_rest[0] = e->t_rest;
+	}
 	if (!ends) {
 		tab_build(g, &s->tab, (long)e->n + e->max_new, &e->tab, e->n / BS, e->n % BS != 0);
 		s->active = 1;
@@ -1110,14 +1215,27 @@ int bk_gen_step(bk_gen *g)
 		} else {
 			forward(g, it, S, want_host);
 			draw_all(g, d, N);
+			if (g->cfg.teacher_k)
+				score_rows(g, S, 0);
 		}
 		N = 0;
-		for (int j = 0; j < n_decode; j++)
-			push(g, &g->slots[who[j]], g->h_dids[N++]);
+		for (int j = 0; j < n_decode; j++) {
+			slot *s = &g->slots[who[j]];
+			if (g->cfg.teacher_k) /* the row its next token was drawn from */
+				score_put(g, s->t_ids, s->t_logp, s->t_rest, s->n_out, j);
+			push(g, s, g->h_dids[N++]);
+		}
 		for (size_t j = 0; j < npre; j++) {
 			pre[j]->first = xmalloc((size_t)pre[j]->n_samples * sizeof(int32_t));
 			for (int i = 0; i < pre[j]->n_samples; i++)
 				pre[j]->first[i] = g->h_dids[N++];
+			if (g->cfg.teacher_k) { /* the prefill row, once for all its samples */
+				size_t K = (size_t)g->cfg.teacher_k;
+				pre[j]->t_ids = xmalloc(K * sizeof(int32_t));
+				pre[j]->t_logp = xmalloc(K * sizeof(float));
+				score_put(g, pre[j]->t_ids, pre[j]->t_logp, &pre[j]->t_rest, 0,
+					  n_decode + (int)j);
+			}
 			pre[j]->prefilled = 1;
 		}
 		free(d);
@@ -1155,6 +1273,8 @@ void bk_gen_run(const bk_model *m, const bk_gen_ops *gops, const bk_lora *lora,
 {
 	if (!keys && cfg->sample.temperature != 0)
 		BUG("bk_gen_run: sampling (temperature %g) needs keys", cfg->sample.temperature);
+	if (cfg->teacher_k)
+		BUG("bk_gen_run: teacher scoring is bk_gen_take's (the results' rows)");
 	bk_gen *g = bk_gen_create(m, gops, lora, cfg);
 	if (!prefix && P < 0) {
 		P = bk_gen_common_prefix(prompts, lens, n);

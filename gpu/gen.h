@@ -16,7 +16,16 @@
  * therefore go through bk_gen_ops, not ops->linear_forward (OpenBLAS sgemm picks
  * kernels by matrix size, so a row's rounding depends on how many rows it runs with).
  * The CUDA gen ops keep that property (a fixed reduction order per output element
- * whatever the number of rows), with their own bf16 numerics, not the host's bits. */
+ * whatever the number of rows), with their own bf16 numerics, not the host's bits.
+ *
+ * Scoring (bk_gen_config.teacher_k >= 1).  Token j of a sample is drawn from the logits
+ * of position n + j - 1 (n: the prompt's length): the prefill's last row for j = 0, a
+ * decode step's row after.  With the adapter off these are the teacher's logits on
+ * prompt + ids[0..j-1], the rows bk-teach computes for that sequence (teach.h: positions
+ * a-1 .. a+n-2).  Each step also runs gops->teacher_topk on its rows at the KL
+ * temperature (not the sampling temperature, top-k or top-p: the full vocabulary) and
+ * keeps row j of every sample with its token, so every result carries the teacher field
+ * of its ids; a prompt's prefill row is computed once and copied to each of its samples. */
 #ifndef BK_GEN_H
 #define BK_GEN_H
 
@@ -73,6 +82,16 @@ typedef struct bk_gen_ops {
 		       const int32_t *counters /* [N] */, int N, int V, float temperature,
 		       int top_k, float top_p, void *work);
 	size_t (*sample_work_bytes)(int N, int V);
+	/* The teacher top-k of N rows of logits (the step's rows 0..N-1, final softcap
+	 * already applied, as forward leaves them): for row r the k largest ids of
+	 * softmax(logits[r] / temperature), most likely first (ties: smaller id first),
+	 * their log-probs over the full vocabulary and rest[r], the probability of all
+	 * other ids summed directly: gpu/host/loss.h bk_teacher_topk's logits form, which
+	 * the host twin calls (bk-teach's field).  ids, logp [N,k], rest [N] device.  The
+	 * logits may be overwritten (CUDA scales them in place: the step's draws are made). */
+	void (*teacher_topk)(float *logits /* [N,V] */, int N, int V, float temperature, int k,
+			     int32_t *ids /* [N,k] */, float *logp /* [N,k] */,
+			     float *rest /* [N] */);
 	/* Optional: bytes of device memory free now (reports only: the KV pool is never
 	 * sized by it, see bk_gen_config.kv_memory). */
 	size_t (*mem_free)(void);
@@ -131,6 +150,8 @@ typedef struct bk_gen_config {
 	bk_sample_params sample; /* temperature 0 = greedy; then top-k (0: off), top-p */
 	const int32_t *stop; /* ids that end a sample (kept as its last id); copied */
 	int n_stop;
+	int teacher_k;       /* >= 1: score every drawn token (Scoring, above); 0: none */
+	float teacher_temperature; /* the KL temperature of that score (> 0) */
 	bk_gen_logits_fn on_logits; /* optional (tests) */
 	void *ctx;
 } bk_gen_config;
@@ -140,6 +161,11 @@ typedef struct bk_gen_result {
 	int32_t *ids;   /* [n] malloc'd, the caller frees */
 	int n;
 	int stopped;    /* 1: ids[n-1] is a stop id; 0: ended at max_new (or max_seq) */
+	/* with teacher_k (else NULL), malloc'd, the caller frees: row j is the teacher
+	 * top-k of the logits ids[j] was drawn from (Scoring, above) */
+	int32_t *t_ids; /* [n, teacher_k] */
+	float *t_logp;  /* [n, teacher_k] */
+	float *t_rest;  /* [n] */
 } bk_gen_result;
 
 typedef struct bk_gen_stats {

@@ -468,6 +468,9 @@ void bk_mem_plan_gen(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev *d
 	}
 	add(s, BK_MEM_BUF, "draws and sampler work", "gpu/gen.c draws_ensure (sample_work_bytes)",
 	    ND * 20 + swork);
+	if (o->teacher_k > 0) /* the top-k runs on the step's logits in place (cuda_loss.cu) */
+		add(s, BK_MEM_BUF, "teacher top-k of a step's rows",
+		    "gpu/gen.c score_ensure: ids, logp, rest", S * ((size_t)o->teacher_k * 8 + 4));
 	if (d->cuda) {
 		add(s, BK_MEM_BUF, "decode linear scratch", "gpu/cuda/cuda_gen.cu lin2_scratch",
 		    (size_t)64 * 2 * L2_TARGET_BLOCKS * 64 * 4 + L2_NCNT * 4);
@@ -536,14 +539,15 @@ static void plan_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_b
 	f->n_st = 0;
 	if (!b->paired) {
 		bk_mem_gen g = {.max_batch = f->gen_batch, .max_prompt = b->max_t,
-				.max_new = b->max_new, .ntraj = b->ntraj, .r = 0};
+				.max_new = b->max_new, .ntraj = b->ntraj, .r = 0,
+				.teacher_k = b->gen_scores ? b->top_k : 0};
 		bk_mem_plan_gen(&f->st[f->n_st++], m, d, &g);
 	}
 	/* bk-teach (a teacher top-k or full field, top_k >= 0): a bk-lens batch (B prompts'
 	 * trajectories) per group, packed under its budget; no credit taken for the prefix.
 	 * top_k < 0: the exact KL, bk-step runs the teacher (no bk-teach) on the teacher's
-	 * sequences, longer than the student's */
-	if (b->top_k >= 0) {
+	 * sequences, longer than the student's; bk-gen scoring: no bk-teach */
+	if (b->top_k >= 0 && !(b->gen_scores && !b->paired)) {
 		long tt = seqs * (b->max_t + mn - 1), one = b->max_t + mn - 1;
 		if (tt > b->teach_budget)
 			tt = b->teach_budget > one ? b->teach_budget : one;

@@ -102,6 +102,7 @@ typedef struct {
 typedef struct {
 	int max_batch, max_prompt, max_new, ntraj, P, r;
 	size_t kv_memory;   /* --kv-memory (0: the pool bound below) */
+	int teacher_k;      /* --teacher-top-k (0: no scoring) */
 } bk_mem_gen;
 
 /* The KV blocks (BK_GEN_BLOCK tokens each) the engine may hold for max_batch samples of
@@ -137,6 +138,8 @@ typedef struct {
 	int ntraj, max_new;     /* trajectories per prompt, their longest */
 	int r, optim8, grad_ckpt, can_ckpt; /* bk-step; can_ckpt: it has the flag */
 	int top_k;              /* bk-teach's top-k (0: full); < 0: exact, no bk-teach */
+	int gen_scores;         /* bk-gen scores with top_k (bakeplan.h bk_bake_gen_scores):
+				 * no bk-teach */
 	unsigned targets;
 	int max_t, max_s, P;    /* longest teacher / student prompt, the shared prefix */
 	int teach_budget;       /* bk-teach --max-tokens (4096) */
@@ -146,8 +149,8 @@ typedef struct {
 } bk_mem_bake;
 
 typedef struct {
-	bk_mem_stage st[3];     /* bk-gen, bk-teach, bk-step (paired: no bk-gen; exact KL:
-				 * no bk-teach) */
+	bk_mem_stage st[3];     /* bk-gen, bk-teach, bk-step (paired: no bk-gen; exact KL
+				 * or bk-gen scoring: no bk-teach) */
 	int n_st;
 	/* the choices (the bake's own values when nothing had to change) */
 	int sequential;         /* the GPU stages one after another through files */

@@ -56,6 +56,10 @@ void bk_cuda_teacher_topk(const float *hidden, const bk_weight *lm_head, int n, 
 			  float *rest);
 void bk_cuda_teacher_logprobs(const float *hidden, const bk_weight *lm_head, int n, int chunk,
 			      float temperature, float softcap, float *logp);
+/* the same top-k on rows of logits (softcap applied), scaled in place: bk_gen_ops_cuda's
+ * teacher_topk (gen.h), bk-gen's scoring */
+void bk_cuda_teacher_topk_logits(float *logits, int n, int V, float temperature, int k,
+				 int32_t *ids, float *logp, float *rest);
 /* which kl_exact / kl_topk the op table runs: 1 = v1 (the default: vocabulary chunks,
  * 5 / 3 LM-head GEMMs, teacher fields checked on the host), 2 = v2 (BK_LOSS=v2: row
  * blocks within a 512 MiB budget, 3 / 2 GEMMs, fields checked on the device).  Read from

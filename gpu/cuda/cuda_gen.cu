@@ -4,7 +4,8 @@
 // element is computed by one fixed sequence of operations that depends on its own row
 // and the sequence's length only, never on how many rows run together, so generation on
 // the GPU is batch-invariant like the host twin's.  Not the sampler (cuda_sample.cu),
-// not the engine (gen.c), not the training ops (cuda_ops.cu).
+// not the engine (gen.c), not the training ops (cuda_ops.cu), not the teacher top-k of
+// bk-gen's scoring (bk-teach's kernel: cuda_loss.cu bk_cuda_teacher_topk_logits).
 #include "gpu/cuda/cuda_common.cuh"
 
 #include <math.h>
@@ -590,6 +591,7 @@ extern "C" const bk_gen_ops bk_gen_ops_cuda = {
 	.attend = cuda_gen_attend,
 	.sample = bk_cuda_sample,
 	.sample_work_bytes = bk_cuda_sample_work_bytes,
+	.teacher_topk = bk_cuda_teacher_topk_logits,
 	.mem_free = cuda_gen_mem_free,
 	.fast = cuda_gen_fast,
 	.host_alloc = cuda_gen_host_alloc,

@@ -765,6 +765,52 @@ topk_select_kernel(const float *u /* [rows,V] */, int V, int K, int Kp, int32_t 
 		rest_out[blockIdx.x] = srest > 0 ? (float)(srest / (stop + srest)) : 0.0f;
 }
 
+// host rows of the very-large-k fallback of topk_rows, allocated on first use
+struct topk_host {
+	float *logits, *logp, *rest;
+	int32_t *ids;
+};
+
+// The teacher top-k of rn rows of raw logits u [rn,V] (device; overwritten): u = cap(u) / T,
+// as loss.c does, then topk_select_kernel per row; a k above TOPK_MAX_K goes to loss.c on
+// the host (hb: its rows, for up to nb rows).
+static void topk_rows(float *u, int rn, int nb, int V, int chunk, float temperature,
+		      float softcap, int k, int32_t *ids, float *logp, float *rest, topk_host *hb)
+{
+	if (k <= TOPK_MAX_K) {
+		int kp = 1;
+		while (kp < k)
+			kp <<= 1;
+		size_t smem = (size_t)kp * (sizeof(float) + sizeof(int));
+		if (smem > 48 * 1024)
+			CUDA_CHECK(cudaFuncSetAttribute((const void *)topk_select_kernel,
+							cudaFuncAttributeMaxDynamicSharedMemorySize,
+							(int)smem));
+		if (temperature != 1.0f || softcap > 0)
+			cap_scale(u, (size_t)rn * V, softcap, temperature);
+		BK_LAUNCH(topk_select_kernel, rn, LOSS_THREADS, smem, bk_cuda_stream(),
+			u, V, k, kp, ids, logp, rest);
+		return;
+	}
+	if (!hb->logits) {
+		hb->logits = (float *)host_alloc((size_t)nb * V * sizeof(float));
+		hb->ids = (int32_t *)host_alloc((size_t)nb * k * sizeof(int32_t));
+		hb->logp = (float *)host_alloc((size_t)nb * k * sizeof(float));
+		hb->rest = (float *)host_alloc((size_t)nb * sizeof(float));
+	}
+	d2h(hb->logits, u, (size_t)rn * V * sizeof(float));
+	bk_teacher_topk(NULL, NULL, hb->logits, rn, 1, V, chunk, temperature, softcap, k,
+			hb->ids, hb->logp, hb->rest);
+	h2d(ids, hb->ids, (size_t)rn * k * sizeof(int32_t));
+	h2d(logp, hb->logp, (size_t)rn * k * sizeof(float));
+	h2d(rest, hb->rest, (size_t)rn * sizeof(float));
+}
+
+static void topk_host_free(topk_host *hb)
+{
+	free(hb->logits), free(hb->ids), free(hb->logp), free(hb->rest);
+}
+
 extern "C" void bk_cuda_teacher_topk(const float *hidden, const bk_weight *lm_head, int n,
 				     int chunk, float temperature, float softcap, int k,
 				     int32_t *ids, float *logp, float *rest)
@@ -775,50 +821,35 @@ extern "C" void bk_cuda_teacher_topk(const float *hidden, const bk_weight *lm_he
 		die("teacher top-k: k %d is not in [1, %d]", k, V);
 	if (n == 0)
 		return;
-	cudaStream_t st = bk_cuda_stream();
 	size_t nh = (size_t)n * H;
 	int nb = (int)(TOPK_SCRATCH / (size_t)V);
 	nb = nb < 1 ? 1 : nb > n ? n : nb;
 	__nv_bfloat16 *xb = (__nv_bfloat16 *)bk_cuda_workspace(0, nh * 2);
 	float *u = (float *)bk_cuda_workspace(1, (size_t)nb * V * sizeof(float)); // [nb,V]
 	to_bf16(xb, hidden, nh);
-	int kp = 1;
-	while (kp < k)
-		kp <<= 1;
-	size_t smem = (size_t)kp * (sizeof(float) + sizeof(int));
-	if (k <= TOPK_MAX_K && smem > 48 * 1024)
-		CUDA_CHECK(cudaFuncSetAttribute((const void *)topk_select_kernel,
-						cudaFuncAttributeMaxDynamicSharedMemorySize,
-						(int)smem));
-	float *hl = NULL;
-	int32_t *hi = NULL;
-	float *hp = NULL, *hr = NULL;
+	topk_host hb = {};
 	for (int r0 = 0; r0 < n; r0 += nb) {
 		int rn = n - r0 < nb ? n - r0 : nb;
 		logits_gemm(xb + (size_t)r0 * H, lm_head, rn, 0, V, 1.0f, u, V); // raw logits
-		if (k <= TOPK_MAX_K) {
-			// u = cap(logits) / T, as loss.c does
-			if (temperature != 1.0f || softcap > 0)
-				cap_scale(u, (size_t)rn * V, softcap, temperature);
-			BK_LAUNCH(topk_select_kernel, rn, LOSS_THREADS, smem, st,
-				u, V, k, kp, ids + (size_t)r0 * k, logp + (size_t)r0 * k, rest + r0);
-			continue;
-		}
-		// a very large k: loss.c on the host, on this block's raw logits
-		if (!hl) {
-			hl = (float *)host_alloc((size_t)nb * V * sizeof(float));
-			hi = (int32_t *)host_alloc((size_t)nb * k * sizeof(int32_t));
-			hp = (float *)host_alloc((size_t)nb * k * sizeof(float));
-			hr = (float *)host_alloc((size_t)nb * sizeof(float));
-		}
-		d2h(hl, u, (size_t)rn * V * sizeof(float));
-		bk_teacher_topk(NULL, NULL, hl, rn, H, V, chunk, temperature, softcap, k, hi, hp,
-				hr);
-		h2d(ids + (size_t)r0 * k, hi, (size_t)rn * k * sizeof(int32_t));
-		h2d(logp + (size_t)r0 * k, hp, (size_t)rn * k * sizeof(float));
-		h2d(rest + r0, hr, (size_t)rn * sizeof(float));
+		topk_rows(u, rn, nb, V, chunk, temperature, softcap, k, ids + (size_t)r0 * k,
+			  logp + (size_t)r0 * k, rest + r0, &hb);
 	}
-	free(hl), free(hi), free(hp), free(hr);
+	topk_host_free(&hb);
+}
+
+// The same top-k of rows that hold their logits already (bk-gen's rows, the softcap
+// applied: gen.h teacher_topk); logits [n,V] device, scaled in place.
+extern "C" void bk_cuda_teacher_topk_logits(float *logits, int n, int V, float temperature,
+					    int k, int32_t *ids, float *logp, float *rest)
+{
+	loss_check_dims("teacher top-k", n, 1, V, 8192, temperature, 0);
+	if (k < 1 || k > V)
+		die("teacher top-k: k %d is not in [1, %d]", k, V);
+	if (n == 0)
+		return;
+	topk_host hb = {};
+	topk_rows(logits, n, n, V, 8192, temperature, 0, k, ids, logp, rest, &hb);
+	topk_host_free(&hb);
 }
 
 // ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 
 #include "common/diag.h"
 #include "gpu/host/host_rows.h"
+#include "gpu/host/loss.h"
 #include "gpu/host/host_dots.h" /* dots: the attention scores */
 
 /* ---- row-wise matmul ----
@@ -323,6 +324,15 @@ static void host_attend(float *out, const float *q, const int32_t *seq, const in
 	}
 }
 
+/* the teacher top-k of logits rows: bk-teach's own function (gpu/host/loss.h), in its
+ * logits form; the softcap is already in the logits, and 8192 is bk-teach's default
+ * vocabulary chunk */
+static void host_teacher_topk(float *logits, int N, int V, float temperature, int k,
+			      int32_t *ids, float *logp, float *rest)
+{
+	bk_teacher_topk(NULL, NULL, logits, N, 1, V, 8192, temperature, 0, k, ids, logp, rest);
+}
+
 const bk_gen_ops bk_gen_ops_host = {
 	.name = "host",
 	.kv_bytes = sizeof(float),
@@ -331,5 +341,6 @@ const bk_gen_ops bk_gen_ops_host = {
 	.kv_store = host_kv_store,
 	.attend = host_attend,
 	.sample = NULL,    /* the engine samples on the host (gpu/sample.h) */
+	.teacher_topk = host_teacher_topk,
 	.mem_free = NULL,  /* the pool grows on demand */
 };

@@ -5,7 +5,11 @@
  * of different lengths decoding together; (b) greedy from BOS reproduces the model's
  * published sample; (c) sampled trajectories are identical with max batch 1, 3 and 16,
  * with the prompts queued in another order, and with or without the shared prefix, and
- * so are (bit for bit) the logits every draw of every sample saw. */
+ * so are (bit for bit) the logits every draw of every sample saw; (d) scoring
+ * (teacher_k): row j of every result is gpu/host/loss.h bk_teacher_topk of the logits
+ * token j was drawn from, at the KL temperature, for samples that stopped (the stop id's
+ * row included) and samples cut at max_new (row 0: the prompt's prefill row, computed
+ * once for all its samples). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +19,7 @@
 #include "formats/tokenizer.h"
 #include "formats/template.h"
 #include "gpu/gen.h"
+#include "gpu/host/loss.h"
 #include "gpu/load.h"
 #include "tests/harness.h"
 
@@ -294,6 +299,81 @@ static void check_batch_invariance(void)
 	trajs_free(&base);
 }
 
+/* (d) */
+static void check_scoring(void)
+{
+	enum { NP = 2, NT = 3, NEW = 24, K = 8 };
+	const float T = 1.3f;
+	bk_ids pr[NP] = { { 0 } };
+	for (int i = 0; i < NP; i++)
+		prompt_of("Sparky the dragon lives in a big castle.", recs[i], &pr[i]);
+	/* the stop id: the token drawn most often without one, so some samples stop */
+	int *count = xcalloc((size_t)V, sizeof(int)), stop = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		capture cap;
+		memset(&cap, 0, sizeof cap);
+		int32_t sid = stop;
+		bk_gen_config cfg = { .max_batch = 4, .max_new = NEW, .sample = { 1.0f, 1.0f },
+				      .stop = &sid, .n_stop = pass, .max_seq = 512,
+				      .teacher_k = pass ? K : 0, .teacher_temperature = T,
+				      .on_logits = on_logits, .ctx = &cap };
+		bk_gen *g = bk_gen_create(M, &bk_gen_ops_host, NULL, &cfg);
+		for (int i = 0; i < NP; i++) {
+			uint64_t keys[NT], tags[NT];
+			for (int j = 0; j < NT; j++) {
+				keys[j] = bk_crng_key(3, (uint64_t)i, (uint64_t)j, 0);
+				tags[j] = (uint64_t)(i * NT + j);
+			}
+			bk_gen_submit(g, pr[i].v, (int)pr[i].n, NT, keys, tags);
+		}
+		int stopped = 0, cut = 0, got = 0;
+		int32_t ids[K];
+		float logp[K], rest;
+		bk_gen_result r;
+		while (bk_gen_step(g))
+			while (bk_gen_take(g, &r)) {
+				got++;
+				for (int j = 0; j < r.n; j++)
+					count[r.ids[j]] += !pass;
+				if (!pass) {
+					CHECK(!r.t_ids && !r.t_logp && !r.t_rest, "no scoring, yet rows");
+					free(r.ids);
+					continue;
+				}
+				stopped += r.stopped, cut += !r.stopped && r.n == NEW;
+				CHECK(r.t_ids && r.t_logp && r.t_rest, "sample %llu: no teacher rows",
+				      (unsigned long long)r.tag);
+				for (int j = 0; j < r.n && r.t_ids; j++) {
+					const float *lg = cap.rows[r.tag][j];
+					bk_teacher_topk(NULL, NULL, lg, 1, 1, V, 8192, T, 0, K, ids, logp,
+							&rest);
+					CHECK(!memcmp(ids, r.t_ids + j * K, sizeof ids) &&
+						      !memcmp(logp, r.t_logp + j * K, sizeof logp) &&
+						      rest == r.t_rest[j],
+					      "sample %llu row %d of %d%s: not the top-%d of its logits",
+					      (unsigned long long)r.tag, j, r.n,
+					      r.stopped && j == r.n - 1 ? " (the stop id's)" : "", K);
+				}
+				free(r.ids), free(r.t_ids), free(r.t_logp), free(r.t_rest);
+			}
+		CHECK(got == NP * NT, "%d samples, want %d", got, NP * NT);
+		bk_gen_free(g);
+		capture_free(&cap);
+		if (!pass) {
+			for (int v = 0; v < V; v++)
+				stop = count[v] > count[stop] ? v : stop;
+			continue;
+		}
+		CHECK(stopped > 0 && cut > 0, "stop id %d: %d samples stopped, %d were cut; want both",
+		      stop, stopped, cut);
+		printf("scoring: stop id %d, %d samples stopped, %d cut at %d tokens\n", stop, stopped,
+		       cut, NEW);
+	}
+	free(count);
+	for (int i = 0; i < NP; i++)
+		free(pr[i].v);
+}
+
 int main(void)
 {
 	lm = bk_model_load(&bk_ops_host, MODEL);
@@ -317,6 +397,7 @@ int main(void)
 	check_lora_matters(lora);
 	check_published_sample();
 	check_batch_invariance();
+	check_scoring();
 
 	bk_lora_free(M, lora);
 	bk_tok_free(spm);

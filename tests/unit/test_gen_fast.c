@@ -8,7 +8,9 @@
  * shared prefix and prompts of different lengths: the tokens and the logits of every
  * draw are bit for bit those of the plain host engine, the fast path ran for the decode
  * steps and its capture was attempted, and the steps made no blocking copy (only the
- * shared prefix's one forward uploads through the op table).  What this cannot check:
+ * shared prefix's one forward uploads through the op table); with teacher scoring
+ * (teacher_k) the fast step's rows (its copies on the stream, a bucket's padding rows
+ * left out) are the plain engine's bit for bit.  What this cannot check:
  * CUDA graph replay and the asynchronous copies themselves (tests/gpu/check_decode.c
  * does, on a GPU). */
 #include <stdlib.h>
@@ -145,6 +147,63 @@ static void release(int32_t **o, capture *c)
 	}
 }
 
+/* teacher scoring through the queue API (bk_gen_run has none): every sample's ids and
+ * teacher rows, by tag */
+enum { SK = 6 };
+typedef struct {
+	int32_t *ids[NP], *t_ids[NP];
+	float *t_logp[NP], *t_rest[NP];
+	int n[NP];
+} scored;
+
+static void run_scored(const bk_model *m, const bk_gen_ops *go, int max_batch, scored *o)
+{
+	bk_gen_config cfg = { .max_batch = max_batch, .max_new = NEW, .max_seq = 256,
+			      .sample = { 0.8f, 0.9f }, .teacher_k = SK,
+			      .teacher_temperature = 0.9f };
+	bk_gen *g = bk_gen_create(m, go, NULL, &cfg);
+	for (int i = 0; i < NP; i++) {
+		int32_t pr[12] = { 1, 11, 12, 13, 14, 15 };
+		for (int j = 6; j < 12; j++)
+			pr[j] = 3 + (i * 37 + j * 11) % (g_V - 3);
+		uint64_t key = bk_crng_key(4, (uint64_t)i, 0, 0), tag = (uint64_t)i;
+		bk_gen_submit(g, pr, 6 + i % 6 + 1, 1, &key, &tag);
+	}
+	bk_gen_result r;
+	while (bk_gen_step(g))
+		while (bk_gen_take(g, &r)) {
+			o->ids[r.tag] = r.ids, o->n[r.tag] = r.n;
+			o->t_ids[r.tag] = r.t_ids, o->t_logp[r.tag] = r.t_logp, o->t_rest[r.tag] = r.t_rest;
+		}
+	bk_gen_free(g);
+}
+
+static void check_scored(const bk_model *m, const bk_gen_ops *fast)
+{
+	static const int batches[] = { 1, 3, 5 };
+	for (int bi = 0; bi < 3; bi++) {
+		scored a, b;
+		memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
+		run_scored(m, &bk_gen_ops_host, batches[bi], &a);
+		run_scored(m, fast, batches[bi], &b);
+		int rows = 0;
+		for (int i = 0; i < NP; i++) {
+			int n = a.n[i];
+			CHECK(a.t_ids[i] && b.t_ids[i] && n == b.n[i] && n > 0 &&
+				      !memcmp(a.ids[i], b.ids[i], (size_t)n * 4) &&
+				      !memcmp(a.t_ids[i], b.t_ids[i], (size_t)n * SK * 4) &&
+				      !memcmp(a.t_logp[i], b.t_logp[i], (size_t)n * SK * 4) &&
+				      !memcmp(a.t_rest[i], b.t_rest[i], (size_t)n * 4),
+			      "max batch %d, sample %d: the fast step's teacher rows differ", batches[bi], i);
+			rows += n;
+			free(a.ids[i]), free(a.t_ids[i]), free(a.t_logp[i]), free(a.t_rest[i]);
+			free(b.ids[i]), free(b.t_ids[i]), free(b.t_logp[i]), free(b.t_rest[i]);
+		}
+		printf("scored, max batch %d: %d teacher rows of the fast step bit for bit\n",
+		       batches[bi], rows);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	(void)argc;
@@ -201,6 +260,7 @@ int main(int argc, char **argv)
 			release(of, &cf);
 		}
 	CHECK(n_fast_calls >= 6, "fast() asked %d times", n_fast_calls);
+	check_scored(lm.model, &fast);
 	bk_sample_work_free(g_sw);
 	bk_model_unload(&lm);
 	return bk_test_done("test_gen_fast");
