@@ -48,6 +48,12 @@ test_expect_success 'the emulation catches what it is there to catch (tests/emu/
 	env -u BK_EMU_KERNEL_LOG "$EMU_BUILD/tests/emu/test_emu_runtime" >rt.log 2>&1 || { cat rt.log; false; }
 '
 
+test_expect_success 'kernels on their own against the host twin (tests/emu/test_act_kernels, test_attention_tc, test_decode2, test_loss2, test_proj3)' '
+	for t in test_act_kernels test_attention_tc test_decode2 test_loss2 test_proj3; do
+		env -u BK_EMU_KERNEL_LOG "$EMU_BUILD/tests/emu/$t" >$t.log 2>&1 || { tail -20 $t.log; return 1; }
+	done
+'
+
 test_expect_success 'the memory plan against the CUDA ops. own accounting, each stage within 10 % (test_memplan_cuda)' '
 	(cd "$ROOT" && "$EMU_BUILD/tests/test_memplan_cuda") >mp.log 2>&1 || { tail -20 mp.log; false; }
 '
