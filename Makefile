@@ -88,6 +88,8 @@ ifeq ($(EMU),1)
 EMU_CC   := $(wildcard gpu/emu/*.cc)
 LIB_OBJ  += $(LIB_CU:%.cu=$(BUILD)/obj/%.o) $(EMU_CC:%.cc=$(BUILD)/obj/%.o)
 CPPFLAGS += -DBK_HAVE_CUDA=1 -DBK_CUDA_EMU=1 -Igpu/emu/include
+# the stand-in NCCL (tests/unit/fake_nccl.c) queues its sum on the emulated stream
+LDFLAGS  += -Wl,--export-dynamic-symbol=cudaLaunchHostFunc
 # nvcc's #pragma unroll means nothing to g++
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
