@@ -37,6 +37,15 @@ template <typename T> struct dbuf {
 	}
 };
 
+// cu_seqlens [S+1] of packed sequences of these lengths
+static inline std::vector<int32_t> kc_cu_seqlens(const std::vector<int> &lens)
+{
+	std::vector<int32_t> cu(lens.size() + 1, 0);
+	for (size_t s = 0; s < lens.size(); s++)
+		cu[s + 1] = cu[s] + lens[s];
+	return cu;
+}
+
 // bf16 bits and values on the host
 static inline uint16_t kc_bits(__nv_bfloat16 b) { return __bfloat16_as_ushort(b); }
 static inline float kc_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }

@@ -244,9 +244,7 @@ static void test_attention(const std::vector<int> &lens, int NH, int NKV, int D,
 			   bk_attn ap, bool bwd)
 {
 	int S = (int)lens.size();
-	std::vector<int32_t> cu(S + 1, 0);
-	for (int s = 0; s < S; s++)
-		cu[s + 1] = cu[s] + lens[s];
+	std::vector<int32_t> cu = kc_cu_seqlens(lens);
 	int T = cu[S];
 	size_t nq = (size_t)T * NH * D, nk = (size_t)T * NKV * D, np = (size_t)P * NKV * D;
 	size_t nl = (size_t)NH * T;

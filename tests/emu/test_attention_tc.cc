@@ -94,9 +94,7 @@ static const char *only; // argv[1]: run only the cases whose label contains it
 static void check_sched(const std::vector<int> &lens, int W, int kv)
 {
 	int S = (int)lens.size();
-	std::vector<int32_t> cu(S + 1, 0);
-	for (int s = 0; s < S; s++)
-		cu[s + 1] = cu[s] + lens[s];
+	std::vector<int32_t> cu = kc_cu_seqlens(lens);
 	int T = cu[S], n = (T + 63) / 64;
 	char label[64];
 	snprintf(label, sizeof label, "sched T=%d S=%d W%d %s", T, S, W, kv ? "keys" : "queries");
@@ -142,9 +140,7 @@ static void run_case(const std::vector<int> &lens, int NH, int NKV, int D, int P
 		     bool bwd)
 {
 	int S = (int)lens.size();
-	std::vector<int32_t> cu(S + 1, 0);
-	for (int s = 0; s < S; s++)
-		cu[s + 1] = cu[s] + lens[s];
+	std::vector<int32_t> cu = kc_cu_seqlens(lens);
 	int T = cu[S];
 	size_t nq = (size_t)T * NH * D, nk = (size_t)T * NKV * D, np = (size_t)P * NKV * D;
 	size_t nl = (size_t)NH * T;
