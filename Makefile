@@ -63,7 +63,7 @@ LIB_CXX := $(wildcard formats/*.cc)
 LIB_CU  := $(wildcard gpu/cuda/*.cu)
 CMDS    := $(patsubst cmd/%.c,%,$(wildcard cmd/bk-*.c))
 UNIT    := $(patsubst tests/unit/%.c,%,$(wildcard tests/unit/test_*.c))
-UNIT    += $(patsubst tests/unit/%.cc,%,$(wildcard tests/unit/test_*.cc)) # C++ (CUDA emulation)
+UNIT    += $(patsubst tests/unit/%.cc,%,$(wildcard tests/unit/test_*.cc)) # C++
 FUZZ    := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 
 LIB_OBJ := $(LIB_C:%.c=$(BUILD)/obj/%.o) $(LIB_CXX:%.cc=$(BUILD)/obj/%.o)
@@ -88,18 +88,23 @@ ifeq ($(EMU),1)
 EMU_CC   := $(wildcard gpu/emu/*.cc)
 LIB_OBJ  += $(LIB_CU:%.cu=$(BUILD)/obj/%.o) $(EMU_CC:%.cc=$(BUILD)/obj/%.o)
 CPPFLAGS += -DBK_HAVE_CUDA=1 -DBK_CUDA_EMU=1 -Igpu/emu/include
+# the stand-in NCCL (tests/unit/fake_nccl.c) queues its sum on the emulated stream
+LDFLAGS  += -Wl,--export-dynamic-symbol=cudaLaunchHostFunc
 # nvcc's #pragma unroll means nothing to g++
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(CXX) -x c++ $(CPPFLAGS) $(CXXFLAGS) -Wno-unknown-pragmas -MMD -MP -c $< -o $@
 endif
 
-# the emulated runtime's own test (tests/emu/test_emu_runtime.cc, run by t0950-emu.sh)
+# the emulation's own tests (tests/emu/test_*.cc, run by t0950-emu.sh): the emulated
+# runtime's, and kernels launched on their own against the host twin
 ifeq ($(EMU),1)
-all: $(BUILD)/tests/emu/test_emu_runtime
-$(BUILD)/tests/emu/test_emu_runtime: $(BUILD)/obj/tests/emu/test_emu_runtime.o $(BUILD)/libbakery.a
+EMU_TESTS := $(patsubst tests/emu/%.cc,$(BUILD)/tests/emu/%,$(wildcard tests/emu/test_*.cc))
+all: $(EMU_TESTS)
+$(BUILD)/obj/tests/emu/%.o: CXXFLAGS += -Wno-unknown-pragmas # the kernels' #pragma unroll
+$(BUILD)/tests/emu/%: $(BUILD)/obj/tests/emu/%.o $(BUILD)/obj/tests/unit/harness.o $(BUILD)/libbakery.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $< $(BUILD)/libbakery.a $(LDLIBS) -o $@
+	$(CC) $(LDFLAGS) $< $(BUILD)/obj/tests/unit/harness.o $(BUILD)/libbakery.a $(LDLIBS) -o $@
 endif
 
 BINS := $(CMDS:%=$(BUILD)/bin/%)

@@ -8,8 +8,10 @@
 # (tests/emu/compare.py): run.sh's for bk-step (per step |dloss| <= 5 % |loss| + 1e-3, 1 %
 # with BK_ACT=bf16; adapters within 10 % in L2), bf16 bounds for bk-teach's log-probs,
 # check_gen.sh's for bk-gen (the first greedy difference only after a near tie), 5 % for
-# bk-eval's KL.  Ends with "kernels launched: N of M" over every __global__ of gpu/cuda/:
-# a kernel no run launched fails the test.
+# bk-eval's KL; data-parallel bk-step on 2 ranks through the stand-in NCCL; and the
+# kernels of tests/emu/test_*.cc on their own.  Ends with "kernels launched: N of M" over
+# every __global__ of gpu/cuda/ (tests/emu's programs stay out of the count: the tools and
+# the op checks must launch each): a kernel no run launched fails the test.
 . "$(dirname "$0")/lib.sh"
 EMU_BUILD=${BK_EMU_BUILD:-$ROOT/build-emu}
 [ -x "$EMU_BUILD/bin/bk-step" ] || { echo "not ok - no emulation build in $EMU_BUILD (make emu)"; exit 1; }
@@ -48,6 +50,12 @@ test_expect_success 'the emulation catches what it is there to catch (tests/emu/
 	env -u BK_EMU_KERNEL_LOG "$EMU_BUILD/tests/emu/test_emu_runtime" >rt.log 2>&1 || { cat rt.log; false; }
 '
 
+test_expect_success 'kernels on their own against the host twin (tests/emu/test_act_kernels, test_attention_tc, test_decode2, test_loss2, test_proj3)' '
+	for t in test_act_kernels test_attention_tc test_decode2 test_loss2 test_proj3; do
+		env -u BK_EMU_KERNEL_LOG "$EMU_BUILD/tests/emu/$t" >$t.log 2>&1 || { tail -20 $t.log; return 1; }
+	done
+'
+
 test_expect_success 'the memory plan against the CUDA ops. own accounting, each stage within 10 % (test_memplan_cuda)' '
 	(cd "$ROOT" && "$EMU_BUILD/tests/test_memplan_cuda") >mp.log 2>&1 || { tail -20 mp.log; false; }
 '
@@ -57,50 +65,60 @@ test_expect_success 'the op table against the host twin (test_cuda_ops, every op
 	tail -1 ops.log | grep "0 failed"
 '
 
+# the default paths over 2 epochs (6 steps); each variant over 2 steps (every kernel of a
+# step runs in each, and the optimizer's state across steps is the long run's)
 test_expect_success 'bk-step cuda vs cpu on stories260K: dropout 0 and 0.1, BK_LINEAR v1/v2/v3, BK_LOSS v2' '
 	step cpu0 cpu "$M" b.bk --lora-dropout 0 --epochs 2 &&
 	step cuda0 cuda "$M" b.bk --lora-dropout 0 --epochs 2 && same cpu0 cuda0 &&
-	step cpu1 cpu "$M" b.bk --lora-dropout 0.1 &&
 	[ $FULL = 1 ] || return 0
+	step cpu1 cpu "$M" b.bk --lora-dropout 0.1 --max-steps 2 &&
+	step cpu0s cpu "$M" b.bk --lora-dropout 0 --max-steps 2 &&
 	for v in "BK_LINEAR=v1" "BK_LINEAR=v2" "BK_LINEAR=v3" "BK_LOSS=v2"; do
-		(export $v; step "cuda1-$v" cuda "$M" b.bk --lora-dropout 0.1) && same cpu1 "cuda1-$v" || return 1
+		(export $v; step "cuda1-$v" cuda "$M" b.bk --lora-dropout 0.1 --max-steps 2) && same cpu1 "cuda1-$v" || return 1
 	done &&
 	for v in "BK_LINEAR=v2" "BK_LINEAR=v3"; do
-		(export $v; step "cuda0-$v" cuda "$M" b.bk --lora-dropout 0 --epochs 2) && same cpu0 "cuda0-$v" || return 1
+		(export $v; step "cuda0-$v" cuda "$M" b.bk --lora-dropout 0 --max-steps 2) && same cpu0s "cuda0-$v" || return 1
 	done
 '
 
 if [ $FULL = 1 ]; then
+# 4 steps over 2 epochs of 3: the resume at step 2 crosses the epoch boundary
 test_expect_success 'bk-step cuda: gradient checkpointing, adamw8bit, a resume equal to the run it continues' '
-	step cpuck cpu "$M" b.bk --lora-dropout 0.1 --grad-checkpoint --optim adamw8bit --epochs 2 --save-steps 2 &&
-	step cudack cuda "$M" b.bk --lora-dropout 0.1 --grad-checkpoint --optim adamw8bit --epochs 2 --save-steps 2 &&
+	step cpuck cpu "$M" b.bk --lora-dropout 0.1 --grad-checkpoint --optim adamw8bit --epochs 2 --max-steps 4 --save-steps 2 &&
+	step cudack cuda "$M" b.bk --lora-dropout 0.1 --grad-checkpoint --optim adamw8bit --epochs 2 --max-steps 4 --save-steps 2 &&
 	same cpuck cudack &&
 	rm -rf o-res && cp -r o-cudack o-res && rm -rf o-res/final o-res/checkpoint-4 &&
 	bk-step --model "$M" --device cuda --lora-r 8 --lora-alpha 16 --lr 2e-3 --seed 1 --logging-steps 1 \
-		--lora-dropout 0.1 --grad-checkpoint --optim adamw8bit --epochs 2 --save-steps 2 \
+		--lora-dropout 0.1 --grad-checkpoint --optim adamw8bit --epochs 2 --max-steps 4 --save-steps 2 \
 		--out o-res --resume o-res/checkpoint-2 b.bk >/dev/null 2>e-res &&
 	cmp o-res/final/adapter_model.safetensors o-cudack/final/adapter_model.safetensors
 '
 fi
 
+# the teacher streams of the emulated GPU, then 2 steps on each (exact KL from log-probs,
+# top-k KL under BK_LOSS v1 and v2)
 test_expect_success 'bk-teach cuda vs cpu on stories260K (top-k 8, BK_LOSS v1 and v2; full log-probs)' '
 	bk-teach --model "$M" --device cpu --top-k 8 b.bk | bk-dump >t-cpu.jsonl &&
-	bk-teach --model "$M" --device cuda --top-k 8 b.bk | bk-dump >t-cuda.jsonl &&
+	bk-teach --model "$M" --device cuda --top-k 8 b.bk >t8.bk && bk-dump t8.bk >t-cuda.jsonl &&
 	$C teach t-cpu.jsonl t-cuda.jsonl &&
 	{ [ $FULL = 1 ] || return 0; } &&
 	BK_LOSS=v2 bk-teach --model "$M" --device cuda --top-k 8 b.bk | bk-dump >t-cuda2.jsonl &&
 	$C teach t-cpu.jsonl t-cuda2.jsonl &&
 	bk-teach --model "$M" --device cuda --top-k 0 b.bk >t0.bk &&
-	step cpuT cpu "$M" t0.bk --lora-dropout 0 && step cudaT cuda "$M" t0.bk --lora-dropout 0 && same cpuT cudaT &&
-	bk-teach --model "$M" --device cuda --top-k 8 b.bk >t8.bk &&
-	step cpu8 cpu "$M" t8.bk --lora-dropout 0 && step cuda8 cuda "$M" t8.bk --lora-dropout 0 && same cpu8 cuda8 &&
-	BK_LOSS=v2 step cuda8v2 cuda "$M" t8.bk --lora-dropout 0 && same cpu8 cuda8v2
+	S="--lora-dropout 0 --max-steps 2" &&
+	step cpuT cpu "$M" t0.bk $S && step cudaT cuda "$M" t0.bk $S && same cpuT cudaT &&
+	step cpu8 cpu "$M" t8.bk $S && step cuda8 cuda "$M" t8.bk $S && same cpu8 cuda8 &&
+	BK_LOSS=v2 step cuda8v2 cuda "$M" t8.bk $S && same cpu8 cuda8v2
 '
 
+# the generation ops at check_gen's small sizes (--tiny: the same checks and bounds on
+# shapes that still span tiles, blocks and key splits; the realistic ones are for a GPU,
+# tests/gpu/run.sh) when the program has them (its usage line says), else at its own
 if [ $FULL = 1 ]; then
-test_expect_success 'bk-gen cuda on stories260K: check_gen (ops, greedy vs cpu but near ties) under BK_DECODE v1 and v2' '
+CG=; "$EMU_BUILD/tests/gpu/check_gen" --usage 2>&1 | grep -q -- --tiny && CG=--tiny
+test_expect_success "bk-gen cuda on stories260K: check_gen $CG (ops, greedy vs cpu but near ties) under BK_DECODE v1 and v2" '
 	for d in v1 v2; do
-		BK_DECODE=$d "$EMU_BUILD/tests/gpu/check_gen" >cg-$d.log 2>&1 &&
+		BK_DECODE=$d "$EMU_BUILD/tests/gpu/check_gen" $CG >cg-$d.log 2>&1 &&
 		(cd "$ROOT" && BK_DECODE=$d "$EMU_BUILD/tests/gpu/check_gen" --e2e) >>cg-$d.log 2>&1 ||
 			{ tail -20 cg-$d.log; return 1; }
 	done
@@ -144,17 +162,35 @@ test_expect_success 'bk-bake --device cuda: a whole bake on the emulated GPU; pa
 '
 fi
 
+# data-parallel bk-step on the emulated GPU, 2 ranks under mpirun: gradients summed by the
+# stand-in NCCL (tests/unit/fake_nccl.c), which queues its sum on the op stream as NCCL's
+# kernel would be (cudaLaunchHostFunc), equal bit for bit to the MPI chain's sum (the
+# device's gradients through host memory, in rank order)
+if [ $FULL = 1 ] && command -v mpirun >/dev/null && ldd "$EMU_BUILD/bin/bk-step" | grep -q libmpi; then
+test_expect_success 'bk-step --device cuda, 2 ranks: gradients summed by NCCL (the stand-in, in stream order) as by MPI, bit for bit' '
+	export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader TMPDIR="$TEST_TMP" &&
+	F="--model $M --device cuda --lora-r 8 --lora-alpha 16 --lr 2e-3 --batch-size 1 --max-steps 2" &&
+	mpirun --oversubscribe -np 2 env BK_DIST=mpi bk-step $F --out d-mpi b.bk >/dev/null 2>err-m &&
+	grep -q "2 data-parallel ranks: gradients summed over MPI" err-m &&
+	mpirun --oversubscribe -np 2 env BK_DIST=nccl BK_NCCL_LIB="$EMU_BUILD/tests/fake-nccl/libnccl.so.2" \
+		FAKE_NCCL_LOG=nlog bk-step $F --out d-nccl b.bk >/dev/null 2>err-n &&
+	grep -q "2 data-parallel ranks: gradients summed by NCCL .* on the GPUs" err-n &&
+	test $(grep -c "^allreduce rank=1 .*inplace=1 stream=set" nlog) -eq 2 &&
+	cmp d-mpi/final/adapter_model.safetensors d-nccl/final/adapter_model.safetensors
+'
+fi
+
 for kind in gemma3 qwen2; do
 	python3 "$ROOT/tests/emu/make_tiny.py" "$kind" "$kind" &&
 		bk-tokenize --model "$kind" --template raw --system "$SYS" "$DATA/pipe/bake.json" 2>/dev/null |
 		bk-lens -q --max-tokens 128 -o "$kind.bk" || echo "not ok - $kind model"
 	test_expect_success "tiny $kind (head dim 64): bk-step under BK_ATTN fp32/tc x BK_ACT fp32/bf16, BK_LINEAR v3 + BK_LOSS v2" '
-		step "$kind-cpu" cpu "$kind" "$kind.bk" --lora-dropout 0.1 &&
+		step "$kind-cpu" cpu "$kind" "$kind.bk" --lora-dropout 0.1 --max-steps 2 &&
 		vs=("BK_ATTN=fp32" "BK_ATTN=tc" "BK_ATTN=fp32 BK_ACT=bf16" "BK_ATTN=tc BK_ACT=bf16" "BK_LINEAR=v3 BK_LOSS=v2 BK_ATTN=tc")
 		[ $FULL = 1 ] || vs=("BK_ATTN=tc BK_ACT=bf16")
 		for v in "${vs[@]}"; do
 			rel=0.05; case $v in *bf16*) rel=0.01 ;; esac
-			(export $v; step "$kind-$v" cuda "$kind" "$kind.bk" --lora-dropout 0.1) &&
+			(export $v; step "$kind-$v" cuda "$kind" "$kind.bk" --lora-dropout 0.1 --max-steps 2) &&
 				same "$kind-cpu" "$kind-$v" $rel || { echo "under $v"; return 1; }
 		done
 	'

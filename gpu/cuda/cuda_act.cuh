@@ -59,8 +59,8 @@
 // Error bounds against the host twin (u = 2^-8: bf16 keeps 8 significant bits, 7 stored
 // and the implicit one, so one round to nearest is within 2^-8 relative; the checks use
 // inputs and norm weights that are bf16 numbers, so the weight rounding at upload is
-// exact).  tests/unit/test_act_emu.cc checks the elementwise and row ops and the bf16
-// attention entry points (emulated on the CPU), tests/unit/test_model_act.c model.c's
+// exact).  tests/emu/test_act_kernels.cc checks the elementwise and row ops and the bf16
+// attention entry points (on the emulated GPU), tests/unit/test_model_act.c model.c's
 // bf16 path with host act ops of this arithmetic, tests/gpu/check_act.c the ops on a GPU
 // and the model:
 //   to_act                 |y - x| <= u |x|
@@ -74,8 +74,8 @@
 //   glu_backward_act       |d - h| <= 1.01 u |dh| (|up| (|f'(g)| + |g f''(g)|) + |g f'(g)|)
 //                          + 1e-6 max|h| for dgate (g and up rounded); dup: 1.01 u |dh|
 //                          |g f'(g)| + 1e-6 max|h|
-//   attention_forward_act  the tensor-core kernel's bound on bf16 inputs (tests/unit/
-//                          test_attention_tc_emu.cc: 1.01 u max|v| + 1e-5) + u |out| (the
+//   attention_forward_act  the tensor-core kernel's bound on bf16 inputs (tests/emu/
+//                          test_attention_tc.cc: 1.01 u max|v| + 1e-5) + u |out| (the
 //                          store); lse 1e-4
 //   attention_backward_act the tensor-core kernel's (2e-2 max|gradient|), D_i now from the
 //                          bf16 out (u relative on each term)

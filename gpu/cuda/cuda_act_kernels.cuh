@@ -1,8 +1,7 @@
 // cuda_act_kernels.cuh - the device code of BK_ACT=bf16 (gpu/cuda/cuda_act.cuh has the
 // design, the host side and the error bounds): the elementwise and row kernels that write
-// or read bf16 activations.  Device code only, so that tests/unit/test_act_emu.cc can run
-// it on the CPU under tests/unit/cuda_emu.h; include after cuda_common.cuh (or the
-// emulation, which then defines bk_bf16_to_f32, bk_f32_to_bf16 and bk_block_sum).
+// or read bf16 activations.  Device code only, so that tests/emu/test_act_kernels.cc can
+// launch it on its own on the emulated GPU; include after cuda_common.cuh.
 // Each kernel is the fp32 kernel of gpu/cuda/cuda_ops.cu it is named after, with the
 // same fp32 arithmetic in the same order, and a rounding (round to nearest even) where
 // a value is stored as bf16 or a widening where one is read.

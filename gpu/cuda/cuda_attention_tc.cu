@@ -53,11 +53,7 @@
 //    bk_cuda_attention_tc_forward_bf16 / _backward_bf16 below.
 //  - not validated on a GPU yet: BK_ATTN=fp32 stays the default; tests/gpu/
 //    check_attention_tc.c checks both kernels against the host twin and times them.
-#ifndef BK_TC_EMU
 #include "gpu/cuda/cuda_common.cuh"
-#else // tests/unit/test_attention_tc_emu.cc runs this file on the CPU (tests/unit/cuda_emu.h)
-#include "tests/unit/cuda_emu.h"
-#endif
 #include "gpu/cuda/cuda_attention_tc.h"
 #include "gpu/cuda/cuda_attn_dot.cuh"
 
@@ -72,10 +68,8 @@ typedef __nv_bfloat16 tc_bf16;
 #define TC_THREADS (TC_WARPS * 32)
 #define TC_SMEM_MAX (96 * 1024) // the opt-in limit of sm_80 / sm_86 / sm_90 we stay under
 
-#ifndef BK_TC_EMU
 #define TC_UNROLL _Pragma("unroll")
 #define TC_SHARED(name) BK_DYN_SMEM(unsigned char, name)
-#endif
 
 // ---------------------------------------------------------------------------------
 // device helpers
@@ -110,11 +104,7 @@ __device__ __forceinline__ uint32_t tc_ld32(const tc_bf16 *p)
 
 __device__ __forceinline__ float tc_bf16_f32(tc_bf16 x)
 {
-#ifndef BK_TC_EMU
 	return __bfloat162float(x);
-#else
-	return emu_bf16_to_f32(x.bits);
-#endif
 }
 
 // c[16x8] += a[16x16] b[16x8]: bf16 inputs, fp32 accumulators.  Fragments (PTX ISA,
@@ -123,7 +113,7 @@ __device__ __forceinline__ float tc_bf16_f32(tc_bf16 x)
 // c0,c1 = C[g][2t,2t+1], c2,c3 = C[g+8][2t,2t+1].
 __device__ __forceinline__ void tc_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
-#if !defined(BK_TC_EMU) && !defined(BK_CUDA_EMU)
+#ifndef BK_CUDA_EMU
 	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
 		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
 		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -161,7 +151,7 @@ __device__ __forceinline__ void tc_frag_bt(uint32_t &b0, uint32_t &b1, const tc_
 					   int k0, int n0, int lane)
 {
 	const tc_bf16 *p = X + (size_t)(k0 + (lane & 15)) * LD + n0;
-#if !defined(BK_TC_EMU) && !defined(BK_CUDA_EMU)
+#ifndef BK_CUDA_EMU
 	uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
 	asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
 		     : "=r"(b0), "=r"(b1)
@@ -1032,7 +1022,6 @@ extern "C" void bk_cuda_attention_backward_sel(float *dq, float *dk, float *dv,
 					   NH, NKV, D, ap);
 }
 
-#ifndef BK_TC_EMU
 extern "C" double bk_cuda_time_ms(void (*fn)(void *arg), void *arg, int reps)
 {
 	cudaStream_t st = bk_cuda_stream();
@@ -1051,4 +1040,3 @@ extern "C" double bk_cuda_time_ms(void (*fn)(void *arg), void *arg, int reps)
 	CUDA_CHECK(cudaEventDestroy(b));
 	return reps > 0 ? (double)ms / reps : 0.0;
 }
-#endif

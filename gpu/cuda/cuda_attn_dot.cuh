@@ -1,7 +1,7 @@
 // cuda_attn_dot.cuh - the first step of both attention backwards (the fp32 kernel of
-// cuda_attention.cu and the tensor-core one of cuda_attention_tc.cu, which the CPU
-// emulation test also compiles): Di [NH,T] = sum_d dout[t,h,d] * out[t,h,d] in fp32, one
-// warp per (t, h).  Include after cuda_common.cuh (or tests/unit/cuda_emu.h).
+// cuda_attention.cu and the tensor-core one of cuda_attention_tc.cu): Di [NH,T] =
+// sum_d dout[t,h,d] * out[t,h,d] in fp32, one warp per (t, h).  Include after
+// cuda_common.cuh.
 #ifndef BK_CUDA_ATTN_DOT_CUH
 #define BK_CUDA_ATTN_DOT_CUH
 

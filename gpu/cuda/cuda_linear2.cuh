@@ -1,11 +1,9 @@
 // cuda_linear2.cuh - the v2 decode linear kernels (BK_DECODE=v2) of gpu/cuda/cuda_gen.cu
 // (the reduction order is described there).  Included by cuda_gen.cu after pack_bf16 and
-// mma_bf16, and by tests/unit/test_decode_emu.cc, which runs them on the CPU under an
-// emulation (so only plain CUDA built-ins appear here).
+// mma_bf16, and by tests/emu/test_decode2.cc, which launches them on their own on the
+// emulated GPU.
 
-#ifndef BK_UNROLL
 #define BK_UNROLL _Pragma("unroll")
-#endif
 
 enum { L2_KP = 256, L2_PAD = 8, L2_UNROLL = 4, L2_TARGET_BLOCKS = 264, L2_DEC_NW = 4,
        L2_PRE_NW = 8, L2_NCNT = 4096 };

@@ -1,17 +1,13 @@
-// cuda_loss2.cuh - the device side of cuda_loss.cu that tests/unit/test_loss_emu.cc also
-// compiles for the CPU under an emulation: block reductions, the final softcap's slope
+// cuda_loss2.cuh - the device side of cuda_loss.cu that tests/emu/test_loss2.cc also
+// launches on its own (on the emulated GPU): block reductions, the final softcap's slope
 // and the three kernels of the v2 loss (BK_LOSS=v2): the exact and the top-k row
 // kernels and the validation of the teacher's top-k fields.  Host code, cuBLAS and the
-// v1 kernels stay in cuda_loss.cu.  Included once, by cuda_loss.cu (or the emulation,
-// which defines the CUDA names used here and BK_LOSS_EMU).
+// v1 kernels stay in cuda_loss.cu.  Included once, by cuda_loss.cu (and the test), after
+// cuda_common.cuh.
 #ifndef BK_CUDA_LOSS2_CUH
 #define BK_CUDA_LOSS2_CUH
 
 #define LOSS_THREADS 256
-
-#ifndef BK_LOSS_DYN_SMEM // the block's dynamic shared memory as T name[]
-#define BK_LOSS_DYN_SMEM(T, name) BK_DYN_SMEM(T, name)
-#endif
 
 // ---- block reductions (blockDim.x == LOSS_THREADS) ----
 template <typename T, typename F>
@@ -213,7 +209,7 @@ __global__ void __launch_bounds__(LOSS_THREADS)
 topk_validate_kernel(const int32_t *ids, const float *logp, const float *rest, int K, int Kp,
 		     int V, double *prest, double *ptot, unsigned long long *err)
 {
-	BK_LOSS_DYN_SMEM(int, sid);
+	BK_DYN_SMEM(int, sid);
 	__shared__ double shd[32];
 	const int r = blockIdx.x;
 	const int32_t *id = ids + (size_t)r * K;

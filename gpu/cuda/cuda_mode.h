@@ -1,8 +1,8 @@
 // cuda_mode.h - the switch an environment variable makes between a CUDA kernel path that
 // stays the default until a GPU run validates the other one: BK_LINEAR (cuda_ops.cu),
 // BK_LOSS (cuda_loss.cu), BK_ATTN (cuda_attention_tc.cu), BK_DECODE (cuda_gen.cu).
-// Host C++ only; included by cuda_common.cuh and by the CPU emulation of
-// tests/unit/cuda_emu.h, which declare die() first.
+// Host C++ only; included by cuda_common.cuh (which declares die() first) and by
+// tests/unit/test_cuda_mode.cc.
 #ifndef BK_CUDA_MODE_H
 #define BK_CUDA_MODE_H
 

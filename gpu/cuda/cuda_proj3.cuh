@@ -1,5 +1,5 @@
-// cuda_proj3.cuh - what BK_LINEAR=v3 (gpu/cuda/cuda_proj.cuh) adds to v2, as code that the
-// CPU emulation of tests/unit/cuda_emu.h can run (tests/unit/test_proj_emu.cc):
+// cuda_proj3.cuh - what BK_LINEAR=v3 (gpu/cuda/cuda_proj.cuh) adds to v2, as code that
+// tests/emu/test_proj3.cc launches on its own on the emulated GPU:
 //   - the interleaved layout of a projection group's output gradients and the one kernel
 //     that writes it in bf16 from the members' fp32 dy_j (the conversion pass v2 already
 //     makes, only strided), so that dx += sum_j dy_j W_j is ONE GEMM with K = sum out_j
@@ -7,8 +7,8 @@
 //   - the split of a group's members into batches of equal shape for the forward's
 //     base GEMMs (one cublasGemmBatchedEx launch per batch), and the kernel that writes
 //     a batch's device pointer table.
-// Included by cuda_proj.cuh after cuda_common.cuh (or, in the test, after cuda_emu.h and a
-// bk_f32_to_bf16 of its own); needs BK_PROJ_MAX (gpu/ops.h).
+// Included by cuda_proj.cuh (and the test) after cuda_common.cuh; needs BK_PROJ_MAX
+// (gpu/ops.h).
 
 // The interleaved layout of a group of n members with out_j output features on T tokens:
 // one row-major [T, ld] matrix, ld = sum_j out_j, member j in columns off[j] ..

@@ -1,7 +1,7 @@
 // cuda_sample2.cuh - the v2 sampler kernel (BK_DECODE=v2) of gpu/cuda/cuda_sample.cu: the
 // rule of gpu/sample.h (HF top-p) in a bounded number of passes over the row, never a
-// sort.  Included by cuda_sample.cu, and by tests/unit/test_decode_emu.cc, which runs it
-// on the CPU under an emulation (so only plain CUDA built-ins appear here).
+// sort.  Included by cuda_sample.cu, and by tests/emu/test_decode2.cc, which launches it
+// on its own on the emulated GPU.
 //
 // A block per draw (any whole number of warps up to 1024 threads):
 //   1. max, NaN check and greedy argmax (first index of the largest), as v1;

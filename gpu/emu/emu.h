@@ -160,28 +160,27 @@ static inline unsigned emu_lane(void)
 	unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
 	return t % 32;
 }
-template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask)
+// the shuffles: v published in a warp exchange, then lane src's value (src < 0: v itself)
+template <typename T> static inline T emu_shfl(unsigned mask, T v, int src, const char *what)
 {
 	static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle type");
-	const unsigned char *all = emu_warp_exchange(mask, &v, sizeof(T), "__shfl_xor_sync");
-	T r;
-	memcpy(&r, all + ((emu_lane() ^ (unsigned)lane_mask) & 31) * EMU_SLOT, sizeof(T));
-	return r;
+	const unsigned char *all = emu_warp_exchange(mask, &v, sizeof(T), what);
+	if (src >= 0)
+		memcpy(&v, all + src * EMU_SLOT, sizeof(T));
+	return v;
+}
+template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask)
+{
+	return emu_shfl(mask, v, (int)((emu_lane() ^ (unsigned)lane_mask) & 31), "__shfl_xor_sync");
 }
 template <typename T> static inline T __shfl_sync(unsigned mask, T v, int src)
 {
-	const unsigned char *all = emu_warp_exchange(mask, &v, sizeof(T), "__shfl_sync");
-	T r;
-	memcpy(&r, all + ((unsigned)src & 31) * EMU_SLOT, sizeof(T));
-	return r;
+	return emu_shfl(mask, v, (int)((unsigned)src & 31), "__shfl_sync");
 }
 template <typename T> static inline T __shfl_down_sync(unsigned mask, T v, unsigned d)
 {
-	const unsigned char *all = emu_warp_exchange(mask, &v, sizeof(T), "__shfl_down_sync");
 	unsigned l = emu_lane();
-	if (l + d < 32)
-		memcpy(&v, all + (l + d) * EMU_SLOT, sizeof(T));
-	return v;
+	return emu_shfl(mask, v, l + d < 32 ? (int)(l + d) : -1, "__shfl_down_sync");
 }
 static inline unsigned __ballot_sync(unsigned mask, int p)
 {
@@ -209,42 +208,35 @@ static inline void __syncwarp(unsigned mask = 0xffffffffu)
 }
 
 // ---- atomics (one host thread runs every device thread: plain read-modify-writes) ----
-template <typename T> static inline T atomicAdd(T *p, T v)
+template <typename T, typename F> static inline T emu_atomic(T *p, F f)
 {
 	T o = *p;
-	*p = o + v;
+	*p = f(o);
 	return o;
+}
+template <typename T> static inline T atomicAdd(T *p, T v)
+{
+	return emu_atomic(p, [v](T o) { return o + v; });
 }
 template <typename T> static inline T atomicMax(T *p, T v)
 {
-	T o = *p;
-	*p = o > v ? o : v;
-	return o;
+	return emu_atomic(p, [v](T o) { return o > v ? o : v; });
 }
 template <typename T> static inline T atomicMin(T *p, T v)
 {
-	T o = *p;
-	*p = o < v ? o : v;
-	return o;
+	return emu_atomic(p, [v](T o) { return o < v ? o : v; });
 }
 template <typename T> static inline T atomicOr(T *p, T v)
 {
-	T o = *p;
-	*p = o | v;
-	return o;
+	return emu_atomic(p, [v](T o) { return o | v; });
 }
 template <typename T> static inline T atomicExch(T *p, T v)
 {
-	T o = *p;
-	*p = v;
-	return o;
+	return emu_atomic(p, [v](T) { return v; });
 }
 template <typename T> static inline T atomicCAS(T *p, T cmp, T v)
 {
-	T o = *p;
-	if (o == cmp)
-		*p = v;
-	return o;
+	return emu_atomic(p, [cmp, v](T o) { return o == cmp ? v : o; });
 }
 static inline void __threadfence(void) {}
 static inline void __threadfence_block(void) {}
@@ -267,42 +259,20 @@ static inline unsigned long long __double2ull_rn(double x)
 	return (unsigned long long)nearbyint(x);
 }
 static inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
-static inline long long __double_as_longlong(double x)
+// CUDA's reinterpretations (__*_as_*): the bits of x as a To
+template <typename To, typename From> static inline To emu_bit_cast(From x)
 {
-	long long r;
-	memcpy(&r, &x, 8);
+	static_assert(sizeof(To) == sizeof(From), "a reinterpretation keeps the size");
+	To r;
+	memcpy(&r, &x, sizeof r);
 	return r;
 }
-static inline double __longlong_as_double(long long x)
-{
-	double r;
-	memcpy(&r, &x, 8);
-	return r;
-}
-static inline float __int_as_float(int x)
-{
-	float r;
-	memcpy(&r, &x, 4);
-	return r;
-}
-static inline int __float_as_int(float x)
-{
-	int r;
-	memcpy(&r, &x, 4);
-	return r;
-}
-static inline unsigned __float_as_uint(float x)
-{
-	unsigned r;
-	memcpy(&r, &x, 4);
-	return r;
-}
-static inline float __uint_as_float(unsigned x)
-{
-	float r;
-	memcpy(&r, &x, 4);
-	return r;
-}
+static inline long long __double_as_longlong(double x) { return emu_bit_cast<long long>(x); }
+static inline double __longlong_as_double(long long x) { return emu_bit_cast<double>(x); }
+static inline float __int_as_float(int x) { return emu_bit_cast<float>(x); }
+static inline int __float_as_int(float x) { return emu_bit_cast<int>(x); }
+static inline unsigned __float_as_uint(float x) { return emu_bit_cast<unsigned>(x); }
+static inline float __uint_as_float(unsigned x) { return emu_bit_cast<float>(x); }
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
 static inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 static inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }

@@ -480,6 +480,12 @@ cudaError_t cudaStreamQuery(cudaStream_t s)
 	return cudaSuccess;
 }
 
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg)
+{
+	issue(S(s), [fn, arg]() { fn(arg); }, "cudaLaunchHostFunc");
+	return cudaSuccess;
+}
+
 static double now_ms(void)
 {
 	struct timespec ts;

@@ -1,7 +1,7 @@
 /* gpu_check.h - helpers of the GPU checks, header-only (static inline), so that
  * each check is one translation unit and an unused helper costs nothing:
- *   - error maxima (C and C++): the check programs of tests/gpu/ and the CPU emulation
- *     test tests/unit/test_attention_tc_emu.cc;
+ *   - error maxima (C and C++): the check programs of tests/gpu/ and the kernel tests
+ *     of tests/emu/ (C++, on the emulated GPU);
  *   - fenced device buffers and (bf16-exact) random inputs (C only: an op table, the
  *     project's rng): the GPU check programs.
  * Not a test framework: each program prints its own lines and counts its failures. */

@@ -13,8 +13,13 @@
  *                          stream, so bk-step reads that as still running); on
  *                          FAKE_NCCL_FAIL_RANK alone when set
  *   FAKE_NCCL_NOOP=1       ncclAllReduce leaves the buffer alone (a test that must fail)
+ * With a stream (bk-step --device cuda of the emulation build, make emu, whose device
+ * memory is host memory: tests/t0950-emu.sh) the sum is queued on it with the process's
+ * cudaLaunchHostFunc, so it runs in stream order as NCCL's kernel would: after the
+ * backward that wrote the buffer, and done only when the stream is.
  * Not NCCL and not its header: the declarations follow NCCL's public API documentation,
  * as gpu/nccl.c does, so this checks bakery's use of the API, not the ABI itself. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -134,6 +139,66 @@ static int write_all(const char *path, const void *p, size_t n)
 	return ok && rename(tmp, path) == 0 ? 0 : -1;
 }
 
+/* the sum of all-reduce seq: each rank's file, added in rank order */
+static int reduce(const comm *c, int seq, const void *send, void *recv, size_t count)
+{
+	size_t bytes = count * sizeof(float);
+	if (c->nranks == 1) {
+		if (send != recv)
+			memmove(recv, send, bytes);
+		return 0;
+	}
+	char path[300];
+	snprintf(path, sizeof path, "%s/%d.%d", c->dir, seq, c->rank);
+	if (write_all(path, send, bytes))
+		return 2;
+	float *sum = calloc(count ? count : 1, sizeof(float));
+	float *part = malloc(bytes ? bytes : 1);
+	if (!sum || !part)
+		return 2;
+	for (int r = 0; r < c->nranks; r++) {
+		snprintf(path, sizeof path, "%s/%d.%d", c->dir, seq, r);
+		FILE *f;
+		while (!(f = fopen(path, "rb"))) { /* no timeout: bk-step's job is to not hang */
+			struct timespec ts = {0, 1000000};
+			nanosleep(&ts, NULL);
+		}
+		size_t got = fread(part, 1, bytes, f);
+		fclose(f);
+		if (got != bytes) {
+			free(sum), free(part);
+			return 3;
+		}
+		for (size_t i = 0; i < count; i++)
+			sum[i] = r ? sum[i] + part[i] : part[i];
+	}
+	memcpy(recv, sum, bytes);
+	free(sum), free(part);
+	if (seq > 2) { /* every rank has written seq - 1, so has read seq - 2 */
+		snprintf(path, sizeof path, "%s/%d.%d", c->dir, seq - 2, c->rank);
+		unlink(path);
+	}
+	return 0;
+}
+
+/* an all-reduce queued on the emulated stream (cudaLaunchHostFunc) */
+typedef struct {
+	comm *c;
+	int seq;
+	const void *send;
+	void *recv;
+	size_t count;
+} job;
+
+static void run_job(void *p)
+{
+	job *j = p;
+	int r = reduce(j->c, j->seq, j->send, j->recv, j->count);
+	if (r)
+		j->c->async = r;
+	free(j);
+}
+
 int ncclAllReduce(const void *send, void *recv, size_t count, int type, int op, comm *c,
 		  void *stream)
 {
@@ -156,43 +221,17 @@ int ncclAllReduce(const void *send, void *recv, size_t count, int type, int op, 
 	}
 	if (getenv("FAKE_NCCL_NOOP"))
 		return 0;
-	size_t bytes = count * sizeof(float);
-	if (c->nranks == 1) {
-		if (send != recv)
-			memmove(recv, send, bytes);
-		return 0;
+	if (!stream)
+		return reduce(c, c->seq, send, recv, count);
+	int (*launch)(void *, void (*)(void *), void *);
+	*(void **)&launch = dlsym(RTLD_DEFAULT, "cudaLaunchHostFunc");
+	job *j = malloc(sizeof *j);
+	if (!launch || !j) { /* not the emulation build */
+		free(j);
+		return 1;
 	}
-	char path[300];
-	snprintf(path, sizeof path, "%s/%d.%d", c->dir, c->seq, c->rank);
-	if (write_all(path, send, bytes))
-		return 2;
-	float *sum = calloc(count ? count : 1, sizeof(float));
-	float *part = malloc(bytes ? bytes : 1);
-	if (!sum || !part)
-		return 2;
-	for (int r = 0; r < c->nranks; r++) {
-		snprintf(path, sizeof path, "%s/%d.%d", c->dir, c->seq, r);
-		FILE *f;
-		while (!(f = fopen(path, "rb"))) { /* no timeout: bk-step's job is to not hang */
-			struct timespec ts = {0, 1000000};
-			nanosleep(&ts, NULL);
-		}
-		size_t got = fread(part, 1, bytes, f);
-		fclose(f);
-		if (got != bytes) {
-			free(sum), free(part);
-			return 3;
-		}
-		for (size_t i = 0; i < count; i++)
-			sum[i] = r ? sum[i] + part[i] : part[i];
-	}
-	memcpy(recv, sum, bytes);
-	free(sum), free(part);
-	if (c->seq > 2) { /* every rank has written seq - 1, so has read seq - 2 */
-		snprintf(path, sizeof path, "%s/%d.%d", c->dir, c->seq - 2, c->rank);
-		unlink(path);
-	}
-	return 0;
+	*j = (job){c, c->seq, send, recv, count};
+	return launch(stream, run_job, j) ? 1 : 0;
 }
 
 int ncclCommGetAsyncError(comm *c, int *async)

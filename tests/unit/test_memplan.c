@@ -27,6 +27,7 @@
 #include "gpu/memplan.h"
 #include "gpu/teach.h"
 #include "gpu/train.h"
+#include "tests/unit/memplan_stages.h"
 
 /* the tiny config: H 8, I 16, L 2, NH 2, NKV 1, D 4, V 32, untied, plain Llama.
  * QD = NH D = 8, KVD = NKV D = 4, widest(H, QD, I) = 16. */
@@ -412,75 +413,17 @@ static void test_measured(void)
 	cops.alloc = c_alloc, cops.free = c_free, cops.weight_upload = c_wup;
 	cops.weight_free = c_wfree;
 	bk_mem_dev d = bk_mem_dev_host();
-	const char *dir = "models/stories260K";
-
-	/* bk-step, exact mode: 3 samples, teacher prompts longer than the student's */
 	peak_bytes = cur_bytes = 0;
-	bk_loaded_model lm = bk_model_load(&cops, dir);
-	bk_mem_model mm = bk_mem_model_of(lm.cfg);
-	bk_train_opts o = {.r = 4, .alpha = 8, .targets = BK_LORA_ALL, .lr = 1e-3,
-			   .temperature = 1, .seed = 1, .vocab_chunk = 100};
-	bk_trainer *t = bk_trainer_create(lm.model, &o);
-	int32_t ids[64];
-	for (int i = 0; i < 64; i++)
-		ids[i] = 1 + (i * 37) % 500;
-	bk_train_sample sm[3] = {{ids, ids, ids + 40, 6, 15, 9, NULL},
-				 {ids + 3, ids, ids + 20, 10, 20, 12, NULL},
-				 {ids + 5, ids, ids + 30, 4, 9, 7, NULL}};
-	bk_train_micro_info info;
-	bk_trainer_micro(t, sm, 3, &info);
-	double lr;
-	bk_trainer_step(t, &lr);
-	/* tokens: teacher 15+9 + 20+12 + 9+7 = 72, student 6+9 + 10+12 + 4+7 = 48; rows 28 */
-	bk_mem_step so = {.r = 4, .targets = BK_LORA_ALL, .max_T = 72, .rows = 28, .k = -1};
-	bk_mem_stage s;
-	bk_mem_plan_step(&s, &mm, &d, &so);
-	CHECK(fabs(rel(peak_bytes, s.peak)) <= 0.10, "bk-step: measured peak %zu, planned %zu (%+.1f%%)",
-	      peak_bytes, s.peak, 100 * rel(peak_bytes, s.peak));
-	bk_trainer_free(t);
-
-	/* bk-teach: two forwards (the budget splits them), a prefix, top-8 */
-	peak_bytes = cur_bytes;
-	int32_t p1[14], p2[14], p3[14];
-	memcpy(p1, ids, sizeof p1), memcpy(p2, ids, sizeof p2), memcpy(p3, ids, sizeof p3);
-	p2[13] = 7, p3[12] = 9;
-	bk_teach_seq sq[3] = {{p1, 14, ids + 40, 10}, {p2, 14, ids + 20, 16}, {p3, 14, ids + 10, 5}};
-	bk_teach *tc = bk_teach_create(lm.model, NULL, 25, 8, 1.0f, 64);
-	bk_teach_prefix_from(tc, sq, 3);
-	bk_teacher out[3];
-	memset(out, 0, sizeof out);
-	bk_teach_run(tc, sq, 3, out);
-	/* prefix P = 12 (common prefix, capped at 14 - 1); own tokens 14 + n - 1 - 12: 11,
-	 * 17, 6; budget 25: forwards {11}, {17, 6}: at most 23 tokens and 21 rows */
-	const bk_teach_stats *ts = bk_teach_stats_get(tc);
-	bk_mem_teach to = {.max_T = 23, .rows = 21, .k = 8, .P = 12, .fwd_only = 1};
-	bk_mem_plan_teach(&s, &mm, &d, &to);
-	CHECK(ts->acts_T == 23, "teach: acts for %d tokens", ts->acts_T);
-	CHECK(fabs(rel(peak_bytes, s.peak)) <= 0.10, "bk-teach: measured peak %zu, planned %zu (%+.1f%%)",
-	      peak_bytes, s.peak, 100 * rel(peak_bytes, s.peak));
-	bk_teach_free(tc);
-	for (int i = 0; i < 3; i++)
-		bk_teacher_free(&out[i]);
-
-	/* bk-gen: 3 prompts of up to 14 tokens, 2 samples each, 12 new, batch 4 */
-	peak_bytes = cur_bytes;
-	bk_gen_config gc = {.max_batch = 4, .max_new = 12, .max_prompt = 14, .ntraj = 2,
-			    .max_seq = 512, .sample = {0.8f, 1, 0}};
-	bk_gen *g = bk_gen_create(lm.model, &bk_gen_ops_host, NULL, &gc);
-	uint64_t keys[2] = {1, 2}, tags[2] = {0, 1};
-	const int32_t *pr[3] = {p1, p2, p3};
-	for (int i = 0; i < 3; i++)
-		bk_gen_submit(g, pr[i], 14, 2, keys, tags);
-	while (bk_gen_step(g)) {
-		bk_gen_result r;
-		while (bk_gen_take(g, &r))
-			free(r.ids);
+	bk_loaded_model lm = bk_model_load(&cops, "models/stories260K");
+	for (int which = 0; which < 3; which++) {
+		if (which) /* the stage's own peak over the weights (bk-step's: the load's too) */
+			peak_bytes = cur_bytes;
+		bk_mem_stage s;
+		int acts_T = mp_stage(which, &lm, &bk_gen_ops_host, &d, &s);
+		CHECK(which != 1 || acts_T == 23, "teach: acts for %d tokens", acts_T);
+		CHECK(fabs(rel(peak_bytes, s.peak)) <= 0.10, "%s: measured peak %zu, planned %zu (%+.1f%%)",
+		      s.stage, peak_bytes, s.peak, 100 * rel(peak_bytes, s.peak));
 	}
-	bk_mem_gen go = {.max_batch = 4, .max_prompt = 14, .max_new = 12, .ntraj = 2};
-	bk_mem_plan_gen(&s, &mm, &d, &go);
-	CHECK(fabs(rel(peak_bytes, s.peak)) <= 0.10, "bk-gen: measured peak %zu, planned %zu (%+.1f%%)",
-	      peak_bytes, s.peak, 100 * rel(peak_bytes, s.peak));
-	bk_gen_free(g);
 	bk_model_unload(&lm);
 	CHECK(cur_bytes == 0 && n_live == 0, "%zu bytes in %d allocations left", cur_bytes, n_live);
 }

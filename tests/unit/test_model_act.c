@@ -2,7 +2,7 @@
  * on the CPU.  The op table is the host twin plus act ops of this file: each is the host
  * twin's fp32 op on the act inputs widened from bf16, its act outputs rounded to bf16
  * (round to nearest even) as they are stored: the arithmetic gpu/cuda/cuda_act.cuh
- * specifies for the CUDA act ops, not their kernels (tests/unit/test_act_emu.cc runs those;
+ * specifies for the CUDA act ops, not their kernels (tests/emu/test_act_kernels.cc runs those;
  * tests/gpu/check_act.c the real ones on a GPU).  So model.c's byte offsets, its fp32
  * staging in the backward's buffers, the family branches, checkpointing and the prefix
  * run in bf16 mode without a GPU.  Checks, on a small random Llama and on one with every

@@ -66,6 +66,10 @@ cudaError_t cudaStreamCreate(cudaStream_t *s);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaStreamQuery(cudaStream_t s);
+// fn(arg) on the host in stream order (the stand-in NCCL of tests/unit/fake_nccl.c queues
+// its sum so; bakery's own code does not call it)
+typedef void (*cudaHostFn_t)(void *arg);
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg);
 cudaError_t cudaEventCreate(cudaEvent_t *e);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);

@@ -1,11 +1,8 @@
-/* test_loss_emu.cc - the v2 loss kernels (BK_LOSS=v2) of gpu/cuda/cuda_loss2.cuh, their own
- * source compiled for the CPU under the emulation of CUDA in tests/unit/cuda_emu.h: one
- * host thread per CUDA thread of a block, blocks one after another; __syncthreads a
- * barrier of the block; warp shuffles an exchange through a per-warp buffer between two
- * barriers of the warp; __shared__ variables are statics (one block runs at a time);
- * device memory is host memory.  The logits the cuBLAS GEMM would give are computed here (double dot products
- * rounded to float, then capped and divided by T as loss.c does), and d_hidden = G W / T
- * from the kernels' bf16 dlogits in double.
+/* test_loss2.cc - the v2 loss kernels (BK_LOSS=v2) of gpu/cuda/cuda_loss2.cuh, their own
+ * source launched on the emulated GPU (make emu; tests/emu/kernel_check.h), run by
+ * tests/t0950-emu.sh.  The logits the cuBLAS GEMM would give are computed here (double
+ * dot products rounded to float, then capped and divided by T as loss.c does), and
+ * d_hidden = G W / T from the kernels' bf16 dlogits in double.
  *
  * Checked against the host twin (gpu/host/loss.c), with and without a final softcap, at
  * temperatures 1 and 1.7, V below and above the block's 256 threads:
@@ -19,14 +16,11 @@
  * Not checked here: cuBLAS, the host side of cuda_loss.cu (row blocks, workspace, the one
  * copy back), the hardware's rounding, speed (tests/gpu/check_loss.c does those). */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <atomic>
-#include <functional>
 #include <vector>
 
 extern "C" {
@@ -35,17 +29,16 @@ extern "C" {
 void bk_diag_init(const char *argv0);
 }
 
-// ---- the emulator: tests/unit/cuda_emu.h, and what cuda_loss2.cuh needs besides ----
-
-#include "tests/unit/cuda_emu.h"
+#include "tests/emu/kernel_check.h"
 #include "tests/gpu/gpu_check.h"
 
-#define BK_LOSS_DYN_SMEM(T, name) T *name = (T *)emu_smem
-
-static float bf16_to_float(__nv_bfloat16 b) { return emu_bf16_to_f32(b.bits); }
-static __nv_bfloat16 bk_f32_to_bf16(float f) { return __float2bfloat16_rn(f); }
-
+// the kernels (a namespace of their own: cuda_loss.cu in libbakery.a has them too)
+namespace loss2 {
 #include "gpu/cuda/cuda_loss2.cuh"
+}
+using namespace loss2;
+
+static float bf16_to_float(__nv_bfloat16 b) { return __bfloat162float(b); }
 
 // ---- the test ----
 
@@ -151,9 +144,14 @@ static void test_case(int n, int h, int v, int k, float t, float cap, uint64_t s
 	std::vector<float> us = logits(hs, w, n, h, v, t, cap), ut = logits(ht, w, n, h, v, t, cap);
 	double lr = bk_loss_kl_exact(hs.data(), w.data(), ht.data(), NULL, so.data(), n, ns, h, v, 7,
 				     t, cap, dref.data(), klr.data());
-	emu_launch((unsigned)n, LOSS_THREADS, 0, [&] {
-		kl_exact_row_kernel(us.data(), ut.data(), NULL, v, wr.data(), tc, kl.data(), g.data());
-	});
+	dbuf<float> dus(us), dut(ut), dwr(wr);
+	{
+		dbuf<double> dkl((size_t)n);
+		dbuf<__nv_bfloat16> dg((size_t)n * v);
+		BK_LAUNCH(kl_exact_row_kernel, n, LOSS_THREADS, 0, bk_cuda_stream(), dus.p, dut.p,
+			  (const float *)NULL, v, dwr.p, tc, dkl.p, dg.p);
+		kl = dkl.get(), g = dg.get();
+	}
 	snprintf(what, sizeof what, "exact hidden n=%d V=%d T=%g cap=%g", n, v, (double)t, (double)cap);
 	compare(what, loss_of(kl, so.data(), n, ns), lr, kl, klr.data(), backward(g, w, n, h, v, t),
 		dref.data(), n, h);
@@ -163,9 +161,14 @@ static void test_case(int n, int h, int v, int k, float t, float cap, uint64_t s
 	bk_teacher_logprobs(ht.data(), w.data(), n, h, v, 7, t, cap, tl.data());
 	lr = bk_loss_kl_exact(hs.data(), w.data(), NULL, tl.data(), so.data(), n, ns, h, v, 7, t, cap,
 			      dref.data(), klr.data());
-	emu_launch((unsigned)n, LOSS_THREADS, 0, [&] {
-		kl_exact_row_kernel(us.data(), NULL, tl.data(), v, wr.data(), tc, kl.data(), g.data());
-	});
+	{
+		dbuf<float> dtl(tl);
+		dbuf<double> dkl((size_t)n);
+		dbuf<__nv_bfloat16> dg((size_t)n * v);
+		BK_LAUNCH(kl_exact_row_kernel, n, LOSS_THREADS, 0, bk_cuda_stream(), dus.p,
+			  (const float *)NULL, dtl.p, v, dwr.p, tc, dkl.p, dg.p);
+		kl = dkl.get(), g = dg.get();
+	}
 	snprintf(what, sizeof what, "exact logp n=%d V=%d T=%g cap=%g", n, v, (double)t, (double)cap);
 	compare(what, loss_of(kl, so.data(), n, ns), lr, kl, klr.data(), backward(g, w, n, h, v, t),
 		dref.data(), n, h);
@@ -179,15 +182,17 @@ static void test_case(int n, int h, int v, int k, float t, float cap, uint64_t s
 	if (k == v)
 		for (int r = 0; r < n; r++)
 			rest[r] = 3e-7f; // rounding-size rest with K = V: dropped
-	std::vector<double> prest(n, NAN), ptot(n, NAN);
-	unsigned long long flag = 0;
 	int kp = 1;
 	while (kp < k)
 		kp <<= 1;
-	emu_launch((unsigned)n, LOSS_THREADS, (size_t)kp * sizeof(int), [&] {
-		topk_validate_kernel(ids.data(), lp.data(), rest.data(), k, kp, v, prest.data(),
-				     ptot.data(), &flag);
-	});
+	dbuf<int32_t> dids(ids);
+	dbuf<float> dlp(lp), drest(rest);
+	dbuf<double> dprest((size_t)n), dptot((size_t)n);
+	dbuf<unsigned long long> dflag(std::vector<unsigned long long>(1, 0));
+	BK_LAUNCH(topk_validate_kernel, n, LOSS_THREADS, (size_t)kp * sizeof(int), bk_cuda_stream(),
+		  dids.p, dlp.p, drest.p, k, kp, v, dprest.p, dptot.p, dflag.p);
+	std::vector<double> prest = dprest.get(), ptot = dptot.get();
+	unsigned long long flag = dflag.get()[0];
 	double perr = 0;
 	for (int r = 0; r < n; r++) {
 		double p0 = k == v ? 0.0 : rest[r], s = p0;
@@ -201,11 +206,14 @@ static void test_case(int n, int h, int v, int k, float t, float cap, uint64_t s
 	check(perr < 1e-12, what, perr, 1e-12);
 	lr = bk_loss_kl_topk(hs.data(), w.data(), ids.data(), lp.data(), rest.data(), so.data(), n,
 			     ns, h, v, k, 7, t, cap, dref.data(), klr.data());
-	std::vector<float> um = us; // the kernel masks the ids in place
-	emu_launch((unsigned)n, LOSS_THREADS, 0, [&] {
-		kl_topk_row_kernel(um.data(), v, ids.data(), lp.data(), k, tu.data(), prest.data(),
-				   ptot.data(), wr.data(), tc, kl.data(), g.data());
-	});
+	{
+		dbuf<float> dum(us), dtu(tu); // the kernel masks the ids in place
+		dbuf<double> dkl((size_t)n);
+		dbuf<__nv_bfloat16> dg((size_t)n * v);
+		BK_LAUNCH(kl_topk_row_kernel, n, LOSS_THREADS, 0, bk_cuda_stream(), dum.p, v, dids.p,
+			  dlp.p, k, dtu.p, dprest.p, dptot.p, dwr.p, tc, dkl.p, dg.p);
+		kl = dkl.get(), g = dg.get();
+	}
 	snprintf(what, sizeof what, "top-k n=%d V=%d K=%d T=%g cap=%g", n, v, k, (double)t,
 		 (double)cap);
 	compare(what, loss_of(kl, so.data(), n, ns), lr, kl, klr.data(), backward(g, w, n, h, v, t),
@@ -235,11 +243,13 @@ static void test_validate_bad(void)
 		case 5: lp[1 * K + 1] = 0.5f; break;
 		case 6: lp[2 * K + 2] = NAN; break;
 		}
-		double prest[N], ptot[N];
-		unsigned long long flag = 0;
-		emu_launch(N, LOSS_THREADS, 4 * sizeof(int), [&] {
-			topk_validate_kernel(ids, lp, rest, K, 4, V, prest, ptot, &flag);
-		});
+		dbuf<int32_t> dids(std::vector<int32_t>(ids, ids + N * K));
+		dbuf<float> dlp(std::vector<float>(lp, lp + N * K)), drest(std::vector<float>(rest, rest + N));
+		dbuf<double> dprest(N), dptot(N);
+		dbuf<unsigned long long> dflag(std::vector<unsigned long long>(1, 0));
+		BK_LAUNCH(topk_validate_kernel, N, LOSS_THREADS, 4 * sizeof(int), bk_cuda_stream(),
+			  dids.p, dlp.p, drest.p, K, 4, V, dprest.p, dptot.p, dflag.p);
+		unsigned long long flag = dflag.get()[0];
 		char what[80];
 		snprintf(what, sizeof what, "validate: %s sets the flag", names[c]);
 		check(flag == 1, what, (double)flag, 1);
@@ -248,7 +258,7 @@ static void test_validate_bad(void)
 
 int main(void)
 {
-	bk_diag_init("test_loss_emu");
+	bk_diag_init("test_loss2");
 	for (int ci = 0; ci < 2; ci++) {
 		float cap = ci ? 2.0f : 0.0f; // the logits reach about +-4: a cap of 2 bends them
 		test_case(7, 8, 37, 5, 1.0f, cap, 1);
@@ -256,6 +266,6 @@ int main(void)
 		test_case(4, 5, 37, 37, 1.0f, cap, 3);
 	}
 	test_validate_bad();
-	printf("test_loss_emu: %d checks, %d failed\n", n_checks, n_failed);
+	printf("test_loss2: %d checks, %d failed\n", n_checks, n_failed);
 	return n_failed ? 1 : 0;
 }

@@ -1,9 +1,11 @@
-/* test_proj_emu.cc - the device code of BK_LINEAR=v3 (gpu/cuda/cuda_proj3.cuh), its own
- * source compiled for the CPU under the emulation of CUDA in tests/unit/cuda_emu.h:
+/* test_proj3.cc - the device code of BK_LINEAR=v3 (gpu/cuda/cuda_proj3.cuh), its own
+ * source launched on the emulated GPU (make emu; tests/emu/kernel_check.h), run by
+ * tests/t0950-emu.sh:
  *   - proj_cat_layout: the column offsets of the interleaved [T, sum out] layout;
  *   - proj_interleave_bf16_kernel: every element (t, o) of every member j lands at
  *     t * ld + off[j] + o, rounded to bf16 (bit for bit, round to nearest even), every
- *     element of the matrix written, nothing outside it (a guard after it), on grids
+ *     element of the matrix written, nothing outside it (the exact-size allocation's
+ *     guard bytes, which the emulation checks after the launch), on grids
  *     smaller than the matrix (the grid-stride loops) and on proj_interleave_grid's;
  *     the index of the source element is computed here independently, and the values
  *     are random, so a wrong offset or row stride reads another value and fails;
@@ -20,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <memory>
 #include <vector>
 
 extern "C" {
@@ -28,9 +31,7 @@ extern "C" {
 void bk_diag_init(const char *argv0);
 }
 
-#include "tests/unit/cuda_emu.h"
-
-static __nv_bfloat16 bk_f32_to_bf16(float f) { return __float2bfloat16_rn(f); }
+#include "tests/emu/kernel_check.h"
 
 #include "gpu/cuda/cuda_proj3.cuh"
 
@@ -50,38 +51,34 @@ static void test_interleave(int T, int n, const int *outs, unsigned gx, unsigned
 	}
 	CHECK(ld == sum && c.ld == sum && c.off[n] == sum && c.n == n, "ld %d, want %d", ld, sum);
 	std::vector<std::vector<float>> dy(n);
+	std::vector<std::unique_ptr<dbuf<float>>> ddy(n);
 	for (int j = 0; j < n; j++) {
 		dy[j].resize((size_t)T * outs[j]);
 		for (float &v : dy[j])
 			v = (float)(2 * bk_rng_uniform(&rng) - 1);
-		c.src[j] = dy[j].data();
+		ddy[j].reset(new dbuf<float>(dy[j]));
+		c.src[j] = *ddy[j];
 	}
-	const int guard = 64;
-	std::vector<__nv_bfloat16> cat((size_t)T * ld + guard);
-	for (__nv_bfloat16 &b : cat)
-		b.bits = 0xffff; /* a NaN no rounding of these values gives */
+	dbuf<__nv_bfloat16> dcat((size_t)T * ld); /* fresh: 0xffff, a NaN no rounding gives */
 	if (!gx) {
 		proj_interleave_grid(T, ld, &gx, &gy);
 		threads = 256;
 	}
-	emu_launch(emu_dim3(gx, gy), threads, 0,
-		   [&]() { proj_interleave_bf16_kernel(cat.data(), c, T); });
+	BK_LAUNCH(proj_interleave_bf16_kernel, dim3(gx, gy), threads, 0, bk_cuda_stream(), dcat.p,
+		  c, T);
+	std::vector<__nv_bfloat16> cat = dcat.get();
 	int bad = 0, unwritten = 0;
 	for (int j = 0, col0 = 0; j < n; col0 += outs[j], j++)
 		for (int t = 0; t < T; t++)
 			for (int o = 0; o < outs[j]; o++) {
-				uint16_t want = __float2bfloat16_rn(dy[j][(size_t)t * outs[j] + o]).bits;
-				bad += cat[(size_t)t * sum + col0 + o].bits != want;
+				uint16_t want = kc_bits(__float2bfloat16_rn(dy[j][(size_t)t * outs[j] + o]));
+				bad += kc_bits(cat[(size_t)t * sum + col0 + o]) != want;
 			}
 	for (size_t i = 0; i < (size_t)T * ld; i++)
-		unwritten += cat[i].bits == 0xffff;
-	int guard_hit = 0;
-	for (int i = 0; i < guard; i++)
-		guard_hit |= cat[(size_t)T * ld + i].bits != 0xffff;
-	CHECK(!bad && !unwritten && !guard_hit,
-	      "T %d n %d outs %d/%d/%d grid %ux%u x %d: %d wrong, %d unwritten, guard %s", T, n,
-	      outs[0], n > 1 ? outs[1] : 0, n > 2 ? outs[2] : 0, gx, gy, threads, bad, unwritten,
-	      guard_hit ? "overwritten" : "intact");
+		unwritten += kc_bits(cat[i]) == 0xffff;
+	CHECK(!bad && !unwritten, "T %d n %d outs %d/%d/%d grid %ux%u x %d: %d wrong, %d unwritten",
+	      T, n, outs[0], n > 1 ? outs[1] : 0, n > 2 ? outs[2] : 0, gx, gy, threads, bad,
+	      unwritten);
 
 	/* cat [T, ld] . W_cat [ld, in] = sum_j round(dy_j) W_j, W_cat the W_j stacked in
 	 * member order (as proj_wcat_get copies them) */
@@ -94,13 +91,11 @@ static void test_interleave(int T, int n, const int *outs, unsigned gx, unsigned
 		for (int i = 0; i < in; i++) {
 			double a = 0, b = 0;
 			for (int k = 0; k < ld; k++)
-				a += (double)emu_bf16_to_f32(cat[(size_t)t * ld + k].bits) *
+				a += (double)__bfloat162float(cat[(size_t)t * ld + k]) *
 				     wcat[(size_t)k * in + i];
 			for (int j = 0, row0 = 0; j < n; row0 += outs[j], j++)
 				for (int o = 0; o < outs[j]; o++)
-					b += (double)emu_bf16_to_f32(
-						     __float2bfloat16_rn(dy[j][(size_t)t * outs[j] + o])
-							     .bits) *
+					b += (double)kc_bf16(dy[j][(size_t)t * outs[j] + o]) *
 					     wcat[(size_t)(row0 + o) * in + i];
 			worst = fmax(worst, fabs(a - b));
 		}
@@ -128,10 +123,10 @@ static void test_ptrs(void)
 	proj_ptrs v = {};
 	for (int i = 0; i < 6; i++)
 		v.p[i] = &x[i];
-	const void *dst[PROJ_PTRS + 1];
-	for (int i = 0; i <= PROJ_PTRS; i++)
-		dst[i] = &rng;
-	emu_launch(emu_dim3(1), 32, 0, [&]() { proj_ptrs_kernel(dst, v, 6); });
+	std::vector<const void *> h(PROJ_PTRS + 1, &rng);
+	dbuf<const void *> ddst(h);
+	BK_LAUNCH(proj_ptrs_kernel, 1, 32, 0, bk_cuda_stream(), ddst.p, v, 6);
+	std::vector<const void *> dst = ddst.get();
 	int ok = 1;
 	for (int i = 0; i < 6; i++)
 		ok &= dst[i] == &x[i];
@@ -142,7 +137,7 @@ static void test_ptrs(void)
 
 int main(void)
 {
-	bk_diag_init("test_proj_emu");
+	bk_diag_init("test_proj3");
 	bk_rng_seed(&rng, 20261201);
 	const int qkv[3] = { 24, 8, 8 }, odd[3] = { 33, 7, 1 }, gu[2] = { 17, 17 }, one[1] = { 9 };
 	test_interleave(5, 3, qkv, 1, 1, 32);   /* one block: every row and column by stride */
@@ -170,5 +165,5 @@ int main(void)
 	test_batches(2, gup, l01, 2, b01);
 	test_batches(1, one, l111, 1, b000); /* o, down */
 	test_ptrs();
-	return bk_test_done("test_proj_emu");
+	return bk_test_done("test_proj3");
 }

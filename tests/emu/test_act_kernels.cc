@@ -1,7 +1,7 @@
-/* test_act_emu.cc - the device code of BK_ACT=bf16 (gpu/cuda/cuda_act_kernels.cuh and the
- * bf16 entry points of gpu/cuda/cuda_attention_tc.cu), its own source compiled for the CPU
- * under tests/unit/cuda_emu.h, against the host twin with the bounds written in
- * gpu/cuda/cuda_act.cuh (u = 2^-8):
+/* test_act_kernels.cc - the device code of BK_ACT=bf16 (gpu/cuda/cuda_act_kernels.cuh and the
+ * bf16 entry points of gpu/cuda/cuda_attention_tc.cu), launched on its own on the emulated
+ * GPU (make emu; tests/emu/kernel_check.h; run by tests/t0950-emu.sh), against the host
+ * twin with the bounds written in gpu/cuda/cuda_act.cuh (u = 2^-8):
  *   rmsnorm_forward_act, rope_forward_act, glu_forward_act and glu_backward_act (SwiGLU
  *   and GeGLU) element by element against bk_ops_host's fp32 ops, and the dropout of a
  *   bf16 x against the host's mask (bk_crng_uniform, which the device port equals bit for
@@ -17,12 +17,8 @@
  * gate instead of the rounded one (the bound is then still met, but the exact comparison
  * below of h against f(round g) round u is not), a stage reading the wrong row, D_i from
  * the wrong buffer. */
-#ifndef BK_HAVE_CUDA
-#define BK_HAVE_CUDA 1
-#endif
-#define BK_TC_EMU 1
-
-#include "tests/unit/cuda_emu.h"
+#include "tests/emu/kernel_check.h"
+#include "gpu/cuda/cuda_attention_tc.h"
 #include "tests/gpu/gpu_check.h"
 
 #include <stdio.h>
@@ -33,56 +29,12 @@ extern "C" {
 #include "common/rng.h"
 }
 
-/* the entry points of this translation unit under other names (libbakery.a of a CUDA
- * build has the real ones) */
-#define bk_cuda_attention_tc_forward_bf16 emu_tc_forward_bf16
-#define bk_cuda_attention_tc_backward_bf16 emu_tc_backward_bf16
-#define bk_cuda_attention_tc_bf16_ok emu_tc_bf16_ok
-#define bk_cuda_attention_tc_selected emu_tc_selected
-
-// ---- what this file's emulation adds to tests/unit/cuda_emu.h ----
-
-static std::vector<unsigned char> emu_ws[4];
-void *emu_workspace(int slot, size_t bytes)
-{
-	if (emu_ws[slot].size() < bytes)
-		emu_ws[slot].assign(bytes, 0xff);
-	return emu_ws[slot].data();
-}
-
-extern "C" void emu_fp32_forward(float *, float *, const float *, const float *, const float *,
-				 const int32_t *, int, int, int, int, int D, const float *,
-				 const float *, int, const bk_attn *)
-{
-	die("emulated tc attention: D=%d fell back to the fp32 kernel (not emulated)", D);
-}
-extern "C" void emu_fp32_backward(float *, float *, float *, const float *, const float *,
-				  const float *, const float *, const float *, const float *,
-				  const int32_t *, int, int, int, int, int D, const bk_attn *)
-{
-	die("emulated tc attention: D=%d fell back to the fp32 kernel (not emulated)", D);
-}
-
-// cuda_common.cuh's helpers, for the emulation
-static inline float bk_bf16_to_f32(__nv_bfloat16 x) { return emu_bf16_to_f32(x.bits); }
-static inline __nv_bfloat16 bk_f32_to_bf16(float x) { return __float2bfloat16_rn(x); }
-static inline double bk_crng_uniform_dev(uint64_t key, uint64_t i) { return bk_crng_uniform(key, i); }
-static inline float bk_block_sum(float v, float *sh)
-{
-	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-	v = bk_warp_sum(v);
-	__syncthreads();
-	if (lane == 0)
-		sh[wid] = v;
-	__syncthreads();
-	v = lane < nw ? sh[lane] : 0.0f;
-	v = bk_warp_sum(v);
-	return v;
-}
-
-// the kernels themselves
+// the kernels (a namespace of their own: cuda_ops.cu in libbakery.a has them too); the
+// attention is libbakery.a's (bk_cuda_attention_tc_*)
+namespace act {
 #include "gpu/cuda/cuda_act_kernels.cuh"
-#include "gpu/cuda/cuda_attention_tc.cu"
+}
+using namespace act;
 
 // ---- the test ----
 
@@ -161,14 +113,14 @@ static void same(const char *label, const float *a, const float *b, size_t n)
 static void test_rmsnorm(int T, int H)
 {
 	std::vector<float> x = rnd((size_t)T * H, 2.0f, false), w = rnd(H, 1.5f, true);
-	std::vector<float> oh((size_t)T * H), rh(T), rg(T, NAN);
-	std::vector<__nv_bfloat16> og((size_t)T * H), wb = to_b(w);
+	std::vector<float> oh((size_t)T * H), rh(T);
 	bk_weight hw = { 1, H, w.data(), BK_WEIGHT_PLAIN };
 	bk_ops_host.rmsnorm_forward(oh.data(), rh.data(), x.data(), &hw, T, H, 1e-5f);
-	emu_launch(emu_dim3(T), 256, 0, [&]() {
-		act_rmsnorm_kernel(og.data(), rg.data(), x.data(), wb.data(), H, 1e-5f);
-	});
-	std::vector<float> o = from_b(og);
+	dbuf<float> dx(x), drg((size_t)T);
+	dbuf<__nv_bfloat16> dog((size_t)T * H), dwb(to_b(w));
+	BK_LAUNCH(act_rmsnorm_kernel, T, 256, 0, bk_cuda_stream(), dog.p, drg.p, dx.p, dwb.p, H,
+		  1e-5f);
+	std::vector<float> o = from_b(dog.get()), rg = drg.get();
 	double mh = gc_maxabs(oh.data(), oh.size());
 	char l[64];
 	snprintf(l, sizeof l, "rmsnorm_act T=%d H=%d out", T, H);
@@ -189,13 +141,15 @@ static void test_rope(int T, int n, int D)
 	for (int t = 0; t < T; t++)
 		pos[t] = 37 * t + 5;
 	bk_ops_host.rope_forward(xh.data(), pos.data(), inv.data(), T, n, D);
-	std::vector<__nv_bfloat16> og(N);
 	std::vector<float> x0 = x;
 	size_t total = (size_t)T * n * (D / 2);
-	emu_launch(emu_dim3(bk_cuda_blocks(total, 256)), 256, 0, [&]() {
-		act_rope_kernel(og.data(), x.data(), pos.data(), inv.data(), T, n, D);
-	});
-	std::vector<float> o = from_b(og);
+	dbuf<__nv_bfloat16> dog(N);
+	dbuf<float> dx(x), dinv(inv);
+	dbuf<int32_t> dpos(pos);
+	BK_LAUNCH(act_rope_kernel, bk_cuda_blocks(total, 256), 256, 0, bk_cuda_stream(), dog.p, dx.p,
+		  dpos.p, dinv.p, T, n, D);
+	std::vector<float> o = from_b(dog.get());
+	x = dx.get();
 	double mx = gc_maxabs(x.data(), N);
 	char l[64];
 	snprintf(l, sizeof l, "rope_act T=%d n=%d D=%d", T, n, D);
@@ -226,16 +180,15 @@ static void test_glu(size_t n, int geglu)
 									  u.data(), n);
 	(geglu ? bk_ops_host.geglu_backward : bk_ops_host.swiglu_backward)(
 		dgh.data(), duh.data(), dh.data(), g.data(), u.data(), n);
-	std::vector<__nv_bfloat16> hb(n), gb(n), ub(n);
-	std::vector<float> dg(n, 0.0f), du(n, 0.0f);
-	emu_launch(emu_dim3(4), 256, 0, [&]() {
-		act_glu_forward_kernel(hb.data(), gb.data(), ub.data(), g.data(), u.data(), n, geglu);
-	});
-	emu_launch(emu_dim3(4), 256, 0, [&]() {
-		act_glu_backward_kernel(dg.data(), du.data(), dh.data(), gb.data(), ub.data(), n,
-					geglu);
-	});
-	std::vector<float> h = from_b(hb), gs = from_b(gb), us = from_b(ub);
+	dbuf<__nv_bfloat16> dhb(n), dgb(n), dub(n);
+	dbuf<float> dgi(g), dui(u), ddh(dh), ddg(std::vector<float>(n, 0.0f)),
+		ddu(std::vector<float>(n, 0.0f));
+	BK_LAUNCH(act_glu_forward_kernel, 4, 256, 0, bk_cuda_stream(), dhb.p, dgb.p, dub.p, dgi.p,
+		  dui.p, n, geglu);
+	BK_LAUNCH(act_glu_backward_kernel, 4, 256, 0, bk_cuda_stream(), ddg.p, ddu.p, ddh.p, dgb.p,
+		  dub.p, n, geglu);
+	std::vector<float> h = from_b(dhb.get()), gs = from_b(dgb.get()), us = from_b(dub.get());
+	std::vector<float> dg = ddg.get(), du = ddu.get();
 	char l[64];
 	// the saved gate and up are the inputs rounded, exactly
 	std::vector<float> gr(n), ur(n), hr(n);
@@ -276,11 +229,10 @@ static void test_glu(size_t n, int geglu)
 static void test_dropout(size_t n, float p, uint64_t key)
 {
 	std::vector<float> x = rnd(n, 2.0f, true);
-	std::vector<__nv_bfloat16> xb = to_b(x), xd(n);
-	emu_launch(emu_dim3(3), 256, 0, [&]() {
-		act_dropout_kernel(xd.data(), xb.data(), n, p, 1.0f / (1.0f - p), key);
-	});
-	std::vector<float> got = from_b(xd), want(n);
+	dbuf<__nv_bfloat16> dxb(to_b(x)), dxd(n);
+	BK_LAUNCH(act_dropout_kernel, 3, 256, 0, bk_cuda_stream(), dxd.p, dxb.p, n, p,
+		  1.0f / (1.0f - p), key);
+	std::vector<float> got = from_b(dxd.get()), want(n);
 	for (size_t i = 0; i < n; i++) // the host twin's mask (host_ops.c lora dropout)
 		want[i] = bk_crng_uniform(key, i) >= p ? bf(x[i] * (1.0f / (1.0f - p))) : 0.0f;
 	char l[64];
@@ -292,9 +244,7 @@ static void test_attention(const std::vector<int> &lens, int NH, int NKV, int D,
 			   bk_attn ap, bool bwd)
 {
 	int S = (int)lens.size();
-	std::vector<int32_t> cu(S + 1, 0);
-	for (int s = 0; s < S; s++)
-		cu[s + 1] = cu[s] + lens[s];
+	std::vector<int32_t> cu = kc_cu_seqlens(lens);
 	int T = cu[S];
 	size_t nq = (size_t)T * NH * D, nk = (size_t)T * NKV * D, np = (size_t)P * NKV * D;
 	size_t nl = (size_t)NH * T;
@@ -303,17 +253,22 @@ static void test_attention(const std::vector<int> &lens, int NH, int NKV, int D,
 		 (double)ap.softcap, ap.window);
 	std::vector<float> q = rnd(nq, 1.5f, true), k = rnd(nk, 1.5f, true), v = rnd(nk, 1.0f, true);
 	std::vector<float> pk = rnd(np, 1.5f, true), pv = rnd(np, 1.0f, true);
-	std::vector<__nv_bfloat16> qb = to_b(q), kb = to_b(k), vb = to_b(v), pkb = to_b(pk),
-				    pvb = to_b(pv), obb(nq + 1);
-	// fp32 kernel (same bf16 values), bf16 kernel, host twin
-	std::vector<float> of(nq + 1, NAN), lf(nl + 1, NAN), lb(nl + 1, NAN), oh(nq + 1), lh(nl + 1);
-	emu_tc_forward(of.data(), lf.data(), q.data(), k.data(), v.data(), cu.data(), S, T, NH, NKV,
-		       D, P ? pk.data() : NULL, P ? pv.data() : NULL, P, &ap);
-	emu_tc_forward_bf16(obb.data(), lb.data(), qb.data(), kb.data(), vb.data(), cu.data(), S, T,
-			    NH, NKV, D, P ? pkb.data() : NULL, P ? pvb.data() : NULL, P, &ap);
+	// on the device: fp32 inputs (the same bf16 values) and bf16 ones; outputs NaN
+	dbuf<float> dq(q), dk(k), dv(v), dpk(pk), dpv(pv), dof(nq), dlf(nl), dlb(nl);
+	dbuf<__nv_bfloat16> dq16(to_b(q)), dk16(to_b(k)), dv16(to_b(v)), dpk16(to_b(pk)),
+		dpv16(to_b(pv)), dob16(nq);
+	dbuf<int32_t> dcu(cu);
+	// fp32 kernel, bf16 kernel, host twin
+	std::vector<float> oh(nq + 1), lh(nl + 1);
+	bk_cuda_attention_tc_forward(dof, dlf, dq, dk, dv, dcu, S, T, NH, NKV, D, P ? dpk.p : NULL,
+				     P ? dpv.p : NULL, P, &ap);
+	bk_cuda_attention_tc_forward_bf16(dob16, dlb, dq16, dk16, dv16, dcu, S, T, NH, NKV, D,
+					  P ? dpk16.p : NULL, P ? dpv16.p : NULL, P, &ap);
 	bk_ops_host.attention_forward(oh.data(), lh.data(), q.data(), k.data(), v.data(), cu.data(),
 				      S, T, NH, NKV, D, P ? pk.data() : NULL, P ? pv.data() : NULL,
 				      P, &ap);
+	std::vector<float> of = dof.get(), lf = dlf.get(), lb = dlb.get();
+	std::vector<__nv_bfloat16> obb = dob16.get();
 	std::vector<float> ob = from_b(obb), ofr(nq);
 	for (size_t i = 0; i < nq; i++)
 		ofr[i] = bf(of[i]);
@@ -335,12 +290,15 @@ static void test_attention(const std::vector<int> &lens, int NH, int NKV, int D,
 	std::vector<float> go = rnd(nq, 1.0f, true);
 	std::vector<float> dq0 = rnd(nq, 0.25f, true), dk0 = rnd(nk, 0.25f, true);
 	std::vector<float> dv0 = rnd(nk, 0.25f, true);
-	std::vector<float> dqf = dq0, dkf = dk0, dvf = dv0, dqb = dq0, dkb = dk0, dvb = dv0;
 	std::vector<float> dqh = dq0, dkh = dk0, dvh = dv0;
-	emu_tc_backward(dqf.data(), dkf.data(), dvf.data(), go.data(), q.data(), k.data(), v.data(),
-			ob.data() /* the rounded out */, lf.data(), cu.data(), S, T, NH, NKV, D, &ap);
-	emu_tc_backward_bf16(dqb.data(), dkb.data(), dvb.data(), go.data(), qb.data(), kb.data(),
-			     vb.data(), obb.data(), lb.data(), cu.data(), S, T, NH, NKV, D, &ap);
+	dbuf<float> dgo(go), dob(ob) /* the rounded out */, ddqf(dq0), ddkf(dk0), ddvf(dv0),
+		ddqb(dq0), ddkb(dk0), ddvb(dv0);
+	bk_cuda_attention_tc_backward(ddqf, ddkf, ddvf, dgo, dq, dk, dv, dob, dlf, dcu, S, T, NH,
+				      NKV, D, &ap);
+	bk_cuda_attention_tc_backward_bf16(ddqb, ddkb, ddvb, dgo, dq16, dk16, dv16, dob16, dlb, dcu,
+					   S, T, NH, NKV, D, &ap);
+	std::vector<float> dqf = ddqf.get(), dkf = ddkf.get(), dvf = ddvf.get();
+	std::vector<float> dqb = ddqb.get(), dkb = ddkb.get(), dvb = ddvb.get();
 	bk_ops_host.attention_backward(dqh.data(), dkh.data(), dvh.data(), go.data(), q.data(),
 				       k.data(), v.data(), oh.data(), lh.data(), cu.data(), S, T, NH,
 				       NKV, D, &ap);
@@ -365,7 +323,7 @@ int main(int argc, char **argv)
 {
 	bk_diag_init(argv[0]);
 	if (argc > 1)
-		die("usage: test_act_emu (no arguments)");
+		die("usage: test_act_kernels (no arguments)");
 	clock_t c0 = clock();
 	test_rmsnorm(5, 200);
 	test_rmsnorm(3, 1024);
@@ -381,7 +339,7 @@ int main(int argc, char **argv)
 	test_attention({ 33, 64 }, 4, 1, 128, 0, capwin, true);     // softcap + window, GQA 4
 	test_attention({ 20, 45 }, 2, 2, 64, 19, a64, false);       // prefix (forward only)
 	test_attention({ 65, 3 }, 2, 2, 128, 0, a128, true);        // NH = NKV: dk/dv directly
-	printf("test_act_emu: %d checks, %d failed (%.1f s CPU)\n", n_lines, n_fail,
+	printf("test_act_kernels: %d checks, %d failed (%.1f s CPU)\n", n_lines, n_fail,
 	       (double)(clock() - c0) / CLOCKS_PER_SEC);
 	return n_fail ? 1 : 0;
 }

@@ -1,62 +1,58 @@
-/* test_attention_tc_emu.cc - the tensor-core attention of gpu/cuda/cuda_attention_tc.cu,
- * its own source compiled for the CPU under tests/unit/cuda_emu.h (threads for CUDA
- * threads, an mma.sync m16n8k16 and an ldmatrix .trans that decode their fragments by
- * the PTX layout), against the host twin: forward out / lse and backward dq / dk / dv
- * on small packed shapes (odd lengths, tiles spanning sequences, GQA 4/2, 4/1, 2/1 and
- * NH = NKV (dk/dv added directly, no reduction), D 64, 128 and 256 (its 32-key forward
- * tiles with Q from shared memory, 16-key dq tiles, dk/dv in two column halves), a
- * prefix, softcap (Gemma 2's 50 at D = 256) and sliding window).  This checks the
- * kernels' indexing, masks, online softmax, fragment packing, barriers and the GQA
- * reduction without a GPU; not the hardware's rounding, its fragment layout itself,
- * races between blocks (blocks run one at a time) or speed (tests/gpu/
- * check_attention_tc.c does those on a GPU).
+/* test_attention_tc.cc - the tensor-core attention of gpu/cuda/cuda_attention_tc.cu on the
+ * emulated GPU (make emu: its mma.sync and ldmatrix .trans decode their fragments by the
+ * PTX layout; run by tests/t0950-emu.sh), against the host twin: forward out / lse and
+ * backward dq / dk / dv on small packed shapes (odd lengths, tiles spanning sequences,
+ * GQA 4/2, 4/1, 2/1 and NH = NKV (dk/dv added directly, no reduction), D 64, 128 and 256
+ * (its 32-key forward tiles with Q from shared memory, 16-key dq tiles, dk/dv in two
+ * column halves), a prefix, softcap (Gemma 2's 50 at D = 256) and sliding window), and
+ * the tile schedule of tc_sched_kernel (a permutation, the work non-increasing).  This
+ * checks the kernels' indexing, masks, online softmax, fragment packing, barriers and the
+ * GQA reduction without a GPU; not the hardware's rounding, its fragment layout itself,
+ * races between blocks under true concurrency or speed (tests/gpu/check_attention_tc.c
+ * does those on a GPU).
  * Inputs are rounded to bf16 first, so the only bf16 error left is P and dS rounded in
  * the second products: each term off by <= 2^-8 relative, so
  *   out <= 1.01 2^-8 max|v| + 1e-5;   lse <= 1e-4 (fp32 only);
  *   dq, dk, dv <= 2e-2 max|gradient|  (2^-8 of the sums of |terms|, which for these short
  *   sequences are within a few times the largest gradient: a loose bound, as a wrong
  *   index or mask is off by O(1)).
- * Usage: test_attention_tc_emu [LABEL]: only the cases whose label ("T=91 S=3 NH=2/1
+ * Usage: test_attention_tc [LABEL]: only the cases whose label ("T=91 S=3 NH=2/1
  * D=256 ...") contains LABEL, e.g. D=256 (none: an error).  A broken kernel fails it:
  * dropping the column half's offset in dk/dv (output or ldmatrix), reading every warp's Q
  * fragments from row 0 at D = 256, or one column half only, each fail 2 to 6 lines. */
-#ifndef BK_HAVE_CUDA
-#define BK_HAVE_CUDA 1
-#endif
-#define BK_TC_EMU 1
-
-#include "tests/unit/cuda_emu.h"
+#include "tests/emu/kernel_check.h"
+#include "gpu/cuda/cuda_attention_tc.h"
 #include "tests/gpu/gpu_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
-// ---- what this file's emulation adds to tests/unit/cuda_emu.h ----
-
-static std::vector<unsigned char> emu_ws[4];
-void *emu_workspace(int slot, size_t bytes)
-{
-	if (emu_ws[slot].size() < bytes)
-		emu_ws[slot].assign(bytes, 0xff);
-	return emu_ws[slot].data();
-}
-
-extern "C" void emu_fp32_forward(float *, float *, const float *, const float *, const float *,
-				 const int32_t *, int, int, int, int, int D, const float *,
-				 const float *, int, const bk_attn *)
-{
-	die("emulated tc attention: D=%d fell back to the fp32 kernel (not emulated)", D);
-}
-extern "C" void emu_fp32_backward(float *, float *, float *, const float *, const float *,
-				  const float *, const float *, const float *, const float *,
-				  const int32_t *, int, int, int, int, int D, const bk_attn *)
-{
-	die("emulated tc attention: D=%d fell back to the fp32 kernel (not emulated)", D);
-}
-
-// the kernels themselves
+// the file's own source, for tc_sched_kernel: in a namespace, its C entry points renamed
+// (libbakery.a has them; the cases below call those)
+#define bk_cuda_attention_tc_forward tcsrc_forward
+#define bk_cuda_attention_tc_backward tcsrc_backward
+#define bk_cuda_attention_tc_supports tcsrc_supports
+#define bk_cuda_attention_tc_bf16_ok tcsrc_bf16_ok
+#define bk_cuda_attention_tc_forward_bf16 tcsrc_forward_bf16
+#define bk_cuda_attention_tc_backward_bf16 tcsrc_backward_bf16
+#define bk_cuda_attention_tc_selected tcsrc_selected
+#define bk_cuda_attention_forward_sel tcsrc_forward_sel
+#define bk_cuda_attention_backward_sel tcsrc_backward_sel
+#define bk_cuda_time_ms tcsrc_time_ms
+namespace tcsrc {
 #include "gpu/cuda/cuda_attention_tc.cu"
+}
+#undef bk_cuda_attention_tc_forward
+#undef bk_cuda_attention_tc_backward
+#undef bk_cuda_attention_tc_supports
+#undef bk_cuda_attention_tc_bf16_ok
+#undef bk_cuda_attention_tc_forward_bf16
+#undef bk_cuda_attention_tc_backward_bf16
+#undef bk_cuda_attention_tc_selected
+#undef bk_cuda_attention_forward_sel
+#undef bk_cuda_attention_backward_sel
+#undef bk_cuda_time_ms
 
 // ---- the test ----
 
@@ -73,7 +69,7 @@ static std::vector<float> rnd_bf16(size_t n, float scale)
 {
 	std::vector<float> x(n + 1);
 	for (size_t i = 0; i < n; i++)
-		x[i] = emu_bf16_to_f32(__float2bfloat16_rn(scale * urand()).bits);
+		x[i] = kc_bf16(scale * urand());
 	return x;
 }
 
@@ -98,9 +94,7 @@ static const char *only; // argv[1]: run only the cases whose label contains it
 static void check_sched(const std::vector<int> &lens, int W, int kv)
 {
 	int S = (int)lens.size();
-	std::vector<int32_t> cu(S + 1, 0);
-	for (int s = 0; s < S; s++)
-		cu[s + 1] = cu[s] + lens[s];
+	std::vector<int32_t> cu = kc_cu_seqlens(lens);
 	int T = cu[S], n = (T + 63) / 64;
 	char label[64];
 	snprintf(label, sizeof label, "sched T=%d S=%d W%d %s", T, S, W, kv ? "keys" : "queries");
@@ -117,8 +111,13 @@ static void check_sched(const std::vector<int> &lens, int W, int kv)
 			lo = kv ? lo : max(lo, t0 - W + 1), hi = kv ? min(hi, t1 - 1 + W) : hi;
 		work[x] = hi - lo;
 	}
-	emu_launch(emu_dim3(1), TC_SCHED_THREADS, (size_t)n * sizeof(int),
-		   [&]() { tc_sched_kernel(order.data(), cu.data(), S, T, W, kv); });
+	{
+		dbuf<int> dorder((size_t)n);
+		dbuf<int32_t> dcu(cu);
+		BK_LAUNCH(tcsrc::tc_sched_kernel, 1, TC_SCHED_THREADS, (size_t)n * sizeof(int),
+			  bk_cuda_stream(), dorder.p, dcu.p, S, T, W, kv);
+		order = dorder.get();
+	}
 	int bad = 0;
 	for (int r = 0; r < n; r++) {
 		int x = order[r];
@@ -141,9 +140,7 @@ static void run_case(const std::vector<int> &lens, int NH, int NKV, int D, int P
 		     bool bwd)
 {
 	int S = (int)lens.size();
-	std::vector<int32_t> cu(S + 1, 0);
-	for (int s = 0; s < S; s++)
-		cu[s + 1] = cu[s] + lens[s];
+	std::vector<int32_t> cu = kc_cu_seqlens(lens);
 	int T = cu[S];
 	size_t nq = (size_t)T * NH * D, nk = (size_t)T * NKV * D, np = (size_t)P * NKV * D;
 	size_t nl = (size_t)NH * T;
@@ -154,12 +151,15 @@ static void run_case(const std::vector<int> &lens, int NH, int NKV, int D, int P
 		return;
 	std::vector<float> q = rnd_bf16(nq, 1.5f), k = rnd_bf16(nk, 1.5f), v = rnd_bf16(nk, 1.0f);
 	std::vector<float> pk = rnd_bf16(np, 1.5f), pv = rnd_bf16(np, 1.0f);
-	std::vector<float> oh(nq + 1), lh(nl + 1), og(nq + 1, NAN), lg(nl + 1, NAN);
+	std::vector<float> oh(nq + 1), lh(nl + 1);
 	bk_ops_host.attention_forward(oh.data(), lh.data(), q.data(), k.data(), v.data(), cu.data(),
 				      S, T, NH, NKV, D, P ? pk.data() : NULL,
 				      P ? pv.data() : NULL, P, &ap);
-	emu_tc_forward(og.data(), lg.data(), q.data(), k.data(), v.data(), cu.data(), S, T, NH,
-		       NKV, D, P ? pk.data() : NULL, P ? pv.data() : NULL, P, &ap);
+	dbuf<float> dq(q), dk(k), dv(v), dpk(pk), dpv(pv), dog(nq), dlg(nl);
+	dbuf<int32_t> dcu(cu);
+	bk_cuda_attention_tc_forward(dog, dlg, dq, dk, dv, dcu, S, T, NH, NKV, D, P ? dpk.p : NULL,
+				     P ? dpv.p : NULL, P, &ap);
+	std::vector<float> og = dog.get(), lg = dlg.get();
 	double mv = gc_maxabs(v.data(), nk);
 	if (P && gc_maxabs(pv.data(), np) > mv)
 		mv = gc_maxabs(pv.data(), np);
@@ -170,12 +170,14 @@ static void run_case(const std::vector<int> &lens, int NH, int NKV, int D, int P
 	std::vector<float> go = rnd_bf16(nq, 1.0f);
 	std::vector<float> dq0 = rnd_bf16(nq, 0.25f), dk0 = rnd_bf16(nk, 0.25f);
 	std::vector<float> dv0 = rnd_bf16(nk, 0.25f);
-	std::vector<float> dqh = dq0, dkh = dk0, dvh = dv0, dqg = dq0, dkg = dk0, dvg = dv0;
+	std::vector<float> dqh = dq0, dkh = dk0, dvh = dv0;
 	bk_ops_host.attention_backward(dqh.data(), dkh.data(), dvh.data(), go.data(), q.data(),
 				       k.data(), v.data(), oh.data(), lh.data(), cu.data(), S, T, NH,
 				       NKV, D, &ap);
-	emu_tc_backward(dqg.data(), dkg.data(), dvg.data(), go.data(), q.data(), k.data(), v.data(),
-			oh.data(), lh.data(), cu.data(), S, T, NH, NKV, D, &ap);
+	dbuf<float> dgo(go), doh(oh), dlh(lh), ddq(dq0), ddk(dk0), ddv(dv0);
+	bk_cuda_attention_tc_backward(ddq, ddk, ddv, dgo, dq, dk, dv, doh, dlh, dcu, S, T, NH, NKV,
+				      D, &ap);
+	std::vector<float> dqg = ddq.get(), dkg = ddk.get(), dvg = ddv.get();
 	check(size, "dq", dqg.data(), dqh.data(), nq, 2e-2 * gc_maxerr(dqh.data(), dq0.data(), nq));
 	check(size, "dk", dkg.data(), dkh.data(), nk, 2e-2 * gc_maxerr(dkh.data(), dk0.data(), nk));
 	check(size, "dv", dvg.data(), dvh.data(), nk, 2e-2 * gc_maxerr(dvh.data(), dv0.data(), nk));
@@ -185,7 +187,7 @@ int main(int argc, char **argv)
 {
 	bk_diag_init(argv[0]);
 	if (argc > 2)
-		die("usage: test_attention_tc_emu [SUBSTRING of the case labels to run]");
+		die("usage: test_attention_tc [SUBSTRING of the case labels to run]");
 	only = argc > 1 ? argv[1] : NULL;
 	clock_t c0 = clock();
 	bk_attn a64 = bk_attn_default(64), a128 = bk_attn_default(128);
@@ -214,7 +216,7 @@ int main(int argc, char **argv)
 	run_case({30, 45}, 2, 1, 256, 21, g2, false);        // prefix + window (forward)
 	if (!n_lines)
 		die("no case label contains '%s'", only);
-	printf("test_attention_tc_emu: %d checks, %d failed (%.1f s CPU)\n", n_lines, n_fail,
+	printf("test_attention_tc: %d checks, %d failed (%.1f s CPU)\n", n_lines, n_fail,
 	       (double)(clock() - c0) / CLOCKS_PER_SEC);
 	return n_fail ? 1 : 0;
 }
