@@ -146,6 +146,8 @@ typedef struct {
 	int gen_batch;          /* bk-gen --max-batch (64) */
 	int paired, max_resp;   /* paired data (no bk-gen): its longest response */
 	size_t gpu;             /* the GPU's bytes; 0: unknown */
+	int shared;             /* the stages map one copy of the weights (gpu/wshare.h):
+				 * side by side, the weights count once */
 } bk_mem_bake;
 
 typedef struct {
@@ -155,7 +157,8 @@ typedef struct {
 	/* the choices (the bake's own values when nothing had to change) */
 	int sequential;         /* the GPU stages one after another through files */
 	int grad_ckpt, batch, grad_accum, gen_batch;
-	size_t peak;            /* side by side: the sum of the stages; else the largest */
+	size_t peak;            /* side by side: the sum of the stages (the weights once when
+				 * shared); else the largest */
 	int fits;               /* 1, 0, or -1 without a GPU size */
 	char chose[512];        /* what was changed to fit, "" for nothing */
 	char refuse[1024];      /* why it cannot fit and what to change (fits == 0) */
