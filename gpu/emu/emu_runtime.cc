@@ -370,14 +370,7 @@ struct emu_phys {
 static std::map<CUmemGenericAllocationHandle, emu_phys> g_phys; // guarded by g_mu
 static std::map<uintptr_t, size_t> g_reserved;			  // guarded by g_mu
 static CUmemGenericAllocationHandle g_next_handle = 1;
-static int g_phys_live;
 static const size_t EMU_GRANULE = (size_t)2 << 20; // the real minimum: 2 MiB
-
-extern "C" int emu_phys_live(void)
-{
-	std::lock_guard<std::mutex> lk(g_mu);
-	return g_phys_live;
-}
 
 CUresult cuInit(unsigned) { return CUDA_SUCCESS; }
 CUresult cuCtxGetDevice(CUdevice *dev)
@@ -450,7 +443,6 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAl
 		}
 	std::lock_guard<std::mutex> lk(g_mu);
 	g_dev_used += size;
-	g_phys_live++;
 	*h = g_next_handle++;
 	// exportable only when asked for at creation, as with the driver
 	g_phys[*h] = {fd, size, true,
@@ -465,10 +457,8 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 	if (it == g_phys.end())
 		return CUDA_ERROR_INVALID_VALUE;
 	close(it->second.fd);
-	if (it->second.created) {
+	if (it->second.created)
 		g_dev_used -= it->second.size;
-		g_phys_live--;
-	}
 	g_phys.erase(it);
 	return CUDA_SUCCESS;
 }

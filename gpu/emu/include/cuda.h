@@ -102,10 +102,6 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
 
-/* the emulation's own: physical allocations this process created and has not released
- * (cuMemCreate less cuMemRelease; an import is not one) */
-int emu_phys_live(void);
-
 #ifdef __cplusplus
 }
 #endif
