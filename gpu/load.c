@@ -364,6 +364,8 @@ static int load_shared(const bk_ops *ops, bk_loaded_model *lm, const bk_llama_co
 	long pid = 0;
 	bk_vmm_map map;
 	bk_weight_source none = {no_numbers, NULL, NULL};
+	bk_wdesc *lay = NULL;
+	size_t nlay = 0;
 	if (!bk_wshare_enabled()) {
 		why = "--no-share-weights or BK_SHARE_WEIGHTS=0";
 		goto own;
@@ -372,6 +374,11 @@ static int load_shared(const bk_ops *ops, bk_loaded_model *lm, const bk_llama_co
 		goto own;
 	snprintf(key, sizeof key, "bakery-weights device=%s model=%s dtype=bf16 layout=%d", uuid,
 		 lm->fingerprint, BK_WLAYOUT);
+	/* the layout: where each tensor goes (no numbers read) */
+	bk_cuda_wplace_begin(BK_WPLACE_MEASURE, NULL, 0, NULL, 0);
+	bk_model *mm = bk_model_create_from(ops, mc, &none);
+	size_t used = bk_cuda_wplace_end(&lay, &nlay);
+	bk_model_free(mm);
 	int role = bk_wshare_join(key, &fd, &blob, &len, &pid, &why);
 	if (role == BK_WSHARE_IMPORTED) {
 		wblob_hdr h;
@@ -380,8 +387,12 @@ static int load_shared(const bk_ops *ops, bk_loaded_model *lm, const bk_llama_co
 			memcpy(&h, blob, sizeof h);
 		if (len < sizeof h || memchr(h.key, 0, sizeof h.key) == NULL || strcmp(h.key, key) ||
 		    h.n > (len - sizeof h) / sizeof(bk_wdesc) ||
-		    len != sizeof h + h.n * sizeof(bk_wdesc)) {
+		    len != sizeof h + h.n * sizeof(bk_wdesc) || h.bytes < used) {
 			why = "the shared copy's description is not this model's";
+			goto own;
+		}
+		if (h.n != nlay || memcmp(desc, lay, nlay * sizeof *lay)) {
+			why = "the shared copy's layout is another (a process of another bakery build?)";
 			goto own;
 		}
 		if ((why = bk_vmm_import(fd, h.bytes, &map)))
@@ -396,15 +407,10 @@ static int load_shared(const bk_ops *ops, bk_loaded_model *lm, const bk_llama_co
 		note("mapped the shared copy of the weights (%.1f MiB, served by process %ld)",
 		     (double)map.bytes / (1 << 20), pid);
 	} else if (role == BK_WSHARE_LOAD) {
-		/* the layout first (no numbers read), then one allocation for it */
-		bk_wdesc *desc = NULL;
-		size_t n = 0;
-		bk_cuda_wplace_begin(BK_WPLACE_MEASURE, NULL, 0, NULL, 0);
-		bk_model *m = bk_model_create_from(ops, mc, &none);
-		size_t used = bk_cuda_wplace_end(&desc, &n);
-		bk_model_free(m);
+		/* one allocation for the layout */
+		const bk_wdesc *desc = lay;
+		size_t n = nlay;
 		if ((why = bk_vmm_create(used, &map, &fd))) {
-			free(desc);
 			bk_wshare_abandon(key);
 			goto own;
 		}
@@ -420,7 +426,6 @@ static int load_shared(const bk_ops *ops, bk_loaded_model *lm, const bk_llama_co
 		blob = xmalloc(len);
 		memcpy(blob, &h, sizeof h);
 		memcpy((char *)blob + sizeof h, desc, n * sizeof(bk_wdesc));
-		free(desc);
 		bk_wshare_serve(key, fd, blob, len); /* keeps fd */
 		fd = -1;
 		note("loaded the weights into a copy shared with the stages on this GPU (%.1f MiB)",
@@ -428,6 +433,7 @@ static int load_shared(const bk_ops *ops, bk_loaded_model *lm, const bk_llama_co
 	} else {
 		goto own;
 	}
+	free(lay);
 	free(blob);
 	lm->shared = xcalloc(1, sizeof *lm->shared);
 	lm->shared->map = map;
@@ -436,6 +442,7 @@ own:
 	if (fd >= 0)
 		close(fd);
 	free(blob);
+	free(lay);
 	static int said;
 	if (!said++)
 		warn("not sharing the weights with the other stages on this GPU (%s): loading an own "

@@ -590,6 +590,15 @@ static int smaller_divisor(int b)
 
 static double gib(size_t b) { return (double)b / (1u << 30); }
 
+/* the bytes the stages may plan for: side by side, a GPU of 8 GiB or more keeps 1 GiB
+ * back for what the plan of several processes cannot see (each allocator's slack and
+ * fragmentation, the contexts beyond the estimate); one after another, all of it */
+static size_t room(const bk_mem_bake *b, int sequential)
+{
+	size_t g = (size_t)1 << 30;
+	return sequential || b->gpu < 8 * g ? b->gpu : b->gpu - g;
+}
+
 void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
 		     bk_mem_fit *f)
 {
@@ -612,7 +621,7 @@ void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_ba
 		f->gen_batch = b->gen_batch;
 		for (;;) {
 			plan_bake(m, d, b, f);
-			if (f->peak <= b->gpu)
+			if (f->peak <= room(b, seq))
 				break;
 			/* the stage that sets the peak, when one after another */
 			const bk_mem_stage *top = &f->st[0];
@@ -631,10 +640,10 @@ void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_ba
 			} else
 				break;
 		}
-		if (f->peak <= b->gpu)
+		if (f->peak <= room(b, seq))
 			break;
 	}
-	f->fits = f->peak <= b->gpu;
+	f->fits = f->peak <= room(b, f->sequential);
 	char *c = f->chose;
 	size_t cn = sizeof f->chose, o = 0;
 	c[0] = 0;

@@ -167,7 +167,9 @@ typedef struct {
 /* Plans the stages for the bake's shape and, with a GPU size, chooses in this order
  * what makes them fit side by side: gradient checkpointing, a smaller bk-gen batch
  * (its KV cache), micro-batches split into accumulation steps (the same steps and
- * loss); failing that the same choices with the stages one after another. */
+ * loss); failing that the same choices with the stages one after another.  Side by
+ * side they must leave 1 GiB of a GPU of 8 GiB or more (what several processes hold
+ * beyond their plans); one after another, the largest stage may take the GPU. */
 void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
 		     bk_mem_fit *f);
 /* the plan of each stage, the pipe, the choices and the last line
