@@ -190,7 +190,7 @@ static int answer(const share *s, int c)
 static int linger_s(void)
 {
 	const char *e = getenv("BK_SHARE_LINGER");
-	return e && *e ? atoi(e) : 30;
+	return e && *e ? atoi(e) : 10;
 }
 
 static double now_s(void)

@@ -15,7 +15,7 @@
  * before bk-step loads: bk-step reads its input first).  Every process it served, and
  * the loader, keeps a connection to it open while it lives; the holder exits when none
  * is open and either no process of the loader's process group (the pipe, or the script)
- * is left or none has come for BK_SHARE_LINGER seconds (default 30).  BK_SHARE_HOLDER=0,
+ * is left or none has come for BK_SHARE_LINGER seconds (default 10).  BK_SHARE_HOLDER=0,
  * or a failed fork: the loader serves from a thread while it lives.
  *
  * Invariants:
