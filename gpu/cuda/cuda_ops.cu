@@ -347,7 +347,16 @@ static bk_weight *cuda_weight_upload(const float *host, int rows, int cols)
 	if (g_wmode == BK_WPLACE_MEASURE || g_wmode == BK_WPLACE_ATTACH)
 		return w; // nothing to read: the layout only, or another process's upload
 	float *stage = NULL;
-	CUDA_CHECK(cudaMalloc(&stage, (n < chunk ? n : chunk) * sizeof(float)));
+	size_t sb = (n < chunk ? n : chunk) * sizeof(float);
+	if (cudaMalloc(&stage, sb) != cudaSuccess) {
+		size_t fr = 0, tot = 0;
+		cudaGetLastError();
+		cudaMemGetInfo(&fr, &tot);
+		die("cuda: out of device memory for the weight staging buffer (%zu bytes, "
+		    "gpu/cuda/cuda_ops.cu cuda_weight_upload) while loading the weights: %zu of %zu "
+		    "bytes free, %zu held by bakery in this process",
+		    sb, fr, tot, g_cur);
+	}
 	for (size_t off = 0; off < n; off += chunk) {
 		size_t m = n - off < chunk ? n - off : chunk;
 		CUDA_CHECK(cudaMemcpyAsync(stage, host + off, m * sizeof(float),
