@@ -370,6 +370,10 @@ static int load_shared(const bk_ops *ops, bk_loaded_model *lm, const bk_llama_co
 		why = "--no-share-weights or BK_SHARE_WEIGHTS=0";
 		goto own;
 	}
+	if (mc->q4.type != BK_Q4_NONE) { /* weight_upload_q4's codes are each their own */
+		why = "4-bit base linears (--load-in-4bit) are not shared yet";
+		goto own;
+	}
 	if (!bk_vmm_supported(&why) || bk_vmm_device_uuid(uuid, &why))
 		goto own;
 	snprintf(key, sizeof key, "bakery-weights device=%s model=%s dtype=bf16 layout=%d", uuid,

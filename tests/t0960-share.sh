@@ -65,8 +65,8 @@ test_expect_success 'side by side: one physical copy (the same memfd in both pro
 	test "$(phys $hpid)" = "$a" &&
 	kill -0 $tpid && kill -9 $gpid && kill -9 $hpid && exec 7>&- &&
 	{ wait $gpid; test $? = 137; } &&
-	wait $tpid && cmp teach0.bk teach2.bk &&
-	! kill -0 $hpid 2>/dev/null
+	{ wait $tpid || { echo "importer failed:"; cat teach2.err; false; }; } && cmp teach0.bk teach2.bk &&
+	{ ! test -e /proc/$hpid || grep -q "^State:.*Z" /proc/$hpid/status; } # gone (or a zombie)
 '
 
 test_expect_success 'after the copy is gone (loader and holder killed) the next stage loads its own and serves it' '
