@@ -12,6 +12,7 @@
 #include "gpu/gen.h"
 #include "gpu/load.h"
 #include "gpu/teach.h"
+#include "gpu/wshare.h"
 #include "formats/hub.h"
 
 #include <jansson.h>
@@ -33,6 +34,8 @@ static const char usage[] =
 	"  --model DIR          HF model directory or hub id (tokenizer.json or .model, template detected)\n"
 	"  --adapter DIR        PEFT adapter to evaluate as 'baked' (else only base)\n"
 	"  --device D           cpu, cuda or auto (default auto)\n"
+	"  --no-share-weights   load an own copy of the weights on the GPU, not the one\n"
+	"                       copy per GPU and model the stages share\n"
 	"  --template NAME      chat template instead of the detected one\n"
 	"  --system TEXT        the system prompt (also --system-file, --corpus ...)\n"
 	"  --eval FILE          Q&A file: question/input and answer/expected/target\n"
@@ -177,6 +180,7 @@ int main(int argc, char **argv)
 		{"model", 0, BK_OPT_STR, &o.model, 0, 0},
 		{"adapter", 0, BK_OPT_STR, &o.adapter, 0, 0},
 		{"device", 0, BK_OPT_STR, &o.device, 0, 0},
+		{"no-share-weights", 0, BK_OPT_FLAG, &bk_wshare_off, 0, 0},
 		{"template", 0, BK_OPT_STR, &o.template_name, 0, 0},
 		{"system", 0, BK_OPT_STR, &o.system, 0, 0},
 		{"system-file", 0, BK_OPT_STR, &o.system_file, 0, 0},

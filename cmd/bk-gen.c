@@ -23,6 +23,7 @@
 #include "gpu/device.h"
 #include "gpu/gen.h"
 #include "gpu/load.h"
+#include "gpu/wshare.h"
 #include "formats/hub.h"
 
 static const char usage[] =
@@ -41,6 +42,8 @@ static const char usage[] =
 	"Records with 'resp' pass through once, untouched.  Output order is input order.\n"
 	"  --model DIR             HF model directory or hub id (config.json, safetensors, tokenizer)\n"
 	"  --device D              cpu, cuda or auto (default auto)\n"
+	"  --no-share-weights      load an own copy of the weights on the GPU, not the one\n"
+	"                          copy per GPU and model the stages share\n"
 	"  --system TEXT           refuse a stream made with another system prompt\n"
 	"  --system-file FILE      the same, the system prompt read from FILE\n"
 	"  --num-trajectories N    samples per prompt and epoch (default 4)\n"
@@ -331,6 +334,7 @@ int main(int argc, char **argv)
 	bk_opt opts[] = {
 		{"model", 0, BK_OPT_STR, &model, 0, 0},
 		{"device", 0, BK_OPT_STR, &device, 0, 0},
+		{"no-share-weights", 0, BK_OPT_FLAG, &bk_wshare_off, 0, 0},
 		{"num-trajectories", 0, BK_OPT_INT, &o.ntraj, 1, 1L << 16},
 		{"temperature", 0, BK_OPT_DOUBLE, &o.temperature, 0, 0},
 		{"top-k", 0, BK_OPT_INT, &o.top_k, 0, 1L << 30},

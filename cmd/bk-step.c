@@ -7,6 +7,7 @@
 #include "formats/inputs.h"
 #include "formats/peft.h"
 #include "gpu/steprun.h"
+#include "gpu/wshare.h"
 #include "formats/hub.h"
 
 #include <math.h>
@@ -36,6 +37,8 @@ static const char usage[] =
 	"  --model DIR          HF model directory or hub id Org/Name (the base model)\n"
 	"  --out DIR            output directory\n"
 	"  --device D           cpu, cuda or auto (default auto)\n"
+	"  --no-share-weights   load an own copy of the weights on the GPU, not the one\n"
+	"                       copy per GPU and model the stages share\n"
 	"  --system TEXT        refuse a stream made with another system prompt\n"
 	"  --system-file FILE   the same, the system prompt read from FILE\n"
 	"  --batch-size N       N records per micro-batch (default: bk-lens's 'batch')\n"
@@ -99,6 +102,7 @@ int main(int argc, char **argv)
 		{"model", 0, BK_OPT_STR, &o.model, 0, 0},
 		{"out", 0, BK_OPT_STR, &o.out, 0, 0},
 		{"device", 0, BK_OPT_STR, &o.device, 0, 0},
+		{"no-share-weights", 0, BK_OPT_FLAG, &bk_wshare_off, 0, 0},
 		{"batch-size", 0, BK_OPT_INT, &o.batch_size, 1, 1L << 30},
 		{"grad-accum", 0, BK_OPT_INT, &o.grad_accum, 1, 1L << 30},
 		{"epochs", 0, BK_OPT_INT, &o.epochs, 1, 1L << 30},

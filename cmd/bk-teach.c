@@ -13,6 +13,7 @@
 #include "gpu/device.h"
 #include "gpu/load.h"
 #include "gpu/teach.h"
+#include "gpu/wshare.h"
 #include "formats/hub.h"
 
 #include <string.h>
@@ -31,6 +32,8 @@ static const char usage[] =
 	"first on prompts-only data); a record without one is refused.\n"
 	"  --model DIR        HF model directory or hub id Org/Name (the teacher)\n"
 	"  --device D         cpu, cuda or auto (default auto)\n"
+	"  --no-share-weights load an own copy of the weights on the GPU, not the one\n"
+	"                     copy per GPU and model the stages share\n"
 	"  --system TEXT      refuse a stream made with another system prompt\n"
 	"  --system-file FILE the same, the system prompt read from FILE\n"
 	"  --top-k K          keep the K most likely ids per position and the remaining mass\n"
@@ -151,6 +154,7 @@ int main(int argc, char **argv)
 	bk_opt opts[] = {
 		{"model", 0, BK_OPT_STR, &model, 0, 0},
 		{"device", 0, BK_OPT_STR, &device, 0, 0},
+		{"no-share-weights", 0, BK_OPT_FLAG, &bk_wshare_off, 0, 0},
 		{"top-k", 0, BK_OPT_INT, &top_k, 0, 1L << 30},
 		{"min-mass", 0, BK_OPT_DOUBLE, &ms.min_mass, 0, 0},
 		{"temperature", 0, BK_OPT_DOUBLE, &temperature, 0, 0},

@@ -6,6 +6,7 @@
 #include "common/diag.h"
 #include "formats/stream.h"
 #include "gpu/model.h"
+#include "gpu/wshare.h"
 
 bk_mem_model bk_mem_model_of(const bk_config *c)
 {
@@ -78,6 +79,7 @@ void bk_bake_mem_shape(bk_mem_bake *b, const bk_bake_plan *p, const bk_bake_caps
 	b->paired = paired;
 	b->max_resp = max_resp;
 	b->gpu = gpu;
+	b->shared = bk_wshare_enabled(); /* the stages' default; BK_SHARE_WEIGHTS=0 */
 }
 
 void bk_bake_mem_apply(const bk_mem_fit *f, const bk_mem_bake *b, bk_bake_plan *p,

@@ -3,6 +3,9 @@
 #include "common/diag.h"
 #include "common/files.h"
 #include "common/hash.h"
+#include "gpu/cuda/cuda.h"
+#include "gpu/cuda/cuda_vmm.h"
+#include "gpu/wshare.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -319,6 +322,139 @@ static void load_put(void *ctx, const float *p)
 	free((void *)p);
 }
 
+/* ---- one copy of the weights per GPU (load.h) ---- */
+
+/* the layout of a shared copy: bump when the placement of weight_upload changes */
+#define BK_WLAYOUT 1
+
+struct bk_wshared {
+#ifdef BK_HAVE_CUDA
+	bk_vmm_map map;
+#endif
+	int unused;
+};
+
+#ifdef BK_HAVE_CUDA
+/* the blob a server hands out (wshare.h): this header, then n bk_wdesc */
+typedef struct {
+	char key[224];  /* the key it was made under */
+	uint64_t bytes; /* the mapped size of the allocation */
+	uint64_t n;
+} wblob_hdr;
+
+/* a source that reads nothing: MEASURE and ATTACH take no numbers */
+static const float *no_numbers(void *ctx, int layer, int id, int rows, int cols)
+{
+	(void)ctx, (void)layer, (void)id, (void)rows, (void)cols;
+	static const float none = 0;
+	return &none;
+}
+
+/* creates lm->model on the shared copy (found or made); 0: the caller loads its own */
+static int load_shared(const bk_ops *ops, bk_loaded_model *lm, const bk_llama_config *mc,
+		       const bk_weight_source *real)
+{
+	if (ops != &bk_ops_cuda)
+		return 0;
+	const char *why = NULL;
+	char uuid[33], key[sizeof ((wblob_hdr *)0)->key];
+	int fd = -1;
+	void *blob = NULL;
+	size_t len = 0;
+	long pid = 0;
+	bk_vmm_map map;
+	bk_weight_source none = {no_numbers, NULL, NULL};
+	bk_wdesc *lay = NULL;
+	size_t nlay = 0;
+	if (!bk_wshare_enabled()) {
+		why = "--no-share-weights or BK_SHARE_WEIGHTS=0";
+		goto own;
+	}
+	if (mc->q4.type != BK_Q4_NONE) { /* weight_upload_q4's codes are each their own */
+		why = "4-bit base linears (--load-in-4bit) are not shared yet";
+		goto own;
+	}
+	if (!bk_vmm_supported(&why) || bk_vmm_device_uuid(uuid, &why))
+		goto own;
+	snprintf(key, sizeof key, "bakery-weights device=%s model=%s dtype=bf16 layout=%d", uuid,
+		 lm->fingerprint, BK_WLAYOUT);
+	/* the layout: where each tensor goes (no numbers read) */
+	bk_cuda_wplace_begin(BK_WPLACE_MEASURE, NULL, 0, NULL, 0);
+	bk_model *mm = bk_model_create_from(ops, mc, &none);
+	size_t used = bk_cuda_wplace_end(&lay, &nlay);
+	bk_model_free(mm);
+	int role = bk_wshare_join(key, &fd, &blob, &len, &pid, &why);
+	if (role == BK_WSHARE_IMPORTED) {
+		wblob_hdr h;
+		const bk_wdesc *desc = (const bk_wdesc *)((const char *)blob + sizeof h);
+		if (len >= sizeof h)
+			memcpy(&h, blob, sizeof h);
+		if (len < sizeof h || memchr(h.key, 0, sizeof h.key) == NULL || strcmp(h.key, key) ||
+		    h.n > (len - sizeof h) / sizeof(bk_wdesc) ||
+		    len != sizeof h + h.n * sizeof(bk_wdesc) || h.bytes < used) {
+			why = "the shared copy's description is not this model's";
+			goto own;
+		}
+		if (h.n != nlay || memcmp(desc, lay, nlay * sizeof *lay)) {
+			why = "the shared copy's layout is another (a process of another bakery build?)";
+			goto own;
+		}
+		if ((why = bk_vmm_import(fd, h.bytes, &map)))
+			goto own;
+		close(fd); /* the mapping holds the copy now */
+		fd = -1;
+		/* every tensor at the layout's offset, checked shape by shape (a
+		 * difference dies: the fingerprint said it is the same model) */
+		bk_cuda_wplace_begin(BK_WPLACE_ATTACH, map.ptr, map.bytes, desc, h.n);
+		lm->model = bk_model_create_from(ops, mc, &none);
+		bk_cuda_wplace_end(NULL, NULL);
+		note("mapped the shared copy of the weights (%.1f MiB, served by process %ld)",
+		     (double)map.bytes / (1 << 20), pid);
+	} else if (role == BK_WSHARE_LOAD) {
+		/* one allocation for the layout */
+		const bk_wdesc *desc = lay;
+		size_t n = nlay;
+		if ((why = bk_vmm_create(used, &map, &fd))) {
+			bk_wshare_abandon(key);
+			goto own;
+		}
+		bk_cuda_wplace_begin(BK_WPLACE_UPLOAD, map.ptr, map.bytes, desc, n);
+		lm->model = bk_model_create_from(ops, mc, real);
+		bk_cuda_wplace_end(NULL, NULL);
+		wblob_hdr h;
+		memset(&h, 0, sizeof h);
+		snprintf(h.key, sizeof h.key, "%s", key);
+		h.bytes = map.bytes;
+		h.n = n;
+		len = sizeof h + n * sizeof(bk_wdesc);
+		blob = xmalloc(len);
+		memcpy(blob, &h, sizeof h);
+		memcpy((char *)blob + sizeof h, desc, n * sizeof(bk_wdesc));
+		bk_wshare_serve(key, fd, blob, len); /* keeps fd */
+		fd = -1;
+		note("loaded the weights into a copy shared with the stages on this GPU (%.1f MiB)",
+		     (double)map.bytes / (1 << 20));
+	} else {
+		goto own;
+	}
+	free(lay);
+	free(blob);
+	lm->shared = xcalloc(1, sizeof *lm->shared);
+	lm->shared->map = map;
+	return 1;
+own:
+	if (fd >= 0)
+		close(fd);
+	free(blob);
+	free(lay);
+	static int said;
+	if (!said++)
+		warn("not sharing the weights with the other stages on this GPU (%s): loading an own "
+		     "copy", why ? why : "unknown reason");
+	return 0;
+}
+#endif
+
 bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir)
 {
 	return bk_model_load_q4(ops, dir, NULL);
@@ -362,20 +498,32 @@ bk_loaded_model bk_model_load_q4(const bk_ops *ops, const char *dir, const bk_q4
 	 * the host holds at most one tensor in fp32 besides what the device keeps */
 	load_src ls = {c, st, pre};
 	bk_weight_source src = {load_get, load_put, &ls};
-	lm.model = bk_model_create_from(ops, &mc, &src);
+	bk_model_fingerprint(dir, lm.fingerprint); /* the shared copy's key */
+#ifdef BK_HAVE_CUDA
+	if (!load_shared(ops, &lm, &mc, &src))
+#endif
+		lm.model = bk_model_create_from(ops, &mc, &src);
 	free(inv_freq);
 	free(inv_local);
 	bk_st_close(st);
-	bk_model_fingerprint(dir, lm.fingerprint);
 	return lm;
 }
 
 void bk_model_unload(bk_loaded_model *lm)
 {
 	bk_model_free(lm->model);
+#ifdef BK_HAVE_CUDA
+	if (lm->shared) { /* the weights' handles are gone: unmap the copy (ours, or the
+			   * others' still) */
+		bk_cuda_warena_drop(lm->shared->map.ptr);
+		bk_vmm_unmap(&lm->shared->map);
+	}
+#endif
+	free(lm->shared);
 	bk_config_free(lm->cfg);
 	lm->model = NULL;
 	lm->cfg = NULL;
+	lm->shared = NULL;
 }
 
 static void check_same_shape(const bk_lora *l, const bk_adapter *a)

@@ -14,10 +14,18 @@ typedef struct {
 	bk_model *model;
 	char fingerprint[17]; /* hex XXH3 of config.json and every tensor (name, shape, bytes),
 			       * from the fingerprint cache when it holds it */
+	struct bk_wshared *shared; /* the weights are a mapping of one copy shared by the
+				    * processes on this GPU (gpu/wshare.h), or NULL: own */
 } bk_loaded_model;
 
 /* Loads DIR/config.json and its safetensors (one file or sharded), checks every
- * tensor against the config, converts to fp32 and creates the model on ops. */
+ * tensor against the config, converts to fp32 and creates the model on ops.
+ * On the CUDA ops the frozen weights are one copy per GPU, model and dtype: the first
+ * process loads them into a shared allocation (gpu/cuda/cuda_vmm.h) and serves it
+ * (gpu/wshare.h), later ones map it without reading a tensor (the layout comes with it;
+ * the model is the same by its fingerprint).  A process that cannot share (sharing off:
+ * bk_wshare_off, BK_SHARE_WEIGHTS=0; a driver without it) loads its own and says so
+ * once on stderr; -v says which it did. */
 bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir);
 /* The same with the base linears in 4 bits when q4 (not NULL) has a type: QLoRA's
  * load_in_4bit, quantised as bitsandbytes does from the checkpoint's values (a bf16

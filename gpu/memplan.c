@@ -531,6 +531,18 @@ size_t bk_mem_parse_size(const char *s)
 	return (size_t)(v * mul);
 }
 
+/* the stages side by side: the sum of their peaks, with one shared copy of the weights
+ * the weights once (each stage's peak less its weights, plus the weights) */
+static size_t side_by_side(const bk_mem_fit *f, int shared)
+{
+	size_t n = 0, w = 0;
+	for (int i = 0; i < f->n_st; i++) {
+		n += f->st[i].peak - (shared ? f->st[i].weights : 0);
+		w = max2(w, f->st[i].weights);
+	}
+	return n + (shared ? w : 0);
+}
+
 static void plan_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
 		      bk_mem_fit *f)
 {
@@ -562,15 +574,9 @@ static void plan_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_b
 	bk_mem_plan_step(&f->st[f->n_st++], m, d, &s);
 	f->peak = 0;
 	for (int i = 0; i < f->n_st; i++)
-		f->peak = f->sequential ? max2(f->peak, f->st[i].peak) : f->peak + f->st[i].peak;
-}
-
-static size_t sum_peaks(const bk_mem_fit *f)
-{
-	size_t n = 0;
-	for (int i = 0; i < f->n_st; i++)
-		n += f->st[i].peak;
-	return n;
+		f->peak = max2(f->peak, f->st[i].peak);
+	if (!f->sequential)
+		f->peak = side_by_side(f, b->shared);
 }
 
 /* the largest divisor of b below b (1 for a prime) */
@@ -583,6 +589,15 @@ static int smaller_divisor(int b)
 }
 
 static double gib(size_t b) { return (double)b / (1u << 30); }
+
+/* the bytes the stages may plan for: side by side, a GPU of 8 GiB or more keeps 1 GiB
+ * back for what the plan of several processes cannot see (each allocator's slack and
+ * fragmentation, the contexts beyond the estimate); one after another, all of it */
+static size_t room(const bk_mem_bake *b, int sequential)
+{
+	size_t g = (size_t)1 << 30;
+	return sequential || b->gpu < 8 * g ? b->gpu : b->gpu - g;
+}
 
 void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
 		     bk_mem_fit *f)
@@ -606,7 +621,7 @@ void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_ba
 		f->gen_batch = b->gen_batch;
 		for (;;) {
 			plan_bake(m, d, b, f);
-			if (f->peak <= b->gpu)
+			if (f->peak <= room(b, seq))
 				break;
 			/* the stage that sets the peak, when one after another */
 			const bk_mem_stage *top = &f->st[0];
@@ -625,10 +640,10 @@ void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_ba
 			} else
 				break;
 		}
-		if (f->peak <= b->gpu)
+		if (f->peak <= room(b, seq))
 			break;
 	}
-	f->fits = f->peak <= b->gpu;
+	f->fits = f->peak <= room(b, f->sequential);
 	char *c = f->chose;
 	size_t cn = sizeof f->chose, o = 0;
 	c[0] = 0;
@@ -642,9 +657,10 @@ void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_ba
 		    "size %d x gradient_accumulation_steps %d: the same steps)", o ? "; " : "",
 		    f->batch, f->batch == 1 ? "" : "s", f->grad_accum, b->batch, b->grad_accum);
 	if (f->sequential && !b->paired)
-		SAY("%sthe GPU stages one after another through files (each loads its own copy of "
-		    "the weights: side by side they need %.1f GiB)", o ? "; " : "",
-		    gib(sum_peaks(f)));
+		SAY("%sthe GPU stages one after another through files (%s: side by side they need "
+		    "%.1f GiB)", o ? "; " : "",
+		    b->shared ? "one shared copy of the weights" : "each loads its own copy of the weights",
+		    gib(side_by_side(f, b->shared)));
 #undef SAY
 	if (f->fits)
 		return;
@@ -686,13 +702,14 @@ void bk_mem_fit_print(const bk_mem_fit *f, const bk_mem_bake *b, void *file)
 		fprintf(o, "%s %s %.2f GiB", i ? (f->sequential ? "," : " +") : "", f->st[i].stage,
 			gib(f->st[i].peak));
 	fprintf(o, f->sequential ? " (one after another: the largest)\n" : " (side by side)\n");
-	if (f->n_st > 1) { /* what one copy of the weights for all stages would need */
-		size_t sum = 0;
-		for (int i = 0; i < f->n_st; i++)
-			sum += f->st[i].peak - (i ? f->st[i].weights : 0);
-		fprintf(o, "# side by side with one shared copy of the weights (not yet: each stage "
-			"loads its own): %.2f GiB\n", gib(sum));
-	}
+	if (f->n_st > 1 && b->shared) /* gpu/wshare.h */
+		fprintf(o, "# one copy of the weights (%.2f GiB) mapped by every stage: side by side "
+			"%.2f GiB, each with its own copy %.2f GiB\n", gib(f->st[0].weights),
+			gib(side_by_side(f, 1)), gib(side_by_side(f, 0)));
+	else if (f->n_st > 1)
+		fprintf(o, "# each stage loads its own copy of the weights (BK_SHARE_WEIGHTS=0): side "
+			"by side %.2f GiB, with one shared copy %.2f GiB\n", gib(side_by_side(f, 0)),
+			gib(side_by_side(f, 1)));
 	if (f->chose[0])
 		fprintf(o, "# chose: %s\n", f->chose);
 	if (f->fits < 0)

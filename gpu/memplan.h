@@ -146,6 +146,8 @@ typedef struct {
 	int gen_batch;          /* bk-gen --max-batch (64) */
 	int paired, max_resp;   /* paired data (no bk-gen): its longest response */
 	size_t gpu;             /* the GPU's bytes; 0: unknown */
+	int shared;             /* the stages map one copy of the weights (gpu/wshare.h):
+				 * side by side, the weights count once */
 } bk_mem_bake;
 
 typedef struct {
@@ -155,7 +157,8 @@ typedef struct {
 	/* the choices (the bake's own values when nothing had to change) */
 	int sequential;         /* the GPU stages one after another through files */
 	int grad_ckpt, batch, grad_accum, gen_batch;
-	size_t peak;            /* side by side: the sum of the stages; else the largest */
+	size_t peak;            /* side by side: the sum of the stages (the weights once when
+				 * shared); else the largest */
 	int fits;               /* 1, 0, or -1 without a GPU size */
 	char chose[512];        /* what was changed to fit, "" for nothing */
 	char refuse[1024];      /* why it cannot fit and what to change (fits == 0) */
@@ -164,7 +167,9 @@ typedef struct {
 /* Plans the stages for the bake's shape and, with a GPU size, chooses in this order
  * what makes them fit side by side: gradient checkpointing, a smaller bk-gen batch
  * (its KV cache), micro-batches split into accumulation steps (the same steps and
- * loss); failing that the same choices with the stages one after another. */
+ * loss); failing that the same choices with the stages one after another.  Side by
+ * side they must leave 1 GiB of a GPU of 8 GiB or more (what several processes hold
+ * beyond their plans); one after another, the largest stage may take the GPU. */
 void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
 		     bk_mem_fit *f);
 /* the plan of each stage, the pipe, the choices and the last line

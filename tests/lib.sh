@@ -8,6 +8,9 @@ PATH="$BK_BIN:$PATH"
 TEST_TMP=$(mktemp -d "${TMPDIR:-/tmp}/bk-test.XXXXXX")
 trap 'rm -rf "$TEST_TMP"' EXIT
 cd "$TEST_TMP" || exit 1
+# the GPU stages' one shared copy of the weights (gpu/wshare.h) meets in $XDG_RUNTIME_DIR:
+# a test's own, so no test maps a copy another test (or another checkout's) loaded
+mkdir -m 700 "$TEST_TMP/.run" && export XDG_RUNTIME_DIR="$TEST_TMP/.run"
 MODELS="$ROOT/models"
 DATA="$ROOT/tests/data"
 _n=0 _fail=0

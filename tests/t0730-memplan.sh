@@ -70,7 +70,7 @@ test_expect_success 'Qwen3-4B and Qwen3-1.7B fit at r 64' '
 	grep -q "^# the pipe: bk-gen .* + bk-step .* (side by side)$" plan17x && ! grep -q "^# bk-teach$" plan17x
 '
 
-test_expect_success 'the plan names each buffer and its allocation site; the commands carry the choices' '
+test_expect_success 'the plan names each buffer and its allocation site; the commands carry the choices (one shared copy of the weights: side by side; each its own: one after another)' '
 	grep -q "^# bk-gen$" plan && grep -q "^# bk-teach$" plan && grep -q "^# bk-step$" plan &&
 	grep -q "^#   KV pool  *[0-9.]* MiB  gpu/gen.c pool_grow" plan &&
 	grep -q "^#   activations (forward)  *[0-9.]* MiB  gpu/teach.c ensure_acts: bk_acts_create_fwd" plan &&
@@ -78,10 +78,14 @@ test_expect_success 'the plan names each buffer and its allocation site; the com
 	grep -q "^#   AdamW m, v (fp32)  *[0-9.]* MiB  gpu/train.c optim_create" plan &&
 	grep -q "^#   base weights  *15622.6 MiB  gpu/model.c bk_model_create" plan &&
 	grep -q "^#   peak  " plan &&
-	grep -q "^# chose: gradient checkpointing; .*one after another" plan &&
-	grep -q "bk-gen .*--max-prompt [0-9]* >.*/gen.bk$" plan &&
-	grep -q "^bk-teach .*<.*/gen.bk >.*/teach.bk$" plan &&
-	grep -q "^bk-step .*--grad-checkpoint .*<.*/teach.bk >.*/metrics.bk$" plan &&
+	grep -q "^# chose: gradient checkpointing; bk-gen --max-batch [0-9]* (its KV cache)$" plan &&
+	grep -q "^# one copy of the weights (15.26 GiB) mapped by every stage" plan &&
+	grep -q "bk-gen .*--max-batch [0-9]* --max-prompt [0-9]* |$" plan &&
+	BK_SHARE_WEIGHTS=0 bk-bake --dry-run --gpu-memory 24GiB q8.yaml >plan-own 2>err &&
+	grep -q "^# chose: gradient checkpointing; .*one after another" plan-own &&
+	grep -q "bk-gen .*--max-prompt [0-9]* >.*/gen.bk$" plan-own &&
+	grep -q "^bk-teach .*<.*/gen.bk >.*/teach.bk$" plan-own &&
+	grep -q "^bk-step .*--grad-checkpoint .*<.*/teach.bk >.*/metrics.bk$" plan-own &&
 	test ! -e "$TEST_TMP/out-Qwen3-8B"
 '
 

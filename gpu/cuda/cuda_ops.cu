@@ -9,6 +9,7 @@
 // is) and not the model (gpu/model.c).
 #include "gpu/cuda/cuda_common.cuh"
 #include "gpu/cuda/cuda_attention_tc.h" // BK_ATTN: fp32 or tensor-core attention
+#include "gpu/cuda/cuda_vmm.h"           // weight placement: one shared copy of the weights
 
 #include <math.h>
 #include <mutex>
@@ -220,6 +221,112 @@ static void to_bf16(__nv_bfloat16 *out, const float *in, size_t n)
 	BK_LAUNCH(f32_to_bf16_kernel, blocks, 256, 0, g_stream, out, in, n);
 }
 
+// weight placement (gpu/cuda/cuda_vmm.h): where weight_upload puts a weight.  OWN: its
+// own allocation.  MEASURE: nowhere (data NULL), the layout recorded.  UPLOAD: at the next
+// offset of an arena (one shared physical allocation), converted there.  ATTACH: at the
+// next offset of an arena that already holds the weights (another process uploaded
+// them), nothing read or written; each tensor's shape and offset must be the layout's.
+// Arena weights are counted in the allocation counters as own ones are (the stage uses
+// them as before), freed with the arena (bk_cuda_warena_drop), never by weight_free.
+static int g_wmode = BK_WPLACE_OWN;
+static char *g_wbase;
+static size_t g_wbytes, g_woff;
+static std::vector<bk_wdesc> g_wdesc;
+static size_t g_wn; // tensors placed since begin
+struct warena {
+	char *base;
+	size_t bytes, counted;
+};
+static std::vector<warena> g_warenas; // guarded by g_mem_mu
+
+static size_t walign(size_t off) { return (off + 255) & ~(size_t)255; }
+
+extern "C" void bk_cuda_wplace_begin(int mode, void *base, size_t bytes, const bk_wdesc *desc,
+				     size_t n)
+{
+	if (g_wmode != BK_WPLACE_OWN || mode < BK_WPLACE_OWN || mode > BK_WPLACE_ATTACH ||
+	    ((mode == BK_WPLACE_UPLOAD || mode == BK_WPLACE_ATTACH) && (!base || !desc)))
+		CUDA_BUG("weight placement: begin mode %d in mode %d", mode, g_wmode);
+	g_wmode = mode;
+	g_wbase = (char *)base;
+	g_wbytes = bytes;
+	g_woff = 0;
+	g_wn = 0;
+	g_wdesc.assign(desc, desc + (desc ? n : 0));
+	if (mode == BK_WPLACE_UPLOAD || mode == BK_WPLACE_ATTACH) {
+		std::lock_guard<std::mutex> lk(g_mem_mu);
+		g_warenas.push_back({ g_wbase, bytes, 0 });
+	}
+}
+
+extern "C" size_t bk_cuda_wplace_end(bk_wdesc **desc, size_t *n)
+{
+	if (g_wmode == BK_WPLACE_OWN)
+		CUDA_BUG("weight placement: end without begin");
+	if ((g_wmode == BK_WPLACE_UPLOAD || g_wmode == BK_WPLACE_ATTACH) && g_wn != g_wdesc.size())
+		die("shared weights: the layout has %zu tensors, the model %zu", g_wdesc.size(),
+		    g_wn);
+	if (desc) {
+		*desc = (bk_wdesc *)malloc((g_wdesc.size() ? g_wdesc.size() : 1) * sizeof(bk_wdesc));
+		if (!*desc)
+			die("out of memory");
+		if (!g_wdesc.empty())
+			memcpy(*desc, g_wdesc.data(), g_wdesc.size() * sizeof(bk_wdesc));
+		*n = g_wdesc.size();
+	}
+	size_t used = g_woff;
+	g_wmode = BK_WPLACE_OWN;
+	g_wdesc.clear();
+	return used;
+}
+
+extern "C" void bk_cuda_warena_drop(void *base)
+{
+	if (!base)
+		return;
+	std::lock_guard<std::mutex> lk(g_mem_mu);
+	for (size_t i = 0; i < g_warenas.size(); i++)
+		if (g_warenas[i].base == base) {
+			g_cur -= g_warenas[i].counted;
+			g_warenas[i] = g_warenas.back();
+			g_warenas.pop_back();
+			return;
+		}
+	CUDA_BUG("weight arena %p was not placed", base);
+}
+
+// the arena holding p, or NULL (callers hold g_mem_mu)
+static warena *arena_of(const void *p)
+{
+	for (auto &a : g_warenas)
+		if ((const char *)p >= a.base && (const char *)p < a.base + a.bytes)
+			return &a;
+	return NULL;
+}
+
+// the next tensor of the placement: its offset, checked against the layout
+static __nv_bfloat16 *wplace_next(int rows, int cols)
+{
+	size_t bytes = (size_t)rows * cols * sizeof(__nv_bfloat16), off = walign(g_woff);
+	if (g_wmode == BK_WPLACE_MEASURE) {
+		g_wdesc.push_back({ rows, cols, (uint64_t)off });
+	} else {
+		const bk_wdesc *d = g_wn < g_wdesc.size() ? &g_wdesc[g_wn] : NULL;
+		if (!d || d->rows != rows || d->cols != cols || d->off != off || off + bytes > g_wbytes)
+			die("shared weights: tensor %zu (%d x %d at byte %zu) is not the layout's%s", g_wn,
+			    rows, cols, off, d ? "" : " (the layout has fewer tensors)");
+		std::lock_guard<std::mutex> lk(g_mem_mu);
+		warena *a = arena_of(g_wbase);
+		a->counted += bytes;
+		g_cur += bytes;
+		if (g_cur > g_peak)
+			g_peak = g_cur;
+	}
+	g_wn++;
+	g_woff = off + bytes;
+	return g_wmode == BK_WPLACE_MEASURE ? NULL : (__nv_bfloat16 *)(g_wbase + off);
+}
+
 // weights: host fp32 -> device bf16 through a bounded fp32 staging buffer
 static bk_weight *cuda_weight_upload(const float *host, int rows, int cols)
 {
@@ -233,9 +340,23 @@ static bk_weight *cuda_weight_upload(const float *host, int rows, int cols)
 	w->rows = rows;
 	w->cols = cols;
 	w->kind = BK_WEIGHT_PLAIN;
-	__nv_bfloat16 *d = (__nv_bfloat16 *)dev_alloc(n * sizeof(__nv_bfloat16));
+	int place = g_wmode != BK_WPLACE_OWN;
+	__nv_bfloat16 *d = place ? wplace_next(rows, cols)
+				 : (__nv_bfloat16 *)dev_alloc(n * sizeof(__nv_bfloat16));
+	w->data = d;
+	if (g_wmode == BK_WPLACE_MEASURE || g_wmode == BK_WPLACE_ATTACH)
+		return w; // nothing to read: the layout only, or another process's upload
 	float *stage = NULL;
-	CUDA_CHECK(cudaMalloc(&stage, (n < chunk ? n : chunk) * sizeof(float)));
+	size_t sb = (n < chunk ? n : chunk) * sizeof(float);
+	if (cudaMalloc(&stage, sb) != cudaSuccess) {
+		size_t fr = 0, tot = 0;
+		cudaGetLastError();
+		cudaMemGetInfo(&fr, &tot);
+		die("cuda: out of device memory for the weight staging buffer (%zu bytes, "
+		    "gpu/cuda/cuda_ops.cu cuda_weight_upload) while loading the weights: %zu of %zu "
+		    "bytes free, %zu held by bakery in this process",
+		    sb, fr, tot, g_cur);
+	}
 	for (size_t off = 0; off < n; off += chunk) {
 		size_t m = n - off < chunk ? n - off : chunk;
 		CUDA_CHECK(cudaMemcpyAsync(stage, host + off, m * sizeof(float),
@@ -244,7 +365,6 @@ static bk_weight *cuda_weight_upload(const float *host, int rows, int cols)
 	}
 	CUDA_CHECK(cudaStreamSynchronize(g_stream));
 	CUDA_CHECK(cudaFree(stage));
-	w->data = d;
 	return w;
 }
 
@@ -258,7 +378,13 @@ static void cuda_weight_free(bk_weight *w)
 		cuda_q4_free(w);
 		return;
 	}
-	dev_free(w->data);
+	int in_arena;
+	{
+		std::lock_guard<std::mutex> lk(g_mem_mu);
+		in_arena = !w->data || arena_of(w->data); // placed: freed with its arena
+	}
+	if (!in_arena)
+		dev_free(w->data);
 	free(w);
 }
 

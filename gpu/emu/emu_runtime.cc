@@ -4,12 +4,16 @@
 //
 // Invariants:
 //  - g_allocs maps the base of every live device allocation, pinned host allocation and
-//    registered __constant__ symbol to its size and kind; nothing else is device memory.
+//    registered __constant__ symbol to its size and kind, and every range of a physical
+//    allocation mapped with access (cuMemMap + cuMemSetAccess); nothing else is device
+//    memory.
 //  - An op in a stream queue runs only from emu_drain (a sync point), in issue order; a
 //    capturing stream appends to its graph instead.
 //  - One block runs at a time; within it each device thread is a fiber on its own stack,
 //    switched only at barriers, warp collectives and its end (emu_sched).
 #include "gpu/emu/emu.h"
+
+#include <cuda.h> // the driver calls of the virtual memory management (below)
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -116,7 +121,7 @@ cudaError_t cudaPeekAtLastError(void) { return g_last; }
 // ---------------------------------------------------------------------------------
 // memory
 
-enum { MEM_DEVICE, MEM_PINNED, MEM_SYMBOL };
+enum { MEM_DEVICE, MEM_PINNED, MEM_SYMBOL, MEM_MAPPED /* cuMemMap + cuMemSetAccess */ };
 struct emu_alloc {
 	size_t size;
 	int kind;
@@ -208,7 +213,7 @@ static bool guard_ok(const void *p, uintptr_t *base, size_t *size, size_t *at)
 		return true;
 	std::lock_guard<std::mutex> lk(g_mu);
 	auto r = find_range(p, 0);
-	if (!r || r->second.kind == MEM_SYMBOL)
+	if (!r || r->second.kind == MEM_SYMBOL || r->second.kind == MEM_MAPPED)
 		return true;
 	const unsigned char *g = (const unsigned char *)r->first + r->second.size;
 	for (size_t i = 0; i < GUARD; i++)
@@ -344,6 +349,278 @@ cudaError_t cudaSetDevice(int d)
 cudaError_t cudaGetDevice(int *d)
 {
 	*d = 0;
+	return cudaSuccess;
+}
+
+// ---------------------------------------------------------------------------------
+// the driver's virtual memory management (cuda.h): a physical allocation is a memfd (so
+// an fd exported here and imported in another process is the same memory, as on a GPU),
+// a reservation is PROT_NONE address space, a mapping is the memfd mmapped MAP_SHARED at
+// a reserved address, and cuMemSetAccess makes the range device memory (MEM_MAPPED in
+// g_allocs: no guard bytes, never NaN-filled on release: other processes see it).
+// A mapping holds the memfd open by itself, as the driver's mapping holds its physical
+// memory: a released handle, a closed fd or a killed exporter leave it intact.
+
+struct emu_phys {
+	int fd;
+	size_t size;
+	bool created;	 // by cuMemCreate here (an import is not a new allocation)
+	bool exportable; // created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (or imported)
+};
+static std::map<CUmemGenericAllocationHandle, emu_phys> g_phys; // guarded by g_mu
+static std::map<uintptr_t, size_t> g_reserved;			  // guarded by g_mu
+static CUmemGenericAllocationHandle g_next_handle = 1;
+static const size_t EMU_GRANULE = (size_t)2 << 20; // the real minimum: 2 MiB
+
+CUresult cuInit(unsigned) { return CUDA_SUCCESS; }
+CUresult cuCtxGetDevice(CUdevice *dev)
+{
+	*dev = 0;
+	return CUDA_SUCCESS;
+}
+
+// BK_EMU_NO_VMM=1: a device without virtual memory management (the fallback's test)
+CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute attr, CUdevice dev)
+{
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	const char *e = getenv("BK_EMU_NO_VMM");
+	int vmm = !(e && *e && strcmp(e, "0"));
+	if (attr == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ||
+	    attr == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED) {
+		*v = vmm;
+		return CUDA_SUCCESS;
+	}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	memcpy(uuid->bytes, "bakery-emu-gpu-0", 16);
+	return CUDA_SUCCESS;
+}
+
+static bool prop_ok(const CUmemAllocationProp *p)
+{
+	return p && p->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+	       p->location.type == CU_MEM_LOCATION_TYPE_DEVICE && p->location.id == 0;
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+				       CUmemAllocationGranularity_flags)
+{
+	if (!prop_ok(prop))
+		return CUDA_ERROR_INVALID_VALUE;
+	*g = EMU_GRANULE;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+		     unsigned long long flags)
+{
+	if (!prop_ok(prop) || flags || !size || size % EMU_GRANULE ||
+	    (prop->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+		return CUDA_ERROR_INVALID_VALUE;
+	{
+		std::lock_guard<std::mutex> lk(g_mu);
+		if (size > emu_device_total() - g_dev_used)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	int fd = memfd_create("bk-emu-phys", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)size)) {
+		if (fd >= 0)
+			close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	// contents undefined: all-ones bytes (NaN floats), as cudaMalloc's
+	static const std::vector<unsigned char> ones(1 << 20, 0xff);
+	for (size_t off = 0; off < size; off += ones.size())
+		if (pwrite(fd, ones.data(), std::min(ones.size(), size - off), (off_t)off) < 0) {
+			close(fd);
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		}
+	std::lock_guard<std::mutex> lk(g_mu);
+	g_dev_used += size;
+	*h = g_next_handle++;
+	// exportable only when asked for at creation, as with the driver
+	g_phys[*h] = {fd, size, true,
+		      (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0};
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+	std::lock_guard<std::mutex> lk(g_mu);
+	auto it = g_phys.find(h);
+	if (it == g_phys.end())
+		return CUDA_ERROR_INVALID_VALUE;
+	close(it->second.fd);
+	if (it->second.created)
+		g_dev_used -= it->second.size;
+	g_phys.erase(it);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle h,
+				      CUmemAllocationHandleType type, unsigned long long flags)
+{
+	std::lock_guard<std::mutex> lk(g_mu);
+	auto it = g_phys.find(h);
+	if (it == g_phys.end() || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || flags ||
+	    !it->second.exportable)
+		return CUDA_ERROR_INVALID_VALUE;
+	int fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+	if (fd < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*(int *)shareable = fd;
+	return CUDA_SUCCESS;
+}
+
+// the caller keeps its fd (as with the driver: the import does not take it)
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os_handle,
+					CUmemAllocationHandleType type)
+{
+	int src = (int)(intptr_t)os_handle;
+	struct stat sb;
+	if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fstat(src, &sb) || sb.st_size <= 0 ||
+	    (size_t)sb.st_size % EMU_GRANULE)
+		return CUDA_ERROR_INVALID_VALUE;
+	int fd = fcntl(src, F_DUPFD_CLOEXEC, 0);
+	if (fd < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	std::lock_guard<std::mutex> lk(g_mu);
+	*h = g_next_handle++;
+	g_phys[*h] = {fd, (size_t)sb.st_size, false, true};
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+			     unsigned long long flags)
+{
+	if (!size || size % EMU_GRANULE || addr || flags || (alignment & (alignment - 1)))
+		return CUDA_ERROR_INVALID_VALUE;
+	size_t al = alignment > EMU_GRANULE ? alignment : EMU_GRANULE;
+	char *p = (char *)mmap(NULL, size + al, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+			       -1, 0);
+	if (p == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	uintptr_t a = ((uintptr_t)p + al - 1) & ~(uintptr_t)(al - 1);
+	if (a > (uintptr_t)p)
+		munmap(p, a - (uintptr_t)p);
+	if ((uintptr_t)p + size + al > a + size)
+		munmap((void *)(a + size), (uintptr_t)p + size + al - (a + size));
+	std::lock_guard<std::mutex> lk(g_mu);
+	g_reserved[a] = size;
+	*ptr = (CUdeviceptr)a;
+	return CUDA_SUCCESS;
+}
+
+// is [p, p + n) inside one reservation?
+static bool reserved_range(uintptr_t p, size_t n)
+{
+	auto it = g_reserved.upper_bound(p);
+	if (it == g_reserved.begin())
+		return false;
+	--it;
+	return p >= it->first && p - it->first <= it->second && n <= it->second - (p - it->first);
+}
+
+// does [p, p + n) overlap a range made device memory by cuMemSetAccess?
+static bool any_mapped(uintptr_t p, size_t n)
+{
+	for (auto &a : g_allocs)
+		if (a.second.kind == MEM_MAPPED && a.first < p + n && p < a.first + a.second.size)
+			return true;
+	return false;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+	drain_all();
+	std::lock_guard<std::mutex> lk(g_mu);
+	auto it = g_reserved.find((uintptr_t)ptr);
+	if (it == g_reserved.end() || it->second != size || any_mapped((uintptr_t)ptr, size))
+		return CUDA_ERROR_INVALID_VALUE;
+	munmap((void *)ptr, size);
+	g_reserved.erase(it);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+		  unsigned long long flags)
+{
+	std::lock_guard<std::mutex> lk(g_mu);
+	auto it = g_phys.find(h);
+	if (it == g_phys.end() || flags || !size || size % EMU_GRANULE || offset % EMU_GRANULE ||
+	    offset > it->second.size || size > it->second.size - offset ||
+	    !reserved_range((uintptr_t)ptr, size))
+		return CUDA_ERROR_INVALID_VALUE;
+	// mapped without access: as on a GPU, a touch before cuMemSetAccess faults
+	void *q = mmap((void *)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, it->second.fd,
+		       (off_t)offset);
+	return q == MAP_FAILED ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+	if (count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc->location.id ||
+	    (desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+	     desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
+		return CUDA_ERROR_INVALID_VALUE;
+	std::lock_guard<std::mutex> lk(g_mu);
+	if (!reserved_range((uintptr_t)ptr, size) || any_mapped((uintptr_t)ptr, size))
+		return CUDA_ERROR_INVALID_VALUE;
+	int prot = desc->flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? PROT_READ : PROT_READ | PROT_WRITE;
+	if (mprotect((void *)ptr, size, prot))
+		return CUDA_ERROR_INVALID_VALUE;
+	g_allocs[(uintptr_t)ptr] = {size, MEM_MAPPED};
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+	drain_all(); // the device may still read it
+	std::lock_guard<std::mutex> lk(g_mu);
+	if (!reserved_range((uintptr_t)ptr, size))
+		return CUDA_ERROR_INVALID_VALUE;
+	auto it = g_allocs.find((uintptr_t)ptr);
+	if (it != g_allocs.end() && it->second.kind == MEM_MAPPED) {
+		if (it->second.size != size)
+			return CUDA_ERROR_INVALID_VALUE;
+		g_allocs.erase(it);
+	}
+	// back to reserved address space (no memset: the memory is other processes' too)
+	void *q = mmap((void *)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
+			MAP_NORESERVE, -1, 0);
+	return q == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int,
+					     unsigned long long,
+					     enum cudaDriverEntryPointQueryResult *status)
+{
+	static const std::map<std::string, void *> table = {
+		{"cuInit", (void *)cuInit},
+		{"cuCtxGetDevice", (void *)cuCtxGetDevice},
+		{"cuDeviceGetAttribute", (void *)cuDeviceGetAttribute},
+		{"cuDeviceGetUuid", (void *)cuDeviceGetUuid},
+		{"cuMemGetAllocationGranularity", (void *)cuMemGetAllocationGranularity},
+		{"cuMemCreate", (void *)cuMemCreate},
+		{"cuMemRelease", (void *)cuMemRelease},
+		{"cuMemExportToShareableHandle", (void *)cuMemExportToShareableHandle},
+		{"cuMemImportFromShareableHandle", (void *)cuMemImportFromShareableHandle},
+		{"cuMemAddressReserve", (void *)cuMemAddressReserve},
+		{"cuMemAddressFree", (void *)cuMemAddressFree},
+		{"cuMemMap", (void *)cuMemMap},
+		{"cuMemUnmap", (void *)cuMemUnmap},
+		{"cuMemSetAccess", (void *)cuMemSetAccess},
+	};
+	auto it = table.find(symbol ? symbol : "");
+	*fn = it == table.end() ? NULL : it->second;
+	if (status)
+		*status = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
 	return cudaSuccess;
 }
 

@@ -305,6 +305,20 @@ static void test_fit(void)
 	b.gpu = w / 2;
 	bk_mem_fit_bake(&wm, &d, &b, &f);
 	CHECK(f.fits == 0 && strstr(f.refuse, "weights alone"), "refusal: %s", f.refuse);
+	/* one shared copy of the weights (gpu/wshare.h): side by side they count once, and a
+	 * GPU for the stages with one copy fits them side by side */
+	b.gpu = 0;
+	b.shared = 0;
+	bk_mem_fit_bake(&wm, &d, &b, &f);
+	size_t own = f.peak, ws = f.st[0].weights;
+	b.shared = 1;
+	bk_mem_fit_bake(&wm, &d, &b, &f);
+	CHECK(f.n_st == 3 && f.peak == own - 2 * ws, "shared: %zu = %zu less two copies of %zu",
+	      f.peak, own, ws);
+	b.gpu = f.peak;
+	bk_mem_fit_bake(&wm, &d, &b, &f);
+	CHECK(f.fits == 1 && !f.sequential && !f.chose[0], "shared: side by side (%s)", f.chose);
+	b.shared = 0;
 	/* the sizes --gpu-memory takes */
 	CHECK(bk_mem_parse_size("24GiB") == (size_t)24 << 30, "24GiB");
 	CHECK(bk_mem_parse_size("24G") == (size_t)24 << 30, "24G");

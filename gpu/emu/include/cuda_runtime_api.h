@@ -82,6 +82,16 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned lon
 cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t s);
 cudaError_t cudaGraphDestroy(cudaGraph_t g);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x);
+/* the driver calls of the emulation's cuda.h by name (gpu/cuda/cuda_vmm.cu) */
+enum cudaDriverEntryPointQueryResult {
+	cudaDriverEntryPointSuccess = 0,
+	cudaDriverEntryPointSymbolNotFound = 1,
+	cudaDriverEntryPointVersionNotSufficent = 2
+};
+#define cudaEnableDefault 0x0ull
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version,
+					     unsigned long long flags,
+					     enum cudaDriverEntryPointQueryResult *status);
 
 #ifdef __cplusplus
 }
