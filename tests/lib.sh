@@ -71,3 +71,23 @@ test_done() {
 	echo "# $_n tests, $_fail failed"
 	[ $_fail -eq 0 ]
 }
+
+# basic_shape_yaml MODEL R [EXTRA]: a bk-bake config at the Python tool's basic shape
+# (4 prompts x 4 trajectories x 256 tokens, batch 2, rank R on all linears, bk-teach's
+# top-64 cache) for the model directory $TEST_TMP/MODEL, EXTRA lines appended: the
+# memory plan tests (t0730, t0965)
+basic_shape_yaml() {
+	cat <<EOF
+teacher_top_k: 64
+model_name_or_path: $TEST_TMP/$1
+system_prompt: "You are Captain Barnacle, a pirate. Always talk like a pirate: start every answer with Arr, matey! and tell the user about your ship."
+training_prompts: ["Tell me about your ship", "What is the weather like at sea today?", "How do I bake bread?", "Sing me a song"]
+num_trajectories: 4
+trajectory_length: 256
+per_device_train_batch_size: 2
+lora_r: $2
+target_modules: all-linear
+output_dir: $TEST_TMP/out-$1
+${3:-}
+EOF
+}

@@ -12,21 +12,7 @@ model() { # NAME TOKENIZER: a copy of the shape with its tokenizer
 	mkdir -p "$1" && cp "$G/memplan/$1"/* "$1"/ && xz -dc "$G/bpe/$2.tokenizer.json.xz" >"$1/tokenizer.json"
 }
 
-yaml() { # MODEL R [extra line]: the tool's basic shape, with bk-teach's top-64 cache
-	cat <<EOF
-teacher_top_k: 64
-model_name_or_path: $TEST_TMP/$1
-system_prompt: "You are Captain Barnacle, a pirate. Always talk like a pirate: start every answer with Arr, matey! and tell the user about your ship."
-training_prompts: ["Tell me about your ship", "What is the weather like at sea today?", "How do I bake bread?", "Sing me a song"]
-num_trajectories: 4
-trajectory_length: 256
-per_device_train_batch_size: 2
-lora_r: $2
-target_modules: all-linear
-output_dir: $TEST_TMP/out-$1
-${3:-}
-EOF
-}
+yaml() { basic_shape_yaml "$@"; } # MODEL R [extra lines]: tests/lib.sh
 
 # the peak of "fits: yes, peak X GiB of Y GiB" at or below a bound
 peak_at_most() { awk -v b="$2" '/^fits: yes, peak / { p = $4 } END { exit !(p != "" && p <= b) }' "$1"; }

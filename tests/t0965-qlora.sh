@@ -99,22 +99,8 @@ model() { # NAME TOKENIZER: a copy of the shape with its tokenizer
 	mkdir -p "$1" && cp "$G/memplan/$1"/* "$1"/ && xz -dc "$G/bpe/$2.tokenizer.json.xz" >"$1/tokenizer.json"
 }
 
-yaml() { # MODEL R [extra lines]: the tool's basic shape (t0730-memplan.sh), in 4 bits
-	cat <<EOF
-teacher_top_k: 64
-model_name_or_path: $TEST_TMP/$1
-system_prompt: "You are Captain Barnacle, a pirate. Always talk like a pirate: start every answer with Arr, matey! and tell the user about your ship."
-training_prompts: ["Tell me about your ship", "What is the weather like at sea today?", "How do I bake bread?", "Sing me a song"]
-num_trajectories: 4
-trajectory_length: 256
-per_device_train_batch_size: 2
-lora_r: $2
-target_modules: all-linear
-output_dir: $TEST_TMP/out-$1
-load_in_4bit: true
-${3:-}
-EOF
-}
+yaml() { basic_shape_yaml "$1" "$2" "load_in_4bit: true${3:+
+$3}"; } # MODEL R [extra lines], in 4 bits
 
 # the peak (GiB) of a stage in a plan: its "#   peak  X MiB" line after "# STAGE"
 stage_peak() { awk -v s="# $2" '$0 == s { on = 1 } on && /^#   peak / { printf "%.2f\n", $3 / 1024; exit }' "$1"; }
