@@ -158,16 +158,27 @@ static const char *map_handle(const driver *d, CUdevice dev, bk_vmm_map *m)
 	return NULL;
 }
 
+// what bk_vmm_create and bk_vmm_import start with: m cleared, the driver's calls and the
+// current device; the reason when there are none
+static const char *vmm_begin(const driver **d, bk_vmm_map *m, CUdevice *dev)
+{
+	*d = drv();
+	memset(m, 0, sizeof *m);
+	if ((*d)->why)
+		return (*d)->why;
+	if (current_device(*d, dev))
+		return "no current CUDA device";
+	return NULL;
+}
+
 extern "C" const char *bk_vmm_create(size_t bytes, bk_vmm_map *m, int *fd)
 {
-	const driver *d = drv();
-	memset(m, 0, sizeof *m);
-	*fd = -1;
+	const driver *d;
 	CUdevice dev;
-	if (d->why)
-		return d->why;
-	if (current_device(d, &dev))
-		return "no current CUDA device";
+	*fd = -1;
+	const char *why0 = vmm_begin(&d, m, &dev);
+	if (why0)
+		return why0;
 	CUmemAllocationProp p = prop_of(dev);
 	size_t g = 0;
 	if (d->granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !g)
@@ -193,13 +204,11 @@ extern "C" const char *bk_vmm_create(size_t bytes, bk_vmm_map *m, int *fd)
 
 extern "C" const char *bk_vmm_import(int fd, size_t bytes, bk_vmm_map *m)
 {
-	const driver *d = drv();
-	memset(m, 0, sizeof *m);
+	const driver *d;
 	CUdevice dev;
-	if (d->why)
-		return d->why;
-	if (current_device(d, &dev))
-		return "no current CUDA device";
+	const char *why0 = vmm_begin(&d, m, &dev);
+	if (why0)
+		return why0;
 	CUmemGenericAllocationHandle h;
 	if (d->import_fd(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
 	    CUDA_SUCCESS)
