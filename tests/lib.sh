@@ -22,11 +22,12 @@ done
 # each step runs with pipefail: a failing stage fails the step even mid-pipe
 test_expect_success() {
 	_n=$((_n + 1))
+	local t0=$SECONDS
 	if (set -o pipefail; eval "$2") >"$TEST_TMP/.out" 2>&1 9>&1; then
-		echo "ok $_n - $1"
+		echo "ok $_n - $1 ($((SECONDS - t0)) s)"
 	else
 		_fail=$((_fail + 1))
-		echo "not ok $_n - $1"; sed 's/^/#   /' "$TEST_TMP/.out"
+		echo "not ok $_n - $1 ($((SECONDS - t0)) s)"; sed 's/^/#   /' "$TEST_TMP/.out"
 	fi
 }
 # test_must_fail [--exit N] [--lines N | --list] CMD...: CMD must fail the way bakery

@@ -52,7 +52,7 @@ fi
 
 test_expect_success 'run.sh --emu: a planted failure fails the run and is named' '
 	test_must_fail env BK_GPU_TEST_FAIL=test_cuda_ops "$ROOT/tests/gpu/run.sh" --prebuilt --pack "$TEST_TMP/pack" \
-		--emu --quick --out out2 --budget 30 >run2.out 2>err &&
+		--emu --quick --out out2 --budget 10 >run2.out 2>err &&
 	cat out2/results.md &&
 	grep -q "^run.sh: error: .*correctness check(s) failed: test_cuda_ops" err &&
 	grep -q "| gpu | test_cuda_ops | FAIL | [0-9]* | FAIL (exit 3): planted failure (BK_GPU_TEST_FAIL, BK_CUDA_SYNC=unset); re-run with BK_CUDA_SYNC=1: FAIL (exit 3)" out2/results.md &&

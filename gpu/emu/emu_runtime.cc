@@ -974,7 +974,10 @@ cudaError_t cudaMemset(void *dst, int v, size_t n)
 }
 
 // ---------------------------------------------------------------------------------
-// fibers: x86-64 System V, callee-saved registers, MXCSR and the x87 control word
+// fibers: x86-64 System V, the callee-saved registers.  Not MXCSR nor the x87 control
+// word: saving and loading them was 85 % of a switch (fldcw serialises), and every
+// fiber runs on the one host thread with its floating-point environment, which no
+// kernel changes (run_grid checks that after each block)
 
 extern "C" void emu_ctx_switch(void **save_sp, void *load_sp);
 extern "C" void emu_fiber_start(void);
@@ -989,14 +992,8 @@ emu_ctx_switch:
 	pushq %r13
 	pushq %r14
 	pushq %r15
-	subq $8, %rsp
-	stmxcsr (%rsp)
-	fnstcw 4(%rsp)
 	movq %rsp, (%rdi)
 	movq %rsi, %rsp
-	ldmxcsr (%rsp)
-	fldcw 4(%rsp)
-	addq $8, %rsp
 	popq %r15
 	popq %r14
 	popq %r13
@@ -1054,12 +1051,11 @@ struct emu_block_run {
 	std::vector<unsigned> order;
 	std::vector<emu_warp> warps;
 	unsigned nthreads;
-	int cur = -1; // the running fiber
+	int cur = -1;	   // the running fiber
+	unsigned pos = 0; // its place in order
 	void *sched_sp = NULL;
 	unsigned waiting_bar = 0, done = 0;
 	int bar_or = 0;
-	const void *sched_stack_bottom = NULL;
-	size_t sched_stack_size = 0;
 };
 static emu_block_run *g_blk;	 // the block being run
 static std::vector<emu_fiber> g_fibers; // stacks reused across blocks and launches
@@ -1067,36 +1063,81 @@ static unsigned char *g_smem;		 // the block's dynamic shared memory
 
 void *emu_dyn_smem(void) { return g_smem; }
 
-static void switch_to_sched(int final_switch)
-{
-	emu_block_run *b = g_blk;
-	emu_fiber &me = (*b->f)[b->cur];
 #ifdef EMU_ASAN
-	__sanitizer_start_switch_fiber(final_switch ? NULL : &me.fake, b->sched_stack_bottom,
-				       b->sched_stack_size);
+// stack bounds of the scheduler (the host thread's stack), for ASan's fiber switches
+static thread_local const void *g_sched_stack_bottom;
+static thread_local size_t g_sched_stack_size;
+#endif
+
+// switches from the running fiber `me` (or the scheduler, me == NULL) to fiber i
+static void switch_to_fiber(emu_block_run *b, emu_fiber *me, int final_switch, unsigned k)
+{
+	emu_fiber &f = (*b->f)[b->order[k]];
+	b->pos = k;
+	b->cur = (int)b->order[k];
+	threadIdx = f.tid;
+#ifdef EMU_ASAN
+	void *fake = NULL;
+	__sanitizer_start_switch_fiber(final_switch ? NULL : me ? &me->fake : &fake, f.stack,
+				       f.size);
+	emu_ctx_switch(me ? &me->sp : &b->sched_sp, f.sp);
+	if (me)
+		__sanitizer_finish_switch_fiber(me->fake, NULL, NULL);
+	else
+		__sanitizer_finish_switch_fiber(fake, NULL, NULL);
 #else
 	(void)final_switch;
+	emu_ctx_switch(me ? &me->sp : &b->sched_sp, f.sp);
 #endif
-	emu_ctx_switch(&me.sp, b->sched_sp);
+}
+
+// the running fiber stops (at a barrier, a warp collective or its end): the pass goes on
+// with the next fiber in the block's shuffled order that can run, straight from this one
+// (one context switch, not two through the scheduler); at the end of the pass the
+// scheduler takes over (barrier release, deadlock checks, the next pass)
+static void yield_fiber(int final_switch)
+{
+	emu_block_run *b = g_blk;
+	emu_fiber *me = &(*b->f)[b->cur];
+	for (unsigned k = b->pos + 1; k < b->nthreads; k++)
+		if ((*b->f)[b->order[k]].state == F_RUN) {
+			switch_to_fiber(b, me, final_switch, k);
+			return;
+		}
+	b->cur = -1;
 #ifdef EMU_ASAN
-	__sanitizer_finish_switch_fiber(me.fake, NULL, NULL);
+	__sanitizer_start_switch_fiber(final_switch ? NULL : &me->fake, g_sched_stack_bottom,
+				       g_sched_stack_size);
+#endif
+	emu_ctx_switch(&me->sp, b->sched_sp);
+#ifdef EMU_ASAN
+	__sanitizer_finish_switch_fiber(me->fake, NULL, NULL);
 #endif
 }
 
 static void fiber_main(void *)
 {
 #ifdef EMU_ASAN
-	__sanitizer_finish_switch_fiber(NULL, &g_blk->sched_stack_bottom, &g_blk->sched_stack_size);
+	// the first fiber of a launch starts from the scheduler: its stack bounds are kept
+	// (the host thread's stack; the same for every launch); a switch from another fiber
+	// reports that fiber's stack, which is not wanted
+	if (!g_sched_stack_bottom)
+		__sanitizer_finish_switch_fiber(NULL, &g_sched_stack_bottom, &g_sched_stack_size);
+	else
+		__sanitizer_finish_switch_fiber(NULL, NULL, NULL);
 #endif
 	(*g_blk->body)();
 	emu_fiber &me = (*g_blk->f)[g_blk->cur];
 	me.state = F_DONE;
 	g_blk->done++;
-	switch_to_sched(1);
+	yield_fiber(1);
 	__builtin_unreachable();
 }
 
-static void fiber_init(emu_fiber &f)
+// a fresh thread on fiber f (the idx-th): its stack top is offset by idx cache lines
+// within a page, so the tops of the block's stacks (all at the same offset in their
+// pages otherwise) do not compete for one L1 set at every switch
+static void fiber_init(emu_fiber &f, unsigned idx)
 {
 	if (!f.stack) {
 		size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -1111,7 +1152,7 @@ static void fiber_init(emu_fiber &f)
 #ifdef EMU_ASAN
 	ASAN_UNPOISON_MEMORY_REGION(f.stack, f.size); // frames a previous thread left
 #endif
-	uintptr_t top = ((uintptr_t)f.stack + f.size) & ~(uintptr_t)15;
+	uintptr_t top = ((uintptr_t)f.stack + f.size - (idx % 64) * 64) & ~(uintptr_t)15;
 	uint64_t *sp = (uint64_t *)top;
 	*--sp = 0;			     // (alignment: the return slot below is 16-aligned)
 	*--sp = (uint64_t)emu_fiber_start;    // ret target
@@ -1121,28 +1162,9 @@ static void fiber_init(emu_fiber &f)
 	*--sp = (uint64_t)(void *)fiber_main; // r13: function
 	*--sp = 0;			     // r14
 	*--sp = 0;			     // r15
-	uint32_t ctl[2] = {0x1f80, 0x037f};  // MXCSR default, x87 control word default
-	*--sp = 0;
-	memcpy(sp, ctl, 8);
 	f.sp = sp;
 	f.state = F_RUN;
 	f.fake = NULL;
-}
-
-static void resume(emu_block_run *b, int i)
-{
-	emu_fiber &f = (*b->f)[i];
-	b->cur = i;
-	threadIdx = f.tid;
-#ifdef EMU_ASAN
-	void *fake = NULL;
-	__sanitizer_start_switch_fiber(&fake, f.stack, f.size);
-#endif
-	emu_ctx_switch(&b->sched_sp, f.sp);
-#ifdef EMU_ASAN
-	__sanitizer_finish_switch_fiber(fake, NULL, NULL);
-#endif
-	b->cur = -1;
 }
 
 static std::string site(const char *file, int line)
@@ -1174,7 +1196,7 @@ void emu_syncthreads(const char *file, int line)
 	me.file = file;
 	me.line = line;
 	b->waiting_bar++;
-	switch_to_sched(0);
+	yield_fiber(0);
 }
 
 int emu_syncthreads_or(int v, const char *file, int line)
@@ -1213,7 +1235,11 @@ const unsigned char *emu_warp_exchange(unsigned mask, const void *in, size_t byt
 	// two buffers by parity: a lane cannot be two collectives ahead of a lane still
 	// reading, since the next one needs that lane too
 	unsigned par = W.gen & 1;
-	memcpy(W.buf[par][lane], in, bytes);
+	switch (bytes) { // the common sizes as fixed copies, not a call to memcpy
+	case 4: memcpy(W.buf[par][lane], in, 4); break;
+	case 8: memcpy(W.buf[par][lane], in, 8); break;
+	default: memcpy(W.buf[par][lane], in, bytes);
+	}
 	W.arrived |= 1u << lane;
 	W.mask = mask;
 	W.what = what;
@@ -1226,7 +1252,7 @@ const unsigned char *emu_warp_exchange(unsigned mask, const void *in, size_t byt
 	} else {
 		me.state = F_WARP;
 		me.what = what;
-		switch_to_sched(0);
+		yield_fiber(0);
 	}
 	return &W.buf[par][0][0];
 }
@@ -1365,6 +1391,16 @@ static uint64_t emu_seed(void)
 	return seed;
 }
 
+// the floating-point controls the fibers share: MXCSR's (rounding, DAZ/FTZ, masks) and
+// the x87 control word
+static uint64_t fp_env(void)
+{
+	uint32_t mx;
+	uint16_t cw;
+	__asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mx), "=m"(cw));
+	return (uint64_t)(mx & ~0x3fu) << 16 | cw; // not MXCSR's sticky exception flags
+}
+
 // runs every block of a launch, in a shuffled order, each with its threads as fibers
 static void run_grid(const emu_launch_desc &d, const std::function<void()> &body,
 		     uint64_t key)
@@ -1377,9 +1413,16 @@ static void run_grid(const emu_launch_desc &d, const std::function<void()> &body
 	for (size_t i = 0; i < nb; i++)
 		blocks[i] = (unsigned)i;
 	shuffle(blocks, mix64(key));
-	std::vector<unsigned char> smem(d.smem ? d.smem : 0);
 	gridDim = d.grid;
 	blockDim = d.block;
+	const uint64_t env = fp_env();
+	emu_block_run br; // reused by every block of the launch
+	br.d = &d;
+	br.body = &body;
+	br.f = &g_fibers;
+	br.nthreads = nt;
+	br.order.resize(nt);
+	br.warps.resize((nt + 31) / 32);
 	for (size_t bi = 0; bi < nb; bi++) {
 		unsigned b = blocks[bi];
 		blockIdx = dim3(b % d.grid.x, b / d.grid.x % d.grid.y, b / (d.grid.x * d.grid.y));
@@ -1393,38 +1436,35 @@ static void run_grid(const emu_launch_desc &d, const std::function<void()> &body
 			sm = (unsigned char *)p;
 		}
 		g_smem = sm;
-		emu_block_run br;
-		br.d = &d;
-		br.body = &body;
-		br.f = &g_fibers;
-		br.nthreads = nt;
-		br.order.resize(nt);
+		br.cur = -1;
+		br.waiting_bar = br.done = 0;
+		br.bar_or = 0;
 		for (unsigned i = 0; i < nt; i++)
 			br.order[i] = i;
 		shuffle(br.order, mix64(key ^ (0xb10c0000ULL + b)));
-		br.warps.resize((nt + 31) / 32);
+		for (emu_warp &w : br.warps)
+			w.arrived = w.mask = w.gen = 0, w.what = NULL;
 		for (unsigned i = 0; i < nt; i++) {
 			emu_fiber &f = g_fibers[i];
-			fiber_init(f);
+			fiber_init(f, i);
 			f.flat = i;
 			f.tid = dim3(i % d.block.x, i / d.block.x % d.block.y,
 				     i / (d.block.x * d.block.y));
 		}
 		g_blk = &br;
 		for (;;) {
+			// a pass: the first fiber that can run, then (yield_fiber) each next one
 			bool ran = false;
-			for (unsigned k = 0; k < nt; k++) {
-				unsigned i = br.order[k];
-				if (g_fibers[i].state == F_RUN) {
-					resume(&br, (int)i);
+			for (unsigned k = 0; k < nt; k++)
+				if (g_fibers[br.order[k]].state == F_RUN) {
+					switch_to_fiber(&br, NULL, 0, k);
+					br.cur = -1;
 					ran = true;
+					break;
 				}
-			}
 			if (br.done == nt)
 				break;
-			unsigned at_bar = 0;
-			for (unsigned i = 0; i < nt; i++)
-				at_bar += g_fibers[i].state == F_BAR;
+			unsigned at_bar = br.waiting_bar;
 			if (at_bar && at_bar + br.done == nt) {
 				const emu_fiber *first = NULL;
 				for (unsigned i = 0; i < nt; i++) {
@@ -1433,7 +1473,8 @@ static void run_grid(const emu_launch_desc &d, const std::function<void()> &body
 						continue;
 					if (!first)
 						first = &f;
-					else if (f.line != first->line || strcmp(f.file, first->file))
+					else if (f.line != first->line ||
+						 (f.file != first->file && strcmp(f.file, first->file)))
 						block_error(&br,
 							    "__syncthreads at %s and at %s: "
 							    "threads wait at different barriers",
@@ -1465,6 +1506,9 @@ static void run_grid(const emu_launch_desc &d, const std::function<void()> &body
 					    at_bar, br.done);
 			}
 		}
+		if (fp_env() != env) // the fibers do not save it (emu_ctx_switch)
+			block_error(&br, "the floating-point environment (MXCSR, x87 control word) "
+					 "changed: fibers share it, as no kernel may change it");
 		g_blk = NULL;
 		g_smem = NULL;
 		free(sm);
