@@ -39,9 +39,9 @@ bk_kl_result bk_eval_kl(const bk_model *m, const float *lm_head, const bk_lora *
 	bk_acts *acts = bk_acts_create(m, maxT, lora ? lora->r : 0);
 	int32_t *ids = xmalloc((size_t)maxT * sizeof *ids), *pos = xmalloc((size_t)maxT * sizeof *pos);
 	int32_t *sample_of = xcalloc((size_t)maxr, sizeof *sample_of);
-	float *hid = m->ops->alloc((size_t)maxT * H * sizeof(float));
-	float *trows = m->ops->alloc((size_t)maxr * H * sizeof(float)), /* [maxr,H] device */
-	      *srows = m->ops->alloc((size_t)maxr * H * sizeof(float)), /* [maxr,H] device */
+	float *hid = bk_alloc(m->ops, (size_t)maxT * H * sizeof(float), "hidden");
+	float *trows = bk_alloc(m->ops, (size_t)maxr * H * sizeof(float), "eval rows"), /* [maxr,H] */
+	      *srows = bk_alloc(m->ops, (size_t)maxr * H * sizeof(float), "eval rows"), /* [maxr,H] */
 	      *kl = xmalloc((size_t)maxr * sizeof *kl);                  /* [maxr] host */
 	double sum_tok = 0, sum_sample = 0;
 	for (int i = 0; i < n; i++) {

@@ -190,7 +190,8 @@ static void pool_grow(bk_gen *g, int want)
 	nc = nc > p->limit ? p->limit : nc;
 	BUG_ON(nc <= cap);
 	size_t nphys = (size_t)nc + (g->fast ? 1 : 0); /* + the fast path's scratch block */
-	void *k = g->ops->alloc(nphys * p->bbytes), *v = g->ops->alloc(nphys * p->bbytes);
+	void *k = bk_alloc(g->ops, nphys * p->bbytes, "kv pool");
+	void *v = bk_alloc(g->ops, nphys * p->bbytes, "kv pool");
 	if (cap) {
 		g->ops->copy(k, p->k, (size_t)cap * p->bbytes);
 		g->ops->copy(v, p->v, (size_t)cap * p->bbytes);
@@ -311,27 +312,28 @@ static void ws_ensure(bk_gen *g, int T, int S)
 	const bk_llama_config *c = &g->m->cfg;
 	size_t H = c->H, I = c->I, QD = (size_t)c->NH * c->D, KVD = kvd(g->m), V = c->V;
 	size_t R = g->lora ? (size_t)g->lora->r : 1, f = sizeof(float), i4 = sizeof(int32_t);
-	g->x = ops->alloc(T * H * f);
-	g->ln = ops->alloc(T * H * f);
-	g->tmp = ops->alloc(T * H * f);
-	g->q = ops->alloc(T * QD * f);
-	g->att = ops->alloc(T * QD * f);
-	g->k = ops->alloc(T * KVD * f);
-	g->v = ops->alloc(T * KVD * f);
-	g->gate = ops->alloc(T * I * f);
-	g->up = ops->alloc(T * I * f);
-	g->hm = ops->alloc(T * I * f);
-	g->rstd = ops->alloc(T * (size_t)(c->NH > 1 ? c->NH : 1) * f); /* per head: qk_norm */
-	g->xa = ops->alloc(T * R * f);
-	g->hl = ops->alloc(S * H * f);
-	g->hn = ops->alloc(S * H * f);
-	g->logits = ops->alloc(S * V * f);
-	g->d_ids = ops->alloc(T * i4);
-	g->d_pos = ops->alloc(T * i4);
-	g->d_seq = ops->alloc(T * i4);
-	g->d_slot = ops->alloc(T * i4);
-	g->d_nkey = ops->alloc(T * i4);
-	g->d_last = ops->alloc(S * i4);
+	const char *ws = "step workspace"; /* the buffers' name in an out-of-memory error */
+	g->x = bk_alloc(ops, T * H * f, ws);
+	g->ln = bk_alloc(ops, T * H * f, ws);
+	g->tmp = bk_alloc(ops, T * H * f, ws);
+	g->q = bk_alloc(ops, T * QD * f, ws);
+	g->att = bk_alloc(ops, T * QD * f, ws);
+	g->k = bk_alloc(ops, T * KVD * f, ws);
+	g->v = bk_alloc(ops, T * KVD * f, ws);
+	g->gate = bk_alloc(ops, T * I * f, ws);
+	g->up = bk_alloc(ops, T * I * f, ws);
+	g->hm = bk_alloc(ops, T * I * f, ws);
+	g->rstd = bk_alloc(ops, T * (size_t)(c->NH > 1 ? c->NH : 1) * f, ws); /* per head: qk_norm */
+	g->xa = bk_alloc(ops, T * R * f, ws);
+	g->hl = bk_alloc(ops, S * H * f, ws);
+	g->hn = bk_alloc(ops, S * H * f, ws);
+	g->logits = bk_alloc(ops, S * V * f, ws);
+	g->d_ids = bk_alloc(ops, T * i4, ws);
+	g->d_pos = bk_alloc(ops, T * i4, ws);
+	g->d_seq = bk_alloc(ops, T * i4, ws);
+	g->d_slot = bk_alloc(ops, T * i4, ws);
+	g->d_nkey = bk_alloc(ops, T * i4, ws);
+	g->d_last = bk_alloc(ops, S * i4, ws);
 	g->h_ids = xmalloc(T * i4);
 	g->h_pos = xmalloc(T * i4);
 	g->h_seq = xmalloc(T * i4);
@@ -349,7 +351,7 @@ static void table_ensure(bk_gen *g, int n)
 	g->eng_epoch++;
 	g->ops->free(g->d_table);
 	free(g->h_table);
-	g->d_table = g->ops->alloc((size_t)g->capTab * sizeof(int32_t));
+	g->d_table = bk_alloc(g->ops, (size_t)g->capTab * sizeof(int32_t), "block tables");
 	g->h_table = xmalloc((size_t)g->capTab * sizeof(int32_t));
 }
 
@@ -371,11 +373,12 @@ static void draws_ensure(bk_gen *g, int N)
 		void *dev[] = { g->d_drow, g->d_dctr, g->d_dids, g->d_dkey, g->swork };
 		for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
 			ops->free(dev[i]);
-		g->d_drow = ops->alloc((size_t)n * sizeof(int32_t));
-		g->d_dctr = ops->alloc((size_t)n * sizeof(int32_t));
-		g->d_dids = ops->alloc((size_t)n * sizeof(int32_t));
-		g->d_dkey = ops->alloc((size_t)n * sizeof(uint64_t));
-		g->swork = ops->alloc(g->gops->sample_work_bytes(n, g->m->cfg.V));
+		const char *dw = "draws and sampler work";
+		g->d_drow = bk_alloc(ops, (size_t)n * sizeof(int32_t), dw);
+		g->d_dctr = bk_alloc(ops, (size_t)n * sizeof(int32_t), dw);
+		g->d_dids = bk_alloc(ops, (size_t)n * sizeof(int32_t), dw);
+		g->d_dkey = bk_alloc(ops, (size_t)n * sizeof(uint64_t), dw);
+		g->swork = bk_alloc(ops, g->gops->sample_work_bytes(n, g->m->cfg.V), dw);
 	}
 	g->capN = n;
 }
@@ -408,9 +411,9 @@ static void score_ensure(bk_gen *g, int S)
 		g->gops->sync(); /* no copy in flight into the old rows */
 	ops->free(g->d_tids), ops->free(g->d_tlogp), ops->free(g->d_trest);
 	score_host_free(g);
-	g->d_tids = ops->alloc((size_t)n * K * sizeof(int32_t));
-	g->d_tlogp = ops->alloc((size_t)n * K * sizeof(float));
-	g->d_trest = ops->alloc((size_t)n * sizeof(float));
+	g->d_tids = bk_alloc(ops, (size_t)n * K * sizeof(int32_t), "teacher top-k");
+	g->d_tlogp = bk_alloc(ops, (size_t)n * K * sizeof(float), "teacher top-k");
+	g->d_trest = bk_alloc(ops, (size_t)n * sizeof(float), "teacher top-k");
 	g->h_tids = score_host_alloc(g, (size_t)n * K * sizeof(int32_t));
 	g->h_tlogp = score_host_alloc(g, (size_t)n * K * sizeof(float));
 	g->h_trest = score_host_alloc(g, (size_t)n * sizeof(float));
@@ -696,10 +699,10 @@ static void fast_inputs(bk_gen *g, int T, int S, int N, int W)
 	g->fT += g->fT & 1, g->fN += g->fN & 1; /* even: the uint64 keys stay 8-byte aligned */
 	g->f_ints = (size_t)5 * g->fT + (size_t)4 * g->fN + (size_t)g->fS * g->fW;
 	g->f_h = go->host_alloc(g->f_ints * sizeof(int32_t));
-	g->f_d = ops->alloc(g->f_ints * sizeof(int32_t));
+	g->f_d = bk_alloc(ops, g->f_ints * sizeof(int32_t), "fast step inputs");
 	g->f_ids_h = go->host_alloc((size_t)g->fN * sizeof(int32_t));
-	g->f_ids_d = ops->alloc((size_t)g->fN * sizeof(int32_t));
-	g->f_swork = ops->alloc(go->sample_work_bytes(g->fN, g->m->cfg.V));
+	g->f_ids_d = bk_alloc(ops, (size_t)g->fN * sizeof(int32_t), "fast step inputs");
+	g->f_swork = bk_alloc(ops, go->sample_work_bytes(g->fN, g->m->cfg.V), "fast step inputs");
 	g->eng_epoch++;
 }
 

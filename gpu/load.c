@@ -416,6 +416,8 @@ static int load_shared(const bk_ops *ops, bk_loaded_model *lm, const bk_llama_co
 		size_t n = nlay;
 		if ((why = bk_vmm_create(used, &map, &fd))) {
 			bk_wshare_abandon(key);
+			if (why == bk_vmm_no_memory) /* an own copy would not fit either */
+				bk_cuda_die_oom(BK_CUDA_SHARED_WEIGHTS, map.bytes);
 			goto own;
 		}
 		bk_cuda_wplace_begin(BK_WPLACE_UPLOAD, map.ptr, map.bytes, desc, n);

@@ -180,7 +180,7 @@ static void add_weights(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev
 	if (d->cuda) {
 		size_t big = max2((size_t)m->V * H, max2(I * H, QD * H));
 		add(s, BK_MEM_LOAD, "weight staging (load only)",
-		    "gpu/cuda/cuda_ops.cu cuda_weight_upload: cudaMalloc stage",
+		    "gpu/cuda/cuda_ops.cu cuda_weight_upload: the staging buffer",
 		    (big < CUDA_CHUNK ? big : CUDA_CHUNK) * 4);
 		add(s, BK_MEM_ESTIMATE, "CUDA context (estimate)",
 		    "the driver: context, cuBLAS handle and workspace, kernels", CUDA_CONTEXT);
@@ -472,8 +472,9 @@ void bk_mem_plan_gen(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev *d
 		add(s, BK_MEM_BUF, "teacher top-k of a step's rows",
 		    "gpu/gen.c score_ensure: ids, logp, rest", S * ((size_t)o->teacher_k * 8 + 4));
 	if (d->cuda) {
-		add(s, BK_MEM_BUF, "decode linear scratch", "gpu/cuda/cuda_gen.cu lin2_scratch",
-		    (size_t)64 * 2 * L2_TARGET_BLOCKS * 64 * 4 + L2_NCNT * 4);
+		if (d->decode_fast) /* only BK_DECODE=v2's linears use it */
+			add(s, BK_MEM_BUF, "decode linear scratch", "gpu/cuda/cuda_gen.cu lin2_scratch",
+			    (size_t)64 * 2 * L2_TARGET_BLOCKS * 64 * 4 + L2_NCNT * 4);
 		size_t NC = cdiv(Wt * GEN_BLOCK, ATT_CH), nth = T * (size_t)m->NH;
 		size_t att = nth * NC * ((size_t)m->D + 2) * 4;
 		add(s, BK_MEM_BUF, "decode attention workspace",

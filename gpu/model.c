@@ -235,13 +235,13 @@ bk_model *bk_model_create_from(const bk_ops *ops, const bk_llama_config *cfg,
 	m->inv_freq_host = xmalloc(c->D / 2 * sizeof(float));
 	memcpy(m->inv_freq_host, cfg->inv_freq, c->D / 2 * sizeof(float));
 	m->cfg.inv_freq = m->inv_freq_host;
-	m->inv_freq = ops->alloc(c->D / 2 * sizeof(float));
+	m->inv_freq = bk_alloc(ops, c->D / 2 * sizeof(float), "rope tables");
 	ops->upload(m->inv_freq, m->inv_freq_host, c->D / 2 * sizeof(float));
 	if (cfg->inv_freq_local) {
 		m->inv_freq_local_host = xmalloc(c->D / 2 * sizeof(float));
 		memcpy(m->inv_freq_local_host, cfg->inv_freq_local, c->D / 2 * sizeof(float));
 		m->cfg.inv_freq_local = m->inv_freq_local_host;
-		m->inv_freq_local = ops->alloc(c->D / 2 * sizeof(float));
+		m->inv_freq_local = bk_alloc(ops, c->D / 2 * sizeof(float), "rope tables");
 		ops->upload(m->inv_freq_local, m->inv_freq_local_host, c->D / 2 * sizeof(float));
 	}
 	if (cfg->window) {
@@ -331,20 +331,23 @@ void bk_model_free(bk_model *m)
 
 /* ---- activations ---- */
 
-static float *falloc(const bk_ops *ops, size_t n) { return ops->alloc(n * sizeof(float)); }
+static float *falloc(const bk_ops *ops, size_t n, const char *name)
+{
+	return bk_alloc(ops, n * sizeof(float), name);
+}
 
 /* an activation buffer of n floats, counted in a->bytes */
 static float *aalloc(const bk_ops *ops, bk_acts *a, size_t n)
 {
 	a->bytes += n * sizeof(float);
-	return falloc(ops, n);
+	return falloc(ops, n, "activations");
 }
 
 /* an act buffer of n elements of a->act_bytes (invariant 7), counted in a->bytes */
 static void *aalloc_act(const bk_ops *ops, bk_acts *a, size_t n)
 {
 	a->bytes += n * a->act_bytes;
-	return ops->alloc(n * a->act_bytes);
+	return bk_alloc(ops, n * a->act_bytes, "activations");
 }
 
 /* mode 0: training; 1: training with gradient checkpointing; 2: forward only
@@ -366,9 +369,9 @@ static bk_acts *acts_create(const bk_model *m, int max_T, int max_r, int mode)
 	a->n_slot = (int)NS;
 	a->fwd_only = fwd;
 	a->act_bytes = m->act_bytes;
-	a->ids = ops->alloc(T * sizeof(int32_t));
-	a->pos = ops->alloc(T * sizeof(int32_t));
-	a->cu = ops->alloc((T + 1) * sizeof(int32_t));
+	a->ids = bk_alloc(ops, T * sizeof(int32_t), "activations");
+	a->pos = bk_alloc(ops, T * sizeof(int32_t), "activations");
+	a->cu = bk_alloc(ops, (T + 1) * sizeof(int32_t), "activations");
 	a->bytes = (3 * T + 1) * sizeof(int32_t);
 	a->resid = aalloc(ops, a, (fwd ? 2 : L + 1) * T * H);
 	a->resid2 = aalloc(ops, a, NS * T * H);
@@ -522,7 +525,7 @@ static bk_lora *lora_alloc(const bk_model *m, int r, float alpha, float dropout,
 			}
 		if (!pass) {
 			lo->n_flat = n;
-			lo->flat = falloc(m->ops, n);
+			lo->flat = falloc(m->ops, n, "LoRA adapter");
 			m->ops->zero(lo->flat, n * sizeof(float));
 		}
 	}
@@ -958,8 +961,8 @@ bk_prefix *bk_model_prefix_build(const bk_model *m, bk_acts *a, const int32_t *i
 		layer_forward(m, NULL, a, l, NULL, NULL, 0, resid_at(a, l + 1, c->H));
 		layer_acts s = layer_slot(m, a, l);
 		size_t bytes = P * KVD * m->act_bytes; /* invariant 7 */
-		p->k[l] = ops->alloc(bytes);
-		p->v[l] = ops->alloc(bytes);
+		p->k[l] = bk_alloc(ops, bytes, "prefix k, v");
+		p->v[l] = bk_alloc(ops, bytes, "prefix k, v");
 		ops->copy(p->k[l], s.k, bytes);
 		ops->copy(p->v[l], s.v, bytes);
 	}

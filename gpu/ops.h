@@ -75,6 +75,10 @@ typedef struct bk_ops {
 
 	/* ---- memory (bytes; "device" = the implementation's memory) ---- */
 	void *(*alloc)(size_t bytes); /* contents undefined (the host fills with NaN) */
+	/* alloc with the buffer's name: a short stable label ("kv pool", "activations") that
+	 * an out-of-memory error names, and groups this process's holdings by (the CUDA
+	 * ops); the host ignores it.  NULL: alloc.  Callers use bk_alloc below. */
+	void *(*alloc_as)(size_t bytes, const char *name);
 	void (*free)(void *p);        /* NULL is fine */
 	void (*upload)(void *dst_device, const void *src_host, size_t bytes);
 	void (*download)(void *dst_host, const void *src_device, size_t bytes);
@@ -330,5 +334,11 @@ typedef struct bk_ops {
 } bk_ops;
 
 extern const bk_ops bk_ops_host;
+
+/* ops->alloc of a named buffer (alloc_as where the ops have it) */
+static inline void *bk_alloc(const bk_ops *ops, size_t bytes, const char *name)
+{
+	return ops->alloc_as ? ops->alloc_as(bytes, name) : ops->alloc(bytes);
+}
 
 #endif

@@ -94,7 +94,7 @@ static void ensure_acts(bk_teach *t, int T)
 	t->acts = bk_acts_create_fwd(t->m, T, 0);
 	t->stats.acts_bytes = bk_acts_bytes(t->acts);
 	t->stats.acts_T = T;
-	t->hidden = t->m->ops->alloc((size_t)T * t->m->cfg.H * sizeof(float));
+	t->hidden = bk_alloc(t->m->ops, (size_t)T * t->m->cfg.H * sizeof(float), "hidden");
 }
 
 /* device scratch for N response rows */
@@ -107,11 +107,11 @@ static void ensure_rows(bk_teach *t, int N)
 	size_t per = t->k ? (size_t)t->k : (size_t)t->m->cfg.V;
 	ops->free(t->rowidx_d), ops->free(t->rows_d), ops->free(t->ids_d);
 	ops->free(t->logp_d), ops->free(t->rest_d);
-	t->rowidx_d = ops->alloc(cap * sizeof(int32_t));
-	t->rows_d = ops->alloc(cap * H * sizeof(float));
-	t->logp_d = ops->alloc(cap * per * sizeof(float));
-	t->ids_d = t->k ? ops->alloc(cap * per * sizeof(int32_t)) : NULL;
-	t->rest_d = t->k ? ops->alloc(cap * sizeof(float)) : NULL;
+	t->rowidx_d = bk_alloc(ops, cap * sizeof(int32_t), "teacher rows");
+	t->rows_d = bk_alloc(ops, cap * H * sizeof(float), "teacher rows");
+	t->logp_d = bk_alloc(ops, cap * per * sizeof(float), "teacher rows");
+	t->ids_d = t->k ? bk_alloc(ops, cap * per * sizeof(int32_t), "teacher rows") : NULL;
+	t->rest_d = t->k ? bk_alloc(ops, cap * sizeof(float), "teacher rows") : NULL;
 	t->cap_rows = cap;
 }
 

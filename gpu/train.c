@@ -43,8 +43,8 @@ static void optim_create(bk_trainer *t)
 	if (!(t->o.weight_decay >= 0))
 		die("adamw: weight decay %g must be >= 0", t->o.weight_decay);
 	if (t->o.optim == BK_OPTIM_ADAMW) {
-		t->opt.m = ops->alloc(n * sizeof(float));
-		t->opt.v = ops->alloc(n * sizeof(float));
+		t->opt.m = bk_alloc(ops, n * sizeof(float), "optimizer state");
+		t->opt.v = bk_alloc(ops, n * sizeof(float), "optimizer state");
 		ops->zero(t->opt.m, n * sizeof(float));
 		ops->zero(t->opt.v, n * sizeof(float));
 		return;
@@ -75,10 +75,10 @@ static void optim_create(bk_trainer *t)
 			}
 		}
 	t->opt.n_blocks = nb;
-	t->opt.qm = ops->alloc(n ? n : 1);
-	t->opt.qv = ops->alloc(n ? n : 1);
-	t->opt.am = ops->alloc((nb ? nb : 1) * sizeof(float));
-	t->opt.av = ops->alloc((nb ? nb : 1) * sizeof(float));
+	t->opt.qm = bk_alloc(ops, n ? n : 1, "optimizer state");
+	t->opt.qv = bk_alloc(ops, n ? n : 1, "optimizer state");
+	t->opt.am = bk_alloc(ops, (nb ? nb : 1) * sizeof(float), "optimizer state");
+	t->opt.av = bk_alloc(ops, (nb ? nb : 1) * sizeof(float), "optimizer state");
 	ops->zero(t->opt.qm, n);
 	ops->zero(t->opt.qv, n);
 	ops->zero(t->opt.am, nb * sizeof(float));
@@ -131,8 +131,8 @@ void bk_trainer_reserve(bk_trainer *t, int max_T)
 	ops->free(t->dhid);
 	t->acts = bk_acts_create_ckpt(t->m, max_T, t->o.r, t->o.grad_checkpoint);
 	size_t bytes = (size_t)max_T * t->m->cfg.H * sizeof(float);
-	t->hid = ops->alloc(bytes);
-	t->dhid = ops->alloc(bytes);
+	t->hid = bk_alloc(ops, bytes, "hidden, d hidden");
+	t->dhid = bk_alloc(ops, bytes, "hidden, d hidden");
 	t->acts_T = max_T;
 }
 
@@ -183,18 +183,18 @@ static void loss_reserve(bk_trainer *t, int N, size_t tk)
 		size_t cap = (size_t)N * 2;
 		ops->free(t->rows_d), ops->free(t->hrows_d), ops->free(t->trows_d);
 		ops->free(t->drows_d), ops->free(t->tk_rest_d);
-		t->rows_d = ops->alloc(cap * sizeof(int32_t));
-		t->hrows_d = ops->alloc(cap * H * sizeof(float));
-		t->trows_d = ops->alloc(cap * H * sizeof(float));
-		t->drows_d = ops->alloc(cap * H * sizeof(float));
-		t->tk_rest_d = ops->alloc(cap * sizeof(float));
+		t->rows_d = bk_alloc(ops, cap * sizeof(int32_t), "loss rows");
+		t->hrows_d = bk_alloc(ops, cap * H * sizeof(float), "loss rows");
+		t->trows_d = bk_alloc(ops, cap * H * sizeof(float), "loss rows");
+		t->drows_d = bk_alloc(ops, cap * H * sizeof(float), "loss rows");
+		t->tk_rest_d = bk_alloc(ops, cap * sizeof(float), "loss rows");
 		t->cap_rows_d = cap;
 	}
 	if (tk > t->cap_tk_d) {
 		size_t cap = tk * 2;
 		ops->free(t->tk_ids_d), ops->free(t->tk_logp_d);
-		t->tk_ids_d = ops->alloc(cap * sizeof(int32_t));
-		t->tk_logp_d = ops->alloc(cap * sizeof(float));
+		t->tk_ids_d = bk_alloc(ops, cap * sizeof(int32_t), "teacher fields");
+		t->tk_logp_d = bk_alloc(ops, cap * sizeof(float), "teacher fields");
 		t->cap_tk_d = cap;
 	}
 }

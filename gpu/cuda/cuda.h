@@ -79,10 +79,18 @@ void bk_cuda_adamw8_step(float *param, const float *grad, uint8_t *qm, uint8_t *
 double bk_cuda_grad_sumsq(const float *g, size_t n);
 void bk_cuda_scale(float *x, double s, size_t n);
 
-/* Bytes of device memory handed out by bk_ops_cuda.alloc / weight_upload and the
- * op workspaces, now and at peak since the last reset (cuBLAS's own workspace and the
- * CUDA context are not counted: see bk_cuda_mem_used). */
+/* Bytes of device memory this process holds through bk_cuda_dev_alloc (every device
+ * buffer of gpu/cuda/: bk_ops_cuda.alloc, weight_upload and its staging buffer, the op
+ * workspaces and scratches) and in mapped shared weights, now and at peak since the
+ * last reset (cuBLAS's own workspace and the CUDA context are not counted: see
+ * bk_cuda_mem_used). */
 void bk_cuda_mem_stats(size_t *current, size_t *peak);
+/* Out of device memory for the buffer `name` of `bytes`: dies with one line naming it,
+ * the device's free and total, what this process holds by buffer name (largest first),
+ * what other processes hold, and the flags of the stage (bk_prog) that need less. */
+__attribute__((noreturn)) void bk_cuda_die_oom(const char *name, size_t bytes);
+/* the name of the shared weights (gpu/cuda/cuda_vmm.h) in those counters */
+#define BK_CUDA_SHARED_WEIGHTS "shared weights"
 void bk_cuda_mem_reset_peak(void);
 /* total - free of cudaMemGetInfo: everything on the device, context included. */
 size_t bk_cuda_mem_used(void);

@@ -125,8 +125,8 @@ static void *aw(int slot, size_t bytes)
 	if (bytes <= g_aw_bytes[slot])
 		return g_aw[slot];
 	size_t want = bytes + bytes / 4;
-	dev_free(g_aw[slot]);
-	g_aw[slot] = dev_alloc(want);
+	bk_cuda_dev_free(g_aw[slot]);
+	g_aw[slot] = bk_cuda_dev_alloc(want, "activation scratch");
 	g_aw_bytes[slot] = want;
 	return g_aw[slot];
 }

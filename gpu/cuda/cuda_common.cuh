@@ -95,6 +95,11 @@ cublasHandle_t bk_cuda_cublas(void);
 // Device scratch of at least `bytes`, shared by all ops (grows, never shrinks; valid
 // until the next call with a larger size).  slot 0..3: independent buffers.
 void *bk_cuda_workspace(int slot, size_t bytes);
+// The one device allocator (gpu/cuda/cuda_ops.cu): every device buffer of gpu/cuda/ is one,
+// with a short stable name ("lin2 scratch"), counted by name in bk_cuda_mem_stats; out of
+// memory dies naming it and what this process holds (bk_cuda_die_oom in cuda.h).
+void *bk_cuda_dev_alloc(size_t bytes, const char *name);
+void bk_cuda_dev_free(void *p); // NULL is fine; waits for the stream first
 
 // grid size for n elements at `threads` per block (1 when n == 0 is never launched)
 static inline unsigned bk_cuda_blocks(size_t n, int threads)

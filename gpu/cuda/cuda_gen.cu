@@ -224,8 +224,8 @@ static void lin2_scratch(void)
 		return;
 	// KS > 1 only when tiles < L2_TARGET_BLOCKS, and then KS * tiles < 2 L2_TARGET_BLOCKS
 	g_l2_part_floats = (size_t)64 * 2 * L2_TARGET_BLOCKS * 64;
-	CUDA_CHECK(cudaMalloc((void **)&g_l2_part, g_l2_part_floats * sizeof(float)));
-	CUDA_CHECK(cudaMalloc((void **)&g_l2_cnt, L2_NCNT * sizeof(unsigned)));
+	g_l2_part = (float *)bk_cuda_dev_alloc(g_l2_part_floats * sizeof(float), "lin2 scratch");
+	g_l2_cnt = (unsigned *)bk_cuda_dev_alloc(L2_NCNT * sizeof(unsigned), "lin2 scratch");
 	CUDA_CHECK(cudaMemset(g_l2_cnt, 0, L2_NCNT * sizeof(unsigned)));
 	g_gen_epoch++;
 }
@@ -464,12 +464,9 @@ static float *att_workspace(size_t bytes)
 {
 	if (bytes <= g_att_ws_bytes)
 		return g_att_ws;
-	if (g_att_ws) {
-		CUDA_CHECK(cudaStreamSynchronize(bk_cuda_stream()));
-		CUDA_CHECK(cudaFree(g_att_ws));
-	}
+	bk_cuda_dev_free(g_att_ws); // after the stream is done with it
 	size_t want = bytes + bytes / 2;
-	CUDA_CHECK(cudaMalloc((void **)&g_att_ws, want));
+	g_att_ws = (float *)bk_cuda_dev_alloc(want, "decode attention workspace");
 	g_att_ws_bytes = want;
 	g_gen_epoch++;
 	return g_att_ws;

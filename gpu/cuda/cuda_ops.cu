@@ -11,10 +11,13 @@
 #include "gpu/cuda/cuda_attention_tc.h" // BK_ATTN: fp32 or tensor-core attention
 #include "gpu/cuda/cuda_vmm.h"           // weight placement: one shared copy of the weights
 
+#include <algorithm>
 #include <math.h>
 #include <mutex>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <string>
 #include <vector>
 
 // ---------------------------------------------------------------------------------
@@ -61,43 +64,177 @@ cublasHandle_t bk_cuda_cublas(void)
 	return g_cublas;
 }
 
-static std::mutex g_mem_mu;
-static std::vector<std::pair<void *, size_t>> g_live; // device allocations and sizes
-static size_t g_cur, g_peak;
+// ---------------------------------------------------------------------------------
+// the one device allocator: every device buffer of gpu/cuda/ is a bk_cuda_dev_alloc with a
+// short stable name ("kv pool", "workspace 2"), so that running out of memory names the
+// buffer and what this process holds, by name (bk_cuda_die_oom)
 
-static void *dev_alloc(size_t bytes)
+static std::mutex g_mem_mu;
+struct dev_buf {
+	void *p;
+	size_t bytes;
+	const char *name;
+};
+typedef std::pair<const char *, size_t> named_bytes;
+static std::vector<dev_buf> g_live;     // device allocations
+static std::vector<named_bytes> g_held; // bytes held, by name
+static size_t g_cur, g_peak;
+// the mappings of shared weights this process placed weights in (below: weight placement)
+struct warena {
+	char *base;
+	size_t bytes, counted; // mapped; placed so far (counted in g_cur)
+};
+static std::vector<warena> g_warenas; // guarded by g_mem_mu
+
+// bytes to name's entry of v (names are compared by text: the same name from two files)
+static void add_named(std::vector<named_bytes> &v, const char *name, size_t bytes)
+{
+	for (auto &h : v)
+		if (!strcmp(h.first, name)) {
+			h.second += bytes;
+			return;
+		}
+	v.push_back({ name, bytes });
+}
+
+// callers hold g_mem_mu
+static void held_sub(const char *name, size_t bytes)
+{
+	for (auto &h : g_held)
+		if (!strcmp(h.first, name)) {
+			h.second -= bytes;
+			return;
+		}
+	CUDA_BUG("device memory of '%s' freed but never counted", name);
+}
+
+// callers hold g_mem_mu
+static void count_add(const char *name, size_t bytes)
+{
+	add_named(g_held, name, bytes);
+	g_cur += bytes;
+	if (g_cur > g_peak)
+		g_peak = g_cur;
+}
+
+// "12.0 MiB": bytes in a unit a person reads at a glance
+static const char *human(char *buf, size_t n, size_t bytes)
+{
+	static const char *const unit[] = { "KiB", "MiB", "GiB", "TiB" };
+	if (bytes < 1024) {
+		snprintf(buf, n, "%zu bytes", bytes);
+		return buf;
+	}
+	double v = (double)bytes / 1024;
+	int u = 0;
+	for (; v >= 1024 && u < 3; u++)
+		v /= 1024;
+	snprintf(buf, n, "%.1f %s", v, unit[u]);
+	return buf;
+}
+
+// what to change, by stage (the tools' own flags; bk-bake plans all of them)
+static const char *oom_advice(void)
+{
+	if (!strcmp(bk_prog, "bk-gen"))
+		return "lower --kv-memory or --max-batch, or use --load-in-4bit";
+	if (!strcmp(bk_prog, "bk-step"))
+		return "use --grad-checkpoint, a smaller --batch-size or --load-in-4bit";
+	if (!strcmp(bk_prog, "bk-teach"))
+		return "use a smaller --batch-size or --max-tokens, or --load-in-4bit";
+	return "use a smaller batch or --load-in-4bit";
+}
+
+// what this process holds by name, a mapping of shared weights with all its bytes
+// (placed or not); callers hold g_mem_mu
+static std::vector<named_bytes> holdings(void)
+{
+	std::vector<named_bytes> h;
+	for (auto &e : g_held)
+		if (e.second)
+			h.push_back(e);
+	for (auto &w : g_warenas)
+		if (w.bytes > w.counted)
+			add_named(h, BK_CUDA_SHARED_WEIGHTS, w.bytes - w.counted);
+	std::sort(h.begin(), h.end(),
+		  [](const named_bytes &x, const named_bytes &y) { return x.second > y.second; });
+	return h;
+}
+
+// "3.1 MiB (activations 2.0 MiB, shared weights 1.0 MiB, 2 more 80.0 KiB)" or "nothing":
+// the largest few by name; the sum in *total
+static void say_holdings(char *out, size_t n, size_t *total)
+{
+	std::vector<named_bytes> h;
+	{
+		std::lock_guard<std::mutex> lk(g_mem_mu);
+		h = holdings();
+	}
+	size_t sum = 0, rest = 0, i = 0;
+	for (auto &e : h)
+		sum += e.second;
+	*total = sum;
+	if (!sum) {
+		snprintf(out, n, "nothing");
+		return;
+	}
+	char u[32];
+	std::string t = human(u, sizeof u, sum);
+	for (; i < h.size() && i < 4; i++)
+		t += std::string(i ? ", " : " (") + h[i].first + " " + human(u, sizeof u, h[i].second);
+	for (size_t j = i; j < h.size(); j++)
+		rest += h[j].second;
+	if (i < h.size())
+		t += ", " + std::to_string(h.size() - i) + " more " + human(u, sizeof u, rest);
+	snprintf(out, n, "%s)", t.c_str());
+}
+
+extern "C" void bk_cuda_die_oom(const char *name, size_t bytes)
+{
+	size_t fr = 0, tot = 0, ours;
+	cudaGetLastError();
+	if (cudaMemGetInfo(&fr, &tot) != cudaSuccess)
+		fr = tot = 0;
+	cudaGetLastError();
+	char held[512], a[32], b[32], c[32], o[32];
+	say_holdings(held, sizeof held, &ours);
+	size_t other = tot - fr > ours ? tot - fr - ours : 0;
+	die("out of device memory for '%s' (%s asked): %s of %s free; this process holds %s; "
+	    "%s held by other processes (other stages of the pipe, a shared weight copy) and "
+	    "the CUDA context; %s, or see the plan with bk-bake --dry-run --gpu-memory SIZE",
+	    name, human(a, sizeof a, bytes), human(b, sizeof b, fr), human(c, sizeof c, tot),
+	    held, human(o, sizeof o, other), oom_advice());
+}
+
+void *bk_cuda_dev_alloc(size_t bytes, const char *name)
 {
 	cuda_init();
 	void *p = NULL;
 	cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
-	if (e != cudaSuccess) {
-		size_t fr = 0, tot = 0;
-		cudaGetLastError();
-		cudaMemGetInfo(&fr, &tot);
-		die("cuda: cudaMalloc of %zu bytes failed: %s (%zu of %zu bytes free, %zu held "
-		    "by bakery)",
-		    bytes, cudaGetErrorString(e), fr, tot, g_cur);
-	}
+	if (e == cudaErrorMemoryAllocation)
+		bk_cuda_die_oom(name, bytes);
+	if (e != cudaSuccess)
+		die("cuda: cudaMalloc of '%s' (%zu bytes) failed: %s (%s)", name, bytes,
+		    cudaGetErrorName(e), cudaGetErrorString(e));
 	std::lock_guard<std::mutex> lk(g_mem_mu);
-	g_live.push_back({ p, bytes });
-	g_cur += bytes;
-	if (g_cur > g_peak)
-		g_peak = g_cur;
+	g_live.push_back({ p, bytes, name });
+	count_add(name, bytes);
 	return p;
 }
 
-static void dev_free(void *p)
+void bk_cuda_dev_free(void *p)
 {
 	if (!p)
 		return;
 	{
 		std::lock_guard<std::mutex> lk(g_mem_mu);
 		size_t i = 0;
-		for (; i < g_live.size() && g_live[i].first != p; i++)
+		for (; i < g_live.size() && g_live[i].p != p; i++)
 			;
 		if (i == g_live.size())
-			CUDA_BUG("cuda free: %p was not allocated by bk_ops_cuda", p);
-		g_cur -= g_live[i].second;
+			CUDA_BUG("cuda free: %p was not allocated by bk_cuda_dev_alloc", p);
+		g_cur -= g_live[i].bytes;
+		held_sub(g_live[i].name, g_live[i].bytes);
 		g_live[i] = g_live.back();
 		g_live.pop_back();
 	}
@@ -148,8 +285,10 @@ void *bk_cuda_workspace(int slot, size_t bytes)
 #else
 	size_t want = bytes + bytes / 4; // some headroom against growth in small steps
 #endif
-	dev_free(g_ws[slot]);
-	g_ws[slot] = dev_alloc(want);
+	static const char *const name[BK_NWS] = { "workspace 0", "workspace 1", "workspace 2",
+						   "workspace 3" };
+	bk_cuda_dev_free(g_ws[slot]);
+	g_ws[slot] = bk_cuda_dev_alloc(want, name[slot]);
 	g_ws_bytes[slot] = want;
 	return g_ws[slot];
 }
@@ -157,15 +296,17 @@ void *bk_cuda_workspace(int slot, size_t bytes)
 // ---------------------------------------------------------------------------------
 // memory ops
 
-static void *cuda_alloc(size_t bytes)
+static void *cuda_alloc_as(size_t bytes, const char *name)
 {
-	void *p = dev_alloc(bytes);
+	void *p = bk_cuda_dev_alloc(bytes, name);
 	if (bytes) // all-ones bytes are a NaN float, as on the host: unwritten reads show
 		CUDA_CHECK(cudaMemsetAsync(p, 0xff, bytes, g_stream));
 	return p;
 }
 
-static void cuda_free(void *p) { dev_free(p); }
+static void *cuda_alloc(size_t bytes) { return cuda_alloc_as(bytes, "unnamed buffer"); }
+
+static void cuda_free(void *p) { bk_cuda_dev_free(p); }
 
 static void cuda_upload(void *dst, const void *src, size_t bytes)
 {
@@ -233,11 +374,6 @@ static char *g_wbase;
 static size_t g_wbytes, g_woff;
 static std::vector<bk_wdesc> g_wdesc;
 static size_t g_wn; // tensors placed since begin
-struct warena {
-	char *base;
-	size_t bytes, counted;
-};
-static std::vector<warena> g_warenas; // guarded by g_mem_mu
 
 static size_t walign(size_t off) { return (off + 255) & ~(size_t)255; }
 
@@ -288,6 +424,7 @@ extern "C" void bk_cuda_warena_drop(void *base)
 	for (size_t i = 0; i < g_warenas.size(); i++)
 		if (g_warenas[i].base == base) {
 			g_cur -= g_warenas[i].counted;
+			held_sub(BK_CUDA_SHARED_WEIGHTS, g_warenas[i].counted);
 			g_warenas[i] = g_warenas.back();
 			g_warenas.pop_back();
 			return;
@@ -318,9 +455,7 @@ static __nv_bfloat16 *wplace_next(int rows, int cols)
 		std::lock_guard<std::mutex> lk(g_mem_mu);
 		warena *a = arena_of(g_wbase);
 		a->counted += bytes;
-		g_cur += bytes;
-		if (g_cur > g_peak)
-			g_peak = g_cur;
+		count_add(BK_CUDA_SHARED_WEIGHTS, bytes);
 	}
 	g_wn++;
 	g_woff = off + bytes;
@@ -342,29 +477,20 @@ static bk_weight *cuda_weight_upload(const float *host, int rows, int cols)
 	w->kind = BK_WEIGHT_PLAIN;
 	int place = g_wmode != BK_WPLACE_OWN;
 	__nv_bfloat16 *d = place ? wplace_next(rows, cols)
-				 : (__nv_bfloat16 *)dev_alloc(n * sizeof(__nv_bfloat16));
+				 : (__nv_bfloat16 *)bk_cuda_dev_alloc(n * sizeof(__nv_bfloat16),
+								      "weights");
 	w->data = d;
 	if (g_wmode == BK_WPLACE_MEASURE || g_wmode == BK_WPLACE_ATTACH)
 		return w; // nothing to read: the layout only, or another process's upload
-	float *stage = NULL;
 	size_t sb = (n < chunk ? n : chunk) * sizeof(float);
-	if (cudaMalloc(&stage, sb) != cudaSuccess) {
-		size_t fr = 0, tot = 0;
-		cudaGetLastError();
-		cudaMemGetInfo(&fr, &tot);
-		die("cuda: out of device memory for the weight staging buffer (%zu bytes, "
-		    "gpu/cuda/cuda_ops.cu cuda_weight_upload) while loading the weights: %zu of %zu "
-		    "bytes free, %zu held by bakery in this process",
-		    sb, fr, tot, g_cur);
-	}
+	float *stage = (float *)bk_cuda_dev_alloc(sb, "weight staging");
 	for (size_t off = 0; off < n; off += chunk) {
 		size_t m = n - off < chunk ? n - off : chunk;
 		CUDA_CHECK(cudaMemcpyAsync(stage, host + off, m * sizeof(float),
 					   cudaMemcpyHostToDevice, g_stream));
 		to_bf16(d + off, stage, m);
 	}
-	CUDA_CHECK(cudaStreamSynchronize(g_stream));
-	CUDA_CHECK(cudaFree(stage));
+	bk_cuda_dev_free(stage); // waits for the conversions
 	return w;
 }
 
@@ -384,7 +510,7 @@ static void cuda_weight_free(bk_weight *w)
 		in_arena = !w->data || arena_of(w->data); // placed: freed with its arena
 	}
 	if (!in_arena)
-		dev_free(w->data);
+		bk_cuda_dev_free(w->data);
 	free(w);
 }
 
@@ -818,6 +944,7 @@ static void cuda_softcap_forward(float *x, float cap, size_t n)
 extern "C" const bk_ops bk_ops_cuda = {
 	.name = "cuda",
 	.alloc = cuda_alloc,
+	.alloc_as = cuda_alloc_as,
 	.free = cuda_free,
 	.upload = cuda_upload,
 	.download = cuda_download,

@@ -246,10 +246,9 @@ static double *sumsq_scratch(size_t n)
 {
 	std::lock_guard<std::mutex> lock(g_part_mu);
 	if (n > g_part_n) {
-		if (g_part)
-			CUDA_CHECK(cudaFree(g_part));
+		bk_cuda_dev_free(g_part);
 		g_part = NULL;
-		CUDA_CHECK(cudaMalloc((void **)&g_part, n * 2 * sizeof(double)));
+		g_part = (double *)bk_cuda_dev_alloc(n * 2 * sizeof(double), "sumsq scratch");
 		g_part_n = n * 2;
 	}
 	return g_part;

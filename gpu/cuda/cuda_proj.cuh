@@ -90,8 +90,8 @@ static void *pw(int slot, size_t bytes)
 	if (bytes <= g_pw_bytes[slot])
 		return g_pw[slot];
 	size_t want = bytes + bytes / 4;
-	dev_free(g_pw[slot]);
-	g_pw[slot] = dev_alloc(want);
+	bk_cuda_dev_free(g_pw[slot]);
+	g_pw[slot] = bk_cuda_dev_alloc(want, "projection scratch");
 	g_pw_bytes[slot] = want;
 	return g_pw[slot];
 }
@@ -337,7 +337,8 @@ static const void *const *proj_ptr_table(const proj_ptrs *v, int k)
 		if (!memcmp(&g_pt_key[i], v, sizeof *v))
 			return g_pt_dev + (size_t)i * PROJ_PTRS;
 	if (!g_pt_dev)
-		g_pt_dev = (const void **)dev_alloc((size_t)PT_SLOTS * PROJ_PTRS * sizeof(void *));
+		g_pt_dev = (const void **)bk_cuda_dev_alloc((size_t)PT_SLOTS * PROJ_PTRS * sizeof(void *),
+								    "projection pointer tables");
 	int i = g_pt_next;
 	g_pt_next = (g_pt_next + 1) % PT_SLOTS;
 	if (g_pt_used < PT_SLOTS)
@@ -376,7 +377,8 @@ static const __nv_bfloat16 *proj_wcat_get(const bk_proj *p, int n, int in)
 		e.w[j] = p[j].W, e.data[j] = p[j].W->data, e.rows[j] = p[j].W->rows;
 		rows += (size_t)p[j].W->rows;
 	}
-	e.cat = (__nv_bfloat16 *)dev_alloc(rows * in * sizeof(__nv_bfloat16));
+	e.cat = (__nv_bfloat16 *)bk_cuda_dev_alloc(rows * in * sizeof(__nv_bfloat16),
+						    "stacked weight copies");
 	size_t off = 0;
 	for (int j = 0; j < n; j++) {
 		size_t m = (size_t)p[j].W->rows * in;
@@ -398,7 +400,7 @@ static void cuda_proj_weight_free(bk_weight *w)
 			for (int j = 0; j < g_wcat[i].n; j++)
 				hit |= g_wcat[i].w[j] == w || g_wcat[i].data[j] == w->data;
 			if (hit) {
-				dev_free(g_wcat[i].cat);
+				bk_cuda_dev_free(g_wcat[i].cat);
 				g_wcat[i] = g_wcat.back();
 				g_wcat.pop_back();
 			} else {

@@ -71,28 +71,29 @@ static bk_weight *cuda_weight_upload_q4(const bk_q4 *q, int compute_bf16)
 	d->offset = q->offset;
 	memcpy(d->book.c, bk_q4_code(q->type), sizeof d->book.c);
 	size_t pb = (q->n + 1) / 2;
-	d->packed = (uint8_t *)dev_alloc(pb);
+	d->packed = (uint8_t *)bk_cuda_dev_alloc(pb, "4-bit weights");
 	CUDA_CHECK(cudaMemcpy(d->packed, q->packed, pb, cudaMemcpyHostToDevice));
 	if (q->qabsmax) {
-		d->qabsmax = (uint8_t *)dev_alloc(q->nb);
+		d->qabsmax = (uint8_t *)bk_cuda_dev_alloc(q->nb, "4-bit weights");
 		CUDA_CHECK(cudaMemcpy(d->qabsmax, q->qabsmax, q->nb, cudaMemcpyHostToDevice));
-		d->absmax2 = (float *)dev_alloc(q->nb2 * sizeof(float));
+		d->absmax2 = (float *)bk_cuda_dev_alloc(q->nb2 * sizeof(float), "4-bit weights");
 		CUDA_CHECK(cudaMemcpy(d->absmax2, q->absmax2, q->nb2 * sizeof(float),
 				      cudaMemcpyHostToDevice));
 		if (!g_q4_code2) {
-			g_q4_code2 = (float *)dev_alloc(256 * sizeof(float));
+			g_q4_code2 = (float *)bk_cuda_dev_alloc(256 * sizeof(float), "4-bit weights");
 			CUDA_CHECK(cudaMemcpy(g_q4_code2, bk_q4_code2(), 256 * sizeof(float),
 					      cudaMemcpyHostToDevice));
 		}
 	} else {
-		d->absmax = (float *)dev_alloc(q->nb * sizeof(float));
+		d->absmax = (float *)bk_cuda_dev_alloc(q->nb * sizeof(float), "4-bit weights");
 		CUDA_CHECK(cudaMemcpy(d->absmax, q->absmax, q->nb * sizeof(float),
 				      cudaMemcpyHostToDevice));
 	}
 	if (q->n > g_q4_scratch_n) { // at load, before any GEMM reads it
 		CUDA_CHECK(cudaStreamSynchronize(g_stream));
-		dev_free(g_q4_scratch);
-		g_q4_scratch = (__nv_bfloat16 *)dev_alloc(q->n * sizeof(__nv_bfloat16));
+		bk_cuda_dev_free(g_q4_scratch);
+		g_q4_scratch = (__nv_bfloat16 *)bk_cuda_dev_alloc(q->n * sizeof(__nv_bfloat16),
+								  "4-bit dequantisation scratch");
 		g_q4_scratch_n = q->n;
 	}
 	w->rows = q->rows;
@@ -105,10 +106,10 @@ static bk_weight *cuda_weight_upload_q4(const bk_q4 *q, int compute_bf16)
 static void cuda_q4_free(bk_weight *w)
 {
 	cuda_q4 *d = (cuda_q4 *)w->data;
-	dev_free(d->packed);
-	dev_free(d->absmax);
-	dev_free(d->qabsmax);
-	dev_free(d->absmax2);
+	bk_cuda_dev_free(d->packed);
+	bk_cuda_dev_free(d->absmax);
+	bk_cuda_dev_free(d->qabsmax);
+	bk_cuda_dev_free(d->absmax2);
 	free(d);
 	free(w);
 }

@@ -171,6 +171,8 @@ static const char *vmm_begin(const driver **d, bk_vmm_map *m, CUdevice *dev)
 	return NULL;
 }
 
+extern "C" const char bk_vmm_no_memory[] = "cuMemCreate: out of device memory";
+
 extern "C" const char *bk_vmm_create(size_t bytes, bk_vmm_map *m, int *fd)
 {
 	const driver *d;
@@ -185,8 +187,11 @@ extern "C" const char *bk_vmm_create(size_t bytes, bk_vmm_map *m, int *fd)
 		return "cuMemGetAllocationGranularity failed";
 	m->bytes = (bytes + g - 1) / g * g;
 	CUmemGenericAllocationHandle h;
-	if (d->create(&h, m->bytes, &p, 0) != CUDA_SUCCESS)
-		return "cuMemCreate failed (out of device memory?)";
+	CUresult r = d->create(&h, m->bytes, &p, 0);
+	if (r == CUDA_ERROR_OUT_OF_MEMORY)
+		return bk_vmm_no_memory;
+	if (r != CUDA_SUCCESS)
+		return "cuMemCreate failed";
 	m->handle = h;
 	if (d->export_fd(fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != CUDA_SUCCESS) {
 		d->release(h);

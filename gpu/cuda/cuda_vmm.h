@@ -32,8 +32,11 @@ int bk_vmm_supported(const char **why);
 int bk_vmm_device_uuid(char out[33], const char **why);
 /* A new physical allocation of at least bytes on the current device, exportable as a
  * file descriptor, mapped read-write in this process; *fd its descriptor (the caller
- * owns it).  NULL, or the reason it failed (static text; nothing is left allocated). */
+ * owns it).  NULL, or the reason it failed (static text; nothing is left allocated):
+ * bk_vmm_no_memory itself when the device has too little memory free (m->bytes then
+ * the bytes asked: bytes rounded up to the granularity). */
 const char *bk_vmm_create(size_t bytes, bk_vmm_map *m, int *fd);
+extern const char bk_vmm_no_memory[];
 /* Maps the allocation of a descriptor made by bk_vmm_create (any process) of bytes
  * (its mapped size there).  The caller keeps fd.  NULL, or the reason it failed. */
 const char *bk_vmm_import(int fd, size_t bytes, bk_vmm_map *m);
