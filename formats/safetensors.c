@@ -496,8 +496,7 @@ const char *bk_st_meta(const bk_st *st, const char *key)
 	return NULL;
 }
 
-void bk_st_read_f32(const bk_st *st, const char *name, int ndim, const int64_t *shape,
-		    float *out)
+const bk_st_tensor *bk_st_get(const bk_st *st, const char *name, int ndim, const int64_t *shape)
 {
 	const bk_st_tensor *t = bk_st_find(st, name);
 	if (!t)
@@ -511,14 +510,55 @@ void bk_st_read_f32(const bk_st *st, const char *name, int ndim, const int64_t *
 		bk_shape_str(t->ndim, t->shape, got, sizeof got);
 		die("%s: tensor '%s': expected shape %s, got %s", t->file, name, want, got);
 	}
+	return t;
+}
+
+/* a NaN or inf weight poisons every output: refuse it where it is named, not later as
+ * NaN log-probs or skipped steps */
+static void die_nonfinite(const bk_st_tensor *t, int nan, size_t i)
+{
+	die("%s: tensor '%s': non-finite value (%s) at index %zu", t->file, t->name,
+	    nan ? "nan" : "inf", i);
+}
+
+void bk_st_read_f32(const bk_st *st, const char *name, int ndim, const int64_t *shape,
+		    float *out)
+{
+	const bk_st_tensor *t = bk_st_get(st, name, ndim, shape);
 	size_t n = (size_t)bk_st_numel(t);
 	bk_convert_to_f32(t->dtype, t->data, n, out);
-	/* a NaN or inf weight poisons every output: refuse it here, where it is named,
-	 * not later as NaN log-probs or skipped steps */
 	for (size_t i = 0; i < n; i++)
 		if (!isfinite(out[i]))
-			die("%s: tensor '%s': non-finite value (%s) at index %zu", t->file, name,
-			    isnan(out[i]) ? "nan" : "inf", i);
+			die_nonfinite(t, isnan(out[i]), i);
+}
+
+void bk_st_read_bf16(const bk_st_tensor *t, size_t off, size_t n, uint16_t *out)
+{
+	size_t es = bk_dtype_size(t->dtype);
+	if (off > (size_t)bk_st_numel(t) || n > (size_t)bk_st_numel(t) - off)
+		BUG("tensor '%s': elements [%zu, +%zu) of %lld", t->name, off, n,
+		    (long long)bk_st_numel(t));
+	const uint8_t *s = (const uint8_t *)t->data + off * es;
+	if (t->dtype == BK_DT_BF16) /* the bytes as they are: no rounding, no fp32 */
+		memcpy(out, s, n * 2);
+	for (size_t i = 0; i < n; i++) {
+		float f;
+		if (t->dtype == BK_DT_BF16) {
+			if ((out[i] & 0x7f80) == 0x7f80)
+				die_nonfinite(t, (out[i] & 0x7f) != 0, off + i);
+			continue;
+		}
+		if (t->dtype == BK_DT_F16) {
+			uint16_t h;
+			memcpy(&h, s + 2 * i, 2);
+			f = bk_f16_to_f32(h); /* exact */
+		} else {
+			memcpy(&f, s + 4 * i, 4);
+		}
+		if (!isfinite(f))
+			die_nonfinite(t, isnan(f), off + i);
+		out[i] = bk_f32_to_bf16(f);
+	}
 }
 
 /* ---- writer ---- */

@@ -57,6 +57,14 @@ int64_t bk_st_numel(const bk_st_tensor *t);
  * and actual shape, or the first NaN/inf). */
 void bk_st_read_f32(const bk_st *st, const char *name, int ndim, const int64_t *shape,
 		    float *out);
+/* The tensor name with exactly this shape; dies naming the tensor when it is absent or
+ * of another shape (the expected and the actual one). */
+const bk_st_tensor *bk_st_get(const bk_st *st, const char *name, int ndim, const int64_t *shape);
+/* Elements [off, off + n) of t (row-major) as bf16 bit patterns: a BF16 tensor's bytes as
+ * they are, F16 and F32 rounded to nearest even (as the CUDA device rounds fp32, so the
+ * same numbers as bk_st_read_f32 then rounded); dies naming the tensor at the first
+ * NaN/inf, as bk_st_read_f32.  For loading chunk by chunk without a copy of the tensor. */
+void bk_st_read_bf16(const bk_st_tensor *t, size_t off, size_t n, uint16_t *out);
 /* Convert n elements of dtype dt at src (any alignment) to fp32. */
 void bk_convert_to_f32(bk_dtype dt, const void *src, size_t n, float *out);
 /* Format a shape as "[2, 3]" into buf (always NUL-terminated). */

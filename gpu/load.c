@@ -276,25 +276,26 @@ typedef struct {
 	const char *pre;
 } load_src;
 
-static const float *load_get(void *ctx, int layer, int id, int rows, int cols)
+/* the checkpoint's name of weight id of layer (-1: the model's own) into name; *norm:
+ * a norm weight (read_norm's (1 + w) for Gemma) */
+static void weight_name(const load_src *ls, int layer, int id, char name[256], int *norm)
 {
-	const load_src *ls = ctx;
 	const bk_config *c = ls->c;
-	char name[256];
+	*norm = 1;
 	if (layer < 0) {
+		*norm = id == BK_W_FINAL_NORM;
 		if (id == BK_W_LM_HEAD)
-			return read_tensor(ls->st, bk_config_lm_head(c, ls->st), rows, cols);
-		snprintf(name, sizeof name, "%s%s", ls->pre,
-			 id == BK_W_EMBED ? "embed_tokens.weight" : "norm.weight");
-		return id == BK_W_EMBED ? read_tensor(ls->st, name, rows, cols)
-					: read_norm(c, ls->st, name, cols);
+			snprintf(name, 256, "%s", bk_config_lm_head(c, ls->st));
+		else
+			snprintf(name, 256, "%s%s", ls->pre,
+				 id == BK_W_EMBED ? "embed_tokens.weight" : "norm.weight");
+		return;
 	}
 	static const char *const lin[BK_LORA_NMOD] = {
 		"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
 		"self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
 		"mlp.down_proj.weight"};
 	const char *what = NULL;
-	int norm = 1;
 	switch (id) {
 	case BK_W_ATTN_NORM: what = "input_layernorm.weight"; break;
 	case BK_W_MLP_NORM:
@@ -305,21 +306,53 @@ static const float *load_get(void *ctx, int layer, int id, int rows, int cols)
 	case BK_W_POST_MLP_NORM: what = "post_feedforward_layernorm.weight"; break;
 	case BK_W_Q_NORM: what = "self_attn.q_norm.weight"; break;
 	case BK_W_K_NORM: what = "self_attn.k_norm.weight"; break;
-	case BK_W_BQ: what = "self_attn.q_proj.bias", norm = 0; break;
-	case BK_W_BK: what = "self_attn.k_proj.bias", norm = 0; break;
-	case BK_W_BV: what = "self_attn.v_proj.bias", norm = 0; break;
+	case BK_W_BQ: what = "self_attn.q_proj.bias", *norm = 0; break;
+	case BK_W_BK: what = "self_attn.k_proj.bias", *norm = 0; break;
+	case BK_W_BV: what = "self_attn.v_proj.bias", *norm = 0; break;
 	default:
 		BUG_ON(id < 0 || id >= BK_LORA_NMOD);
-		what = lin[id], norm = 0;
+		what = lin[id], *norm = 0;
 	}
-	snprintf(name, sizeof name, "%slayers.%d.%s", ls->pre, layer, what);
-	return norm ? read_norm(c, ls->st, name, cols) : read_tensor(ls->st, name, rows, cols);
+	snprintf(name, 256, "%slayers.%d.%s", ls->pre, layer, what);
+}
+
+static const float *load_get(void *ctx, int layer, int id, int rows, int cols)
+{
+	const load_src *ls = ctx;
+	char name[256];
+	int norm;
+	weight_name(ls, layer, id, name, &norm);
+	return norm ? read_norm(ls->c, ls->st, name, cols) : read_tensor(ls->st, name, rows, cols);
 }
 
 static void load_put(void *ctx, const float *p)
 {
 	(void)ctx;
 	free((void *)p);
+}
+
+static void load_fill(void *ctx, size_t off, size_t n, uint16_t *out)
+{
+	bk_st_read_bf16(ctx, off, n, out);
+}
+
+/* the tensor as it is in the mapped file, converted chunk by chunk into the device's
+ * staging (Gemma's norms, 1 + w computed in fp32, go through load_get) */
+static int load_bf16(void *ctx, int layer, int id, int rows, int cols, bk_bf16_fill *fill,
+		     void **fill_ctx)
+{
+	const load_src *ls = ctx;
+	char name[256];
+	int norm;
+	weight_name(ls, layer, id, name, &norm);
+	if (norm && ls->c->norm_plus_one)
+		return 0;
+	int64_t shape[2] = {rows, cols}; /* the shapes read_tensor checks */
+	const bk_st_tensor *t = rows == 1 ? bk_st_get(ls->st, name, 1, shape + 1)
+					  : bk_st_get(ls->st, name, 2, shape);
+	*fill = load_fill;
+	*fill_ctx = (void *)t;
+	return 1;
 }
 
 /* ---- one copy of the weights per GPU (load.h) ---- */
@@ -363,7 +396,7 @@ static int load_shared(const bk_ops *ops, bk_loaded_model *lm, const bk_llama_co
 	size_t len = 0;
 	long pid = 0;
 	bk_vmm_map map;
-	bk_weight_source none = {no_numbers, NULL, NULL};
+	bk_weight_source none = {no_numbers, NULL, NULL, NULL};
 	bk_wdesc *lay = NULL;
 	size_t nlay = 0;
 	if (!bk_wshare_enabled()) {
@@ -496,10 +529,12 @@ bk_loaded_model bk_model_load_q4(const bk_ops *ops, const char *dir, const bk_q4
 	mc.inv_freq_local = has_local ? inv_local : NULL;
 	if (q4)
 		mc.q4 = *q4; /* the base linears quantised at create (gpu/model.h) */
-	/* tensor by tensor from the mapped checkpoint: read into fp32, uploaded, freed, so
-	 * the host holds at most one tensor in fp32 besides what the device keeps */
+	/* tensor by tensor from the mapped checkpoint: on a bf16 device (weight_upload_bf16)
+	 * converted chunk by chunk into its staging, so the host holds no copy of a tensor
+	 * (the peak is the staging buffer); else read into fp32, uploaded, freed, so the
+	 * host holds at most one tensor in fp32 besides what the device keeps */
 	load_src ls = {c, st, pre};
-	bk_weight_source src = {load_get, load_put, &ls};
+	bk_weight_source src = {load_get, load_put, &ls, load_bf16};
 	bk_model_fingerprint(dir, lm.fingerprint); /* the shared copy's key */
 #ifdef BK_HAVE_CUDA
 	if (!load_shared(ops, &lm, &mc, &src))

@@ -19,7 +19,10 @@ typedef struct {
 } bk_loaded_model;
 
 /* Loads DIR/config.json and its safetensors (one file or sharded), checks every
- * tensor against the config, converts to fp32 and creates the model on ops.
+ * tensor against the config and creates the model on ops, tensor by tensor from the
+ * mapped files: on ops with weight_upload_bf16 (CUDA) each streamed in bf16 chunks
+ * (converted from fp16/fp32 chunk by chunk) through the device's staging, so no host
+ * copy of a tensor is made; else (the host twin) read into fp32 one tensor at a time.
  * On the CUDA ops the frozen weights are one copy per GPU, model and dtype: the first
  * process loads them into a shared allocation (gpu/cuda/cuda_vmm.h) and serves it
  * (gpu/wshare.h), later ones map it without reading a tensor (the layout comes with it;

@@ -151,6 +151,12 @@ void bk_model_module_dims(const bk_llama_config *c, int module, int *in, int *ou
 static bk_weight *up(const bk_ops *ops, const bk_weight_source *src, int layer, int id,
 		     int rows, int cols)
 {
+	bk_bf16_fill fill;
+	void *fctx;
+	/* a bf16 device: the checkpoint's numbers chunk by chunk, no host copy of the tensor */
+	if (ops->weight_upload_bf16 && src->bf16 &&
+	    src->bf16(src->ctx, layer, id, rows, cols, &fill, &fctx))
+		return ops->weight_upload_bf16(rows, cols, fill, fctx);
 	const float *p = src->get(src->ctx, layer, id, rows, cols);
 	BUG_ON(!p);
 	bk_weight *w = ops->weight_upload(p, rows, cols);
@@ -205,7 +211,7 @@ static const float *struct_get(void *ctx, int layer, int id, int rows, int cols)
 bk_model *bk_model_create(const bk_ops *ops, const bk_llama_config *cfg,
 			  const bk_llama_weights *w)
 {
-	bk_weight_source src = {struct_get, NULL, (void *)w};
+	bk_weight_source src = {struct_get, NULL, (void *)w, NULL};
 	return bk_model_create_from(ops, cfg, &src);
 }
 
@@ -261,7 +267,7 @@ bk_model *bk_model_create_from(const bk_ops *ops, const bk_llama_config *cfg,
 		die("4-bit base weights (load_in_4bit): the %s device has no 4-bit linears", ops->name);
 
 	/* one tensor at a time: got from the source, uploaded, given back (so a loader
-	 * holds at most one tensor on the host) */
+	 * holds at most one tensor on the host), or streamed in bf16 chunks (no tensor) */
 #define UP(layer, id, r, cc) up(ops, src, layer, id, r, cc)
 	m->embed = UP(-1, BK_W_EMBED, c->V, c->H);
 	m->final_norm = UP(-1, BK_W_FINAL_NORM, 1, c->H);

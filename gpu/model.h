@@ -157,12 +157,19 @@ enum bk_weight_id {
 };
 /* get: the fp32 host numbers of weight id of layer (-1: embed, final norm, LM head), in
  * the layout of bk_llama_weights, rows x cols; put (optional): called once it is on the
- * device, e.g. to free it.  bk_model_create_from asks for one tensor at a time, in a
- * fixed order, only for those the config has (the LM head only when untied). */
+ * device, e.g. to free it.  bf16 (optional): the same weight in bf16 chunks for
+ * ops->weight_upload_bf16, so that no host copy of it is made: sets *fill and *fill_ctx
+ * (valid until the next call) and returns 1, or returns 0 for a weight to be got
+ * through get (one the source computes, as Gemma's 1 + w norms).  bk_model_create_from
+ * asks for one tensor at a time, in a fixed order, only for those the config has (the
+ * LM head only when untied); it uses bf16 when both the source and the ops have it and
+ * the weight is not a 4-bit linear (those are quantised from get's fp32). */
 typedef struct {
 	const float *(*get)(void *ctx, int layer, int id, int rows, int cols);
 	void (*put)(void *ctx, const float *p);
 	void *ctx;
+	int (*bf16)(void *ctx, int layer, int id, int rows, int cols, bk_bf16_fill *fill,
+		    void **fill_ctx);
 } bk_weight_source;
 bk_model *bk_model_create_from(const bk_ops *ops, const bk_llama_config *cfg,
 			       const bk_weight_source *src);

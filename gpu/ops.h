@@ -43,6 +43,10 @@ enum { BK_WEIGHT_PLAIN = 0, BK_WEIGHT_Q4 = 1 };
 
 struct bk_q4; /* gpu/quant4.h */
 
+/* Writes elements [off, off + n) of a row-major weight as bf16 bit patterns into out
+ * (bk_ops.weight_upload_bf16's staging); dies (naming the tensor) on bad numbers. */
+typedef void (*bk_bf16_fill)(void *ctx, size_t off, size_t n, uint16_t *out);
+
 /* The attention parameters of attention_forward/backward (see there). */
 typedef struct bk_attn {
 	float scale;   /* score = q.k * scale */
@@ -85,6 +89,14 @@ typedef struct bk_ops {
 	void (*copy)(void *dst_device, const void *src_device, size_t bytes);
 	void (*zero)(void *p_device, size_t bytes);
 	bk_weight *(*weight_upload)(const float *host /* [rows,cols] */, int rows, int cols);
+	/* The weight that weight_upload of the fp32 values of these bf16 numbers makes (the
+	 * same handle, the same device bits), its numbers pulled chunk by chunk: fill is
+	 * called for consecutive ranges covering [0, rows*cols) in order, each into a
+	 * staging buffer of the implementation of bounded size, so a loader holds no copy
+	 * of the tensor (gpu/load.c: from the mapped checkpoint through the staging to the
+	 * device, no fp32 on the way).  NULL: the implementation takes fp32 only (the host
+	 * twin, which keeps fp32 weights: a bf16 path would round an fp32 checkpoint). */
+	bk_weight *(*weight_upload_bf16)(int rows, int cols, bk_bf16_fill fill, void *ctx);
 	void (*weight_free)(bk_weight *w); /* NULL is fine */
 	/* A frozen base linear in 4 bits (QLoRA: bitsandbytes' NF4/FP4 blocks with their
 	 * statistics, gpu/quant4.h), [q->rows, q->cols].  Every op that takes the handle

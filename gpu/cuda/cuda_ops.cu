@@ -494,6 +494,7 @@ static bk_weight *cuda_weight_upload(const float *host, int rows, int cols)
 	return w;
 }
 
+#include "gpu/cuda/cuda_wload.cuh" // weights streamed in bf16: weight_upload_bf16
 #include "gpu/cuda/cuda_q4.cuh" // 4-bit base linears (QLoRA): weight_upload_q4
 
 static void cuda_weight_free(bk_weight *w)
@@ -951,6 +952,7 @@ extern "C" const bk_ops bk_ops_cuda = {
 	.copy = cuda_copy,
 	.zero = cuda_zero,
 	.weight_upload = cuda_weight_upload,
+	.weight_upload_bf16 = cuda_weight_upload_bf16,
 	.weight_free = cuda_proj_weight_free, // and BK_LINEAR=v3's stacked copies of it
 	.weight_upload_q4 = cuda_weight_upload_q4,
 	.embedding_forward = cuda_embedding_forward,

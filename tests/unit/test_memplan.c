@@ -363,7 +363,7 @@ static void test_create_from(void)
 			     .rms_eps = 1e-5f, .inv_freq = inv, .qk_norm = 1, .qkv_bias = 1,
 			     .sandwich = 1};
 	count_src cs = {0};
-	bk_weight_source src = {count_get, count_put, &cs};
+	bk_weight_source src = {count_get, count_put, &cs, NULL};
 	bk_model *m = bk_model_create_from(&bk_ops_host, &c, &src);
 	/* embed, final norm, lm head; per layer 7 linears, 2 norms, 3 biases, 2 q/k norms,
 	 * 2 sandwich norms = 16 */
