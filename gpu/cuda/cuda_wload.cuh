@@ -31,7 +31,7 @@ static bk_weight *cuda_weight_upload_bf16(int rows, int cols, bk_bf16_fill fill,
 	w->kind = BK_WEIGHT_PLAIN;
 	uint16_t *d = (uint16_t *)(g_wmode != BK_WPLACE_OWN
 					   ? (void *)wplace_next(rows, cols)
-					   : dev_alloc(n * sizeof(__nv_bfloat16)));
+					   : bk_cuda_dev_alloc(n * sizeof(__nv_bfloat16), "weights"));
 	w->data = d;
 	if (g_wmode == BK_WPLACE_MEASURE || g_wmode == BK_WPLACE_ATTACH)
 		return w; // nothing to read: the layout only, or another process's upload
