@@ -209,8 +209,10 @@ for kind in gemma3 qwen2; do
 	'
 done
 
-# QLoRA (gpu/cuda/cuda_q4.cuh): the 4-bit linears dequantised to bf16 before each GEMM
-# equal the host twin's compute dtype bf16 weights, so the bounds are those above
+# QLoRA (gpu/cuda/cuda_q4.cuh): the 4-bit linears dequantised to bf16 before each GEMM,
+# or in bk-gen's decode expanded inside the linear kernels (cuda_wsrc.cuh: the 4-bit
+# decode kernels launch here), equal the host twin's compute dtype bf16 weights, so the
+# bounds are those above
 test_expect_success 'QLoRA --load-in-4bit: bk-teach and bk-step cuda vs cpu (nf4 + double quant), bk-gen cuda (decode v1 and v2) vs cpu' '
 	Q="--load-in-4bit --bnb-4bit-compute-dtype bfloat16" &&
 	bk-teach --model "$M" --device cpu --top-k 8 $Q b.bk | bk-dump >q-cpu.jsonl &&

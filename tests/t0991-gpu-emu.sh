@@ -39,6 +39,7 @@ test_expect_success 'run.sh --emu --quick: device mode on the emulated GPU, ever
 	grep -q "| timing | cuBLAS bf16 GEMM rate (best shape) | ran (emulated: not a speed) |" out/results.md &&
 	grep -q "| timing | bakery step, small Llama .* | ran (emulated: not a speed) |" out/results.md &&
 	grep -q "| timing | bakery generate: greedy, batch 1 | ran (emulated: not a speed) |" out/results.md &&
+	grep -q "| timing | decode batch 1: 4-bit/bf16 | ran (emulated: not a speed) |" out/results.md &&
 	grep -q "| compare | HF + PEFT step, HF generate, the Python tool | skipped (emulation) |  | need torch" out/results.md &&
 	grep -q "| sanitizer | compute-sanitizer memcheck / racecheck | skipped (emulation) |  | needs a real GPU" out/results.md &&
 	grep -q "^All correctness checks that ran passed" out/results.md &&

@@ -1,5 +1,6 @@
 // cuda_gen.cu - bk_gen_ops_cuda: the generation ops of gpu/gen.h on the GPU: a row-wise
-// bf16 tensor-core linear, a fp32 LoRA, the paged bf16 KV cache (store) and the decode
+// bf16 tensor-core linear (whose decode reads a QLoRA 4-bit weight's codes itself:
+// cuda_wsrc.cuh), a fp32 LoRA, the paged bf16 KV cache (store) and the decode
 // attention over block tables (split along the keys, then a reduction).  Every output
 // element is computed by one fixed sequence of operations that depends on its own row
 // and the sequence's length only, never on how many rows run together, so generation on
@@ -7,6 +8,7 @@
 // not the engine (gen.c), not the training ops (cuda_ops.cu), not the teacher top-k of
 // bk-gen's scoring (bk-teach's kernel: cuda_loss.cu bk_cuda_teacher_topk_logits).
 #include "gpu/cuda/cuda_common.cuh"
+#include "gpu/cuda/cuda_wsrc.cuh" // the linears' weight sources: bf16, 4-bit
 
 #include <math.h>
 #include <stdlib.h>
@@ -30,37 +32,20 @@ extern "C" {
 
 enum { LIN_KW = 8, LIN_NT = 2, LIN_THREADS = LIN_KW * 32 };
 
+// A 4-bit weight (QLoRA, cuda_q4.cuh) times at most this many rows (decode; v2's decode
+// kernel's limit) goes to the linear kernels on the 4-bit source: they read 0.5 byte a
+// weight plus the statistics instead of 2 (cuda_wsrc.cuh).  More rows (prefill): the
+// weight is dequantised into the bf16 scratch once and the bf16 kernels run, whose tiles
+// read W once per 64 rows, so expanding the codes in every tile would cost more than the
+// one pass.  Both paths give the same bits: the threshold changes the speed only.
+enum { Q4_DECODE_MAX_T = 64 };
+
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b)
 {
 	__nv_bfloat162 h = __floats2bfloat162_rn(a, b); // .x (a) in the low half
 	uint32_t u;
 	memcpy(&u, &h, sizeof u);
 	return u;
-}
-
-// 8 bf16 W[n, k..k+7] as 4 pairs; zeros past the matrix
-__device__ __forceinline__ void load_w8(uint32_t r[4], const __nv_bfloat16 *W, int n, int k,
-					int in, int out, bool vec)
-{
-	if (n >= out) {
-		r[0] = r[1] = r[2] = r[3] = 0;
-		return;
-	}
-	const __nv_bfloat16 *p = W + (size_t)n * in + k;
-	if (vec) { // in % 8 == 0: the 8 are all inside or all outside
-		if (k < in) {
-			uint4 u = __ldg(reinterpret_cast<const uint4 *>(p));
-			r[0] = u.x, r[1] = u.y, r[2] = u.z, r[3] = u.w;
-		} else {
-			r[0] = r[1] = r[2] = r[3] = 0;
-		}
-		return;
-	}
-	unsigned short h[8];
-	for (int i = 0; i < 8; i++)
-		h[i] = k + i < in ? __bfloat16_as_ushort(p[i]) : (unsigned short)0;
-	for (int i = 0; i < 4; i++)
-		r[i] = (uint32_t)h[2 * i] | ((uint32_t)h[2 * i + 1] << 16);
 }
 
 // 8 fp32 x[t, k..k+7] rounded to bf16, as 4 pairs; zeros past the matrix
@@ -98,10 +83,11 @@ __device__ __forceinline__ void mma_bf16(float d[4], uint32_t a0, uint32_t a1, u
 #endif
 }
 
-// block: LIN_KW warps over the input chunks of one tile of MT*16 rows x LIN_NT*8 outputs
-template <int MT>
-__global__ void __launch_bounds__(LIN_THREADS)
-	gen_linear_kernel(float *y, const float *x, const __nv_bfloat16 *W, int T, int in, int out)
+// block: LIN_KW warps over the input chunks of one tile of MT*16 rows x LIN_NT*8 outputs,
+// W from the source ws (cuda_wsrc.cuh)
+template <int MT, class WS>
+static __device__ __forceinline__ void gen_linear_tile(float *y, const float *x, const WS &ws,
+						       int T, int in, int out)
 {
 	__shared__ float red[LIN_KW - 1][MT * LIN_NT * 4][32];
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -114,9 +100,12 @@ __global__ void __launch_bounds__(LIN_THREADS)
 	int nchunk = (in + 31) / 32;
 	for (int c = warp; c < nchunk; c += LIN_KW) {
 		int k = c * 32 + q * 8; // this thread's 8 inputs: 4 pairs p0..p3
-		uint32_t b[LIN_NT][4], a[MT][2][4];
+		uint32_t a[MT][2][4];
+		uint4 r[LIN_NT], b[LIN_NT];
 		for (int j = 0; j < LIN_NT; j++)
-			load_w8(b[j], W, n0 + j * 8 + g, k, in, out, vec);
+			r[j] = ws.fetch(n0 + j * 8 + g, k, in, out, vec, true);
+		for (int j = 0; j < LIN_NT; j++)
+			b[j] = ws.expand(r[j], vec);
 		for (int i = 0; i < MT; i++) {
 			load_x8(a[i][0], x, t0 + i * 16 + g, k, in, T, vec);
 			load_x8(a[i][1], x, t0 + i * 16 + g + 8, k, in, T, vec);
@@ -125,9 +114,9 @@ __global__ void __launch_bounds__(LIN_THREADS)
 		for (int i = 0; i < MT; i++)
 			for (int j = 0; j < LIN_NT; j++) {
 				mma_bf16(acc[i][j], a[i][0][0], a[i][1][0], a[i][0][1], a[i][1][1],
-					 b[j][0], b[j][1]);
+					 b[j].x, b[j].y);
 				mma_bf16(acc[i][j], a[i][0][2], a[i][1][2], a[i][0][3], a[i][1][3],
-					 b[j][2], b[j][3]);
+					 b[j].z, b[j].w);
 			}
 	}
 	if (warp > 0)
@@ -151,6 +140,26 @@ __global__ void __launch_bounds__(LIN_THREADS)
 			}
 }
 
+template <int MT>
+__global__ void __launch_bounds__(LIN_THREADS)
+	gen_linear_kernel(float *y, const float *x, const __nv_bfloat16 *W, int T, int in, int out)
+{
+	wsrc_bf16 ws = { W };
+	gen_linear_tile<MT>(y, x, ws, T, in, out);
+}
+
+// on a 4-bit weight (decode, T <= Q4_DECODE_MAX_T): the results of gen_linear_kernel on the
+// dequantised bf16 weight, bit for bit
+template <int MT>
+__global__ void __launch_bounds__(LIN_THREADS)
+	gen_linear_q4_kernel(float *y, const float *x, q4_wview W, int T, int in, int out)
+{
+	__shared__ float book[16], map2[256];
+	wsrc_q4 ws = q4_tables_load(W, book, map2);
+	__syncthreads();
+	gen_linear_tile<MT>(y, x, ws, T, in, out);
+}
+
 static void cuda_gen_linear2(float *y, const float *x, const bk_weight *W, int T);
 
 static void cuda_gen_linear(float *y, const float *x, const bk_weight *W, int T)
@@ -162,9 +171,19 @@ static void cuda_gen_linear(float *y, const float *x, const bk_weight *W, int T)
 		return;
 	}
 	int out = W->rows, in = W->cols;
-	const __nv_bfloat16 *w = bk_cuda_weight_bf16(W); // 4-bit: dequantised (cuda_q4.cuh)
 	cudaStream_t st = bk_cuda_stream();
 	unsigned gx = bk_cuda_blocks((size_t)out, LIN_NT * 8);
+	q4_wview q = {};
+	if (T <= Q4_DECODE_MAX_T && bk_cuda_q4_view(W, &q)) { // one tile of rows: T <= 64
+		if (T <= 16)
+			BK_LAUNCH(gen_linear_q4_kernel<1>, dim3(gx, 1), LIN_THREADS, 0, st, y, x, q, T, in, out);
+		else if (T <= 32)
+			BK_LAUNCH(gen_linear_q4_kernel<2>, dim3(gx, 1), LIN_THREADS, 0, st, y, x, q, T, in, out);
+		else
+			BK_LAUNCH(gen_linear_q4_kernel<4>, dim3(gx, 1), LIN_THREADS, 0, st, y, x, q, T, in, out);
+		return;
+	}
+	const __nv_bfloat16 *w = bk_cuda_weight_bf16(W); // 4-bit: dequantised (cuda_q4.cuh)
 	if (T <= 16) {
 		BK_LAUNCH(gen_linear_kernel<1>, dim3(gx, 1), LIN_THREADS, 0, st, y, x, w, T, in, out);
 	} else if (T <= 32) {
@@ -233,9 +252,11 @@ static void lin2_scratch(void)
 static void cuda_gen_linear2(float *y, const float *x, const bk_weight *W, int T)
 {
 	int out = W->rows, in = W->cols, KS, CPS;
-	const __nv_bfloat16 *w = bk_cuda_weight_bf16(W); // 4-bit: dequantised (cuda_q4.cuh)
 	cudaStream_t st = bk_cuda_stream();
 	lin2_plan(in, out, &KS, &CPS);
+	q4_wview q = {};
+	bool q4 = T <= Q4_DECODE_MAX_T && bk_cuda_q4_view(W, &q); // else dequantised first
+	const __nv_bfloat16 *w = q4 ? NULL : bk_cuda_weight_bf16(W);
 	if (T > 64) {
 		unsigned gx = bk_cuda_blocks((size_t)out, L2_PRE_NW * 16);
 		unsigned gy = bk_cuda_blocks((size_t)T, 64);
@@ -253,8 +274,14 @@ static void cuda_gen_linear2(float *y, const float *x, const bk_weight *W, int T
 	}
 	dim3 grid(gx, 1, KS);
 #define L2_LAUNCH(NT)                                                                      \
-	BK_LAUNCH(gen_linear2_kernel<NT>, grid, L2_DEC_NW * 32, 0, st, y, x, w, T, in, out, KS, CPS,  \
-							      g_l2_part, g_l2_cnt)
+	do {                                                                               \
+		if (q4)                                                                    \
+			BK_LAUNCH(gen_linear2_q4_kernel<NT>, grid, L2_DEC_NW * 32, 0, st, y, x, q, T, \
+				  in, out, KS, CPS, g_l2_part, g_l2_cnt);                          \
+		else                                                                       \
+			BK_LAUNCH(gen_linear2_kernel<NT>, grid, L2_DEC_NW * 32, 0, st, y, x, w, T, \
+				  in, out, KS, CPS, g_l2_part, g_l2_cnt);                          \
+	} while (0)
 	if (T <= 8) {
 		L2_LAUNCH(1);
 	} else if (T <= 16) {

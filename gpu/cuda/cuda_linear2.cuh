@@ -1,7 +1,10 @@
 // cuda_linear2.cuh - the v2 decode linear kernels (BK_DECODE=v2) of gpu/cuda/cuda_gen.cu
-// (the reduction order is described there).  Included by cuda_gen.cu after pack_bf16 and
-// mma_bf16, and by tests/emu/test_decode2.cc, which launches them on their own on the
-// emulated GPU.
+// (the reduction order is described there), on a bf16 weight or, for decode, straight on a
+// 4-bit one (gen_linear2_q4_kernel: cuda_wsrc.cuh, the same results bit for bit).
+// Included by cuda_gen.cu after pack_bf16 and mma_bf16, and by tests/emu/test_decode2.cc,
+// which launches them on their own on the emulated GPU.
+
+#include "gpu/cuda/cuda_wsrc.cuh"
 
 #define BK_UNROLL _Pragma("unroll")
 
@@ -20,31 +23,12 @@ static void lin2_plan(int in, int out, int *ks_out, int *cps_out)
 	*cps_out = cps;
 }
 
-// 8 bf16 W[row, k..k+7] (zeros past the matrix or when !live)
-static __device__ __forceinline__ uint4 lin2_w8(const __nv_bfloat16 *W, int row, int k, int in,
-					 int out, bool vec, bool live)
-{
-	uint4 u = make_uint4(0, 0, 0, 0);
-	if (!live || row >= out || k >= in)
-		return u;
-	const __nv_bfloat16 *p = W + (size_t)row * in + k;
-	if (vec)
-		return __ldg(reinterpret_cast<const uint4 *>(p));
-	unsigned short h[8];
-	for (int i = 0; i < 8; i++)
-		h[i] = k + i < in ? __bfloat16_as_ushort(p[i]) : (unsigned short)0;
-	u.x = (uint32_t)h[0] | ((uint32_t)h[1] << 16);
-	u.y = (uint32_t)h[2] | ((uint32_t)h[3] << 16);
-	u.z = (uint32_t)h[4] | ((uint32_t)h[5] << 16);
-	u.w = (uint32_t)h[6] | ((uint32_t)h[7] << 16);
-	return u;
-}
-
 // acc[NT][4] += the chunks [c0, c1) of this warp's 16 outputs (rows oa = o0+g, ob = oa+8)
-// over the block's NT*8 tokens; x staged by the whole block
-template <int NW, int NT>
+// over the block's NT*8 tokens; x staged by the whole block; W from the source ws
+// (cuda_wsrc.cuh: fetched a group ahead, expanded just before its mmas)
+template <int NW, int NT, class WS>
 static __device__ __forceinline__ void lin2_range(float (*acc)[4], uint32_t (*xs)[(L2_KP + L2_PAD) / 2],
-					   const float *x, const __nv_bfloat16 *W, int T, int in,
+					   const float *x, const WS &ws, int T, int in,
 					   int out, int t0, int oa, int c0, int c1, bool vec)
 {
 	int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -58,8 +42,8 @@ static __device__ __forceinline__ void lin2_range(float (*acc)[4], uint32_t (*xs
 BK_UNROLL
 		for (int u = 0; u < L2_UNROLL; u++) {
 			int k = (cp + u) * 32 + q * 8;
-			ra[u] = lin2_w8(W, oa, k, in, out, vec, u < np);
-			rb[u] = lin2_w8(W, oa + 8, k, in, out, vec, u < np);
+			ra[u] = ws.fetch(oa, k, in, out, vec, u < np);
+			rb[u] = ws.fetch(oa + 8, k, in, out, vec, u < np);
 		}
 		__syncthreads(); // the previous piece is consumed
 		for (int i = threadIdx.x; i < NT * 8 * hw; i += NW * 32) {
@@ -86,20 +70,21 @@ BK_UNROLL
 			for (int u = 0; u < L2_UNROLL; u++) { // the next group
 				int k = (cp + c + L2_UNROLL + u) * 32 + q * 8;
 				bool live = c + L2_UNROLL + u < np;
-				na[u] = lin2_w8(W, oa, k, in, out, vec, live);
-				nb[u] = lin2_w8(W, oa + 8, k, in, out, vec, live);
+				na[u] = ws.fetch(oa, k, in, out, vec, live);
+				nb[u] = ws.fetch(oa + 8, k, in, out, vec, live);
 			}
 BK_UNROLL
 			for (int u = 0; u < L2_UNROLL; u++) {
 				if (c + u >= np)
 					break;
 				int kk = (c + u) * 32 + q * 8;
+				uint4 wa = ws.expand(ra[u], vec), wb = ws.expand(rb[u], vec);
 BK_UNROLL
 				for (int j = 0; j < NT; j++) {
 					uint4 b = *reinterpret_cast<const uint4 *>(&xs[j * 8 + g][kk / 2]);
 					// mma 1: k slots (2q, 2q+1) <- p0, (2q+8, 2q+9) <- p1; mma 2: p2, p3
-					mma_bf16(acc[j], ra[u].x, rb[u].x, ra[u].y, rb[u].y, b.x, b.y);
-					mma_bf16(acc[j], ra[u].z, rb[u].z, ra[u].w, rb[u].w, b.z, b.w);
+					mma_bf16(acc[j], wa.x, wb.x, wa.y, wb.y, b.x, b.y);
+					mma_bf16(acc[j], wa.z, wb.z, wa.w, wb.w, b.z, b.w);
 				}
 			}
 BK_UNROLL
@@ -110,10 +95,10 @@ BK_UNROLL
 }
 
 // decode: block (64 outputs, NT*8 tokens, range z); part [KS][T][out], cnt [tiles] zeros
-template <int NT>
-static __global__ void __launch_bounds__(L2_DEC_NW * 32)
-	gen_linear2_kernel(float *y, const float *x, const __nv_bfloat16 *W, int T, int in, int out,
-			   int KS, int CPS, float *part, unsigned *cnt)
+template <int NT, class WS>
+static __device__ __forceinline__ void lin2_decode(float *y, const float *x, const WS &ws, int T,
+						   int in, int out, int KS, int CPS, float *part,
+						   unsigned *cnt)
 {
 	__shared__ __align__(16) uint32_t xs[NT * 8][(L2_KP + L2_PAD) / 2]; // bf16 pairs
 	__shared__ int s_last;
@@ -122,7 +107,7 @@ static __global__ void __launch_bounds__(L2_DEC_NW * 32)
 	int s = blockIdx.z, nchunk = (in + 31) / 32;
 	int c0 = s * CPS, c1 = c0 + CPS < nchunk ? c0 + CPS : nchunk;
 	float acc[NT][4];
-	lin2_range<L2_DEC_NW, NT>(acc, xs, x, W, T, in, out, t0, o0 + g, c0, c1, (in & 7) == 0);
+	lin2_range<L2_DEC_NW, NT>(acc, xs, x, ws, T, in, out, t0, o0 + g, c0, c1, (in & 7) == 0);
 	float *dst = KS == 1 ? y : part + (size_t)s * T * out;
 	for (int j = 0; j < NT; j++)
 		for (int e = 0; e < 4; e++) {
@@ -155,6 +140,28 @@ static __global__ void __launch_bounds__(L2_DEC_NW * 32)
 		*c = 0; // ready for the next call (and a graph's next replay)
 }
 
+template <int NT>
+static __global__ void __launch_bounds__(L2_DEC_NW * 32)
+	gen_linear2_kernel(float *y, const float *x, const __nv_bfloat16 *W, int T, int in, int out,
+			   int KS, int CPS, float *part, unsigned *cnt)
+{
+	wsrc_bf16 ws = { W };
+	lin2_decode<NT>(y, x, ws, T, in, out, KS, CPS, part, cnt);
+}
+
+// decode on a 4-bit weight: 4 bits a weight read, expanded in registers; the results of
+// gen_linear2_kernel on the dequantised bf16 weight, bit for bit
+template <int NT>
+static __global__ void __launch_bounds__(L2_DEC_NW * 32)
+	gen_linear2_q4_kernel(float *y, const float *x, q4_wview W, int T, int in, int out, int KS,
+			      int CPS, float *part, unsigned *cnt)
+{
+	__shared__ float book[16], map2[256];
+	wsrc_q4 ws = q4_tables_load(W, book, map2);
+	__syncthreads();
+	lin2_decode<NT>(y, x, ws, T, in, out, KS, CPS, part, cnt);
+}
+
 // prefill: block (128 outputs, 64 tokens), every range in order
 static __global__ void __launch_bounds__(L2_PRE_NW * 32)
 	gen_linear2_prefill_kernel(float *y, const float *x, const __nv_bfloat16 *W, int T, int in,
@@ -166,10 +173,11 @@ static __global__ void __launch_bounds__(L2_PRE_NW * 32)
 	int o0 = (blockIdx.x * L2_PRE_NW + warp) * 16, t0 = blockIdx.y * NT * 8;
 	int nchunk = (in + 31) / 32;
 	bool vec = (in & 7) == 0;
+	wsrc_bf16 ws = { W };
 	float acc[NT][4], tot[NT][4];
 	for (int s = 0; s < KS; s++) {
 		int c0 = s * CPS, c1 = c0 + CPS < nchunk ? c0 + CPS : nchunk;
-		lin2_range<L2_PRE_NW, NT>(acc, xs, x, W, T, in, out, t0, o0 + g, c0, c1, vec);
+		lin2_range<L2_PRE_NW, NT>(acc, xs, x, ws, T, in, out, t0, o0 + g, c0, c1, vec);
 		for (int j = 0; j < NT; j++)
 			for (int e = 0; e < 4; e++)
 				tot[j][e] = s == 0 ? acc[j][e] : tot[j][e] + acc[j][e];

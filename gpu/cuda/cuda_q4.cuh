@@ -7,16 +7,13 @@
 // linear at a time (the scratch is the largest linear's).  Every value is
 // code[q] * absmax in fp32 rounded to bf16, as the host twin's compute dtype bf16
 // (bk_q4_dequantize(q, out, 1)), so the CUDA GEMMs see the host twin's weights exactly.
-// Included by cuda_ops.cu (its allocator); not a 4-bit GEMV: the decode linears
-// (cuda_gen.cu) dequantise the same way before their bf16 kernels.
+// Included by cuda_ops.cu (its allocator).  The decode linears (cuda_gen.cu, up to 64
+// rows) do not use the scratch: they read the 4 bits and the statistics themselves
+// (cuda_wsrc.cuh, through bk_cuda_q4_view), computing the same values.
 #ifndef BK_CUDA_Q4_CUH
 #define BK_CUDA_Q4_CUH
 
-#include "gpu/quant4.h"
-
-typedef struct {
-	float c[16]; // the 4-bit book (bk_q4_code)
-} q4_book;
+#include "gpu/cuda/cuda_wsrc.cuh" // q4_book, q4_wview
 
 typedef struct {
 	int type;
@@ -112,6 +109,21 @@ static void cuda_q4_free(bk_weight *w)
 	bk_cuda_dev_free(d->absmax2);
 	free(d);
 	free(w);
+}
+
+extern "C" int bk_cuda_q4_view(const bk_weight *w, q4_wview *v)
+{
+	if (w->kind != BK_WEIGHT_Q4)
+		return 0;
+	const cuda_q4 *d = (const cuda_q4 *)w->data;
+	v->packed = d->packed;
+	v->absmax = d->absmax;
+	v->qabsmax = d->qabsmax;
+	v->absmax2 = d->absmax2;
+	v->code2 = g_q4_code2;
+	v->offset = d->offset;
+	v->book = d->book;
+	return 1;
 }
 
 // The weight as bf16 [rows, cols] for the next GEMM on the stream: a plain weight's own

@@ -25,7 +25,9 @@
  *      heads, V 32000; --quick: 2 layers), v1 and v2 alternately in one process: tokens/s,
  *      decode step time and the fraction of the device-to-device copy bandwidth measured
  *      in the same run that the step's bytes make (bf16 weights + LM head + KV rows
- *      read); rows "decode v1|v2 batch B: ..." and a ratio.
+ *      read); rows "decode v1|v2 batch B: ..." and a ratio; then the same model with its
+ *      decoder linears in 4 bits (NF4, double quant) at batch 1: rows "decode v1|v2 4-bit
+ *      batch 1: ..." and "decode batch 1: 4-bit/bf16 tokens/s v1 Xx v2 Yx".
  * --host: part 3 with the host twin on both sides (the dry run without a GPU).
  * --tiny (tests/gpu/run.sh --emu, the CPU's emulation of the GPU): part 1 at in/out up to
  * 352 and 4099 (the LM-head-like one), T = 1, 8 and 65; part 2 at V 1031 for 32000 and
@@ -46,6 +48,7 @@
 #include "gpu/cuda/cuda.h"
 #include "gpu/device.h"
 #include "gpu/gen.h"
+#include "gpu/quant4.h"
 #include "tests/gpu/gpu_check.h"
 #include "tests/harness.h"
 
@@ -205,8 +208,9 @@ static float *rnd(bk_rng *r, size_t n, double scale)
 	return p;
 }
 
-static bk_model *random_model(const bk_ops *ops, int H, int L, int NH, int NKV, int I, int V,
-			      float head_scale, uint64_t seed)
+/* q4: NULL, or the base linears in 4 bits (QLoRA) */
+static bk_model *random_model_q4(const bk_ops *ops, int H, int L, int NH, int NKV, int I, int V,
+				 float head_scale, uint64_t seed, const bk_q4_config *q4)
 {
 	bk_rng r;
 	bk_rng_seed(&r, seed);
@@ -216,6 +220,8 @@ static bk_model *random_model(const bk_ops *ops, int H, int L, int NH, int NKV, 
 		inv[i] = (float)pow(10000.0, -2.0 * i / D);
 	bk_llama_config cfg = { .H = H, .I = I, .L = L, .NH = NH, .NKV = NKV, .D = D, .V = V,
 				.rms_eps = 1e-5f, .inv_freq = inv };
+	if (q4)
+		cfg.q4 = *q4;
 	bk_llama_layer_weights *lw = xcalloc((size_t)L, sizeof *lw);
 	/* one matrix per shape, shared by the layers (uploaded separately: distinct device
 	 * memory); 1/sqrt(in) keeps activations O(1) */
@@ -236,6 +242,12 @@ static bk_model *random_model(const bk_ops *ops, int H, int L, int NH, int NKV, 
 	free(wq), free(wk), free(wv), free(wo), free(wg), free(wu), free(wd), free(n1);
 	free(embed), free(head), free(lw), free(inv);
 	return m;
+}
+
+static bk_model *random_model(const bk_ops *ops, int H, int L, int NH, int NKV, int I, int V,
+			      float head_scale, uint64_t seed)
+{
+	return random_model_q4(ops, H, L, NH, NKV, I, V, head_scale, seed, NULL);
 }
 
 /* ---- 3. the engine ---- */
@@ -420,6 +432,49 @@ static double copy_bandwidth(size_t n)
 	return best;
 }
 
+/* greedy decode of NEW tokens after PLEN-token prompts (PREFIX shared) at batch B in
+ * decode mode `mode`: tokens/s and the mean decode step */
+typedef struct {
+	double tps, step;
+	unsigned long long steps;
+} decode_time;
+
+static decode_time time_gen(bk_model *m, int B, int mode, int PLEN, int NEW, int PREFIX, int V)
+{
+	bk_cuda_decode_set_mode(mode);
+	int32_t **pr = xmalloc((size_t)B * sizeof(*pr));
+	const int32_t **pp = xmalloc((size_t)B * sizeof(*pp));
+	for (int i = 0; i < B; i++) {
+		pr[i] = xmalloc(PLEN * 4);
+		for (int j = 0; j < PLEN; j++)
+			pr[i][j] = 3 + (int32_t)((j < PREFIX ? j * 131 : (i + 1) * j * 7919) % (V - 3));
+		pp[i] = pr[i];
+	}
+	bk_gen_config cfg = { .max_batch = B, .max_new = NEW, .max_seq = 2048, .sample = { 0, 1 } };
+	bk_gen *g = bk_gen_create(m, bk_gen_ops_for(D_), NULL, &cfg);
+	bk_gen_set_prefix(g, pp[0], PREFIX);
+	for (int i = 0; i < B; i++) {
+		uint64_t key = 0, tag = (uint64_t)i;
+		bk_gen_submit(g, pp[i], PLEN, 1, &key, &tag);
+	}
+	bk_cuda_sync();
+	double w0 = now();
+	bk_gen_result r;
+	while (bk_gen_step(g))
+		while (bk_gen_take(g, &r))
+			free(r.ids);
+	double wall = now() - w0;
+	const bk_gen_stats *st = bk_gen_get_stats(g);
+	decode_time t = { (double)st->new_tokens / wall,
+			  st->decode_steps ? st->decode_seconds / (double)st->decode_steps : 0,
+			  (unsigned long long)st->decode_steps };
+	bk_gen_free(g);
+	for (int i = 0; i < B; i++)
+		free(pr[i]);
+	free(pr), free(pp);
+	return t;
+}
+
 static void time_decode(int quick, int tiny)
 {
 	const int H = tiny ? 128 : 2048, L = quick || tiny ? 2 : 22, NH = tiny ? 4 : 32,
@@ -431,60 +486,62 @@ static void time_decode(int quick, int tiny)
 	printf("timing: a %d-layer %s model on the GPU in %.1f s\n", L,
 	       tiny ? "small (H 128)" : "TinyLlama-shaped", now() - t0);
 	double bw = copy_bandwidth(tiny ? (size_t)16 << 20 : (size_t)1 << 30);
-	double wbytes = 2.0 * (((double)NH * D * H * 2 + 2.0 * NKV * D * H + 3.0 * I * H) * L +
-			       (double)V * H);
+	/* the decoder linears' weights (out x in, per layer), then the LM head's (bf16) */
+	const double lin[7][2] = { { NH * D, H }, { NKV * D, H }, { NKV * D, H }, { H, NH * D },
+				   { I, H }, { I, H }, { H, I } };
+	double lbytes = 0, qbytes = 0, head = 2.0 * V * H;
+	for (int i = 0; i < 7; i++) {
+		lbytes += 2.0 * lin[i][0] * lin[i][1] * L;
+		qbytes += (double)bk_q4_bytes((size_t)lin[i][0], (size_t)lin[i][1], 1) * L;
+	}
+	double wbytes = lbytes + head;
 	printf("timing: device-to-device copy %.0f GB/s; weights %.3f GB (bf16, with the LM head)\n",
 	       bw / 1e9, wbytes / 1e9);
 	static const int batches[] = { 1, 64 }, tiny_batches[] = { 1, 4 };
+	decode_time b1[3] = { { 0 } }; /* batch 1, bf16, by mode */
 	for (int bi = 0; bi < 2; bi++) {
 		int B = tiny ? tiny_batches[bi] : batches[bi];
 		double tps[3] = { 0 };
 		for (int rep = 0; rep < 2; rep++) /* v1, v2, v1, v2: the second pair is reported */
 			for (int mode = 1; mode <= 2; mode++) {
-				bk_cuda_decode_set_mode(mode);
-				int32_t **pr = xmalloc((size_t)B * sizeof(*pr));
-				const int32_t **pp = xmalloc((size_t)B * sizeof(*pp));
-				int *lens = xmalloc((size_t)B * sizeof(int));
-				for (int i = 0; i < B; i++) {
-					pr[i] = xmalloc(PLEN * 4);
-					for (int j = 0; j < PLEN; j++)
-						pr[i][j] = 3 + (int32_t)((j < PREFIX ? j * 131 : (i + 1) * j * 7919) % (V - 3));
-					pp[i] = pr[i];
-					lens[i] = PLEN;
-				}
-				bk_gen_config cfg = { .max_batch = B, .max_new = NEW, .max_seq = 2048,
-						      .sample = { 0, 1 } };
-				bk_gen *g = bk_gen_create(m, bk_gen_ops_for(D_), NULL, &cfg);
-				bk_gen_set_prefix(g, pp[0], PREFIX);
-				for (int i = 0; i < B; i++) {
-					uint64_t key = 0, tag = (uint64_t)i;
-					bk_gen_submit(g, pp[i], lens[i], 1, &key, &tag);
-				}
-				bk_cuda_sync();
-				double w0 = now();
-				bk_gen_result r;
-				while (bk_gen_step(g))
-					while (bk_gen_take(g, &r))
-						free(r.ids);
-				double wall = now() - w0;
-				const bk_gen_stats *st = bk_gen_get_stats(g);
-				double step = st->decode_steps ? st->decode_seconds / (double)st->decode_steps : 0;
+				decode_time t = time_gen(m, B, mode, PLEN, NEW, PREFIX, V);
 				double kv = (double)B * (PLEN + NEW / 2.0) * L * 2.0 * NKV * D * 2.0;
-				double frac = step > 0 ? (wbytes + kv) / step / bw : 0;
-				tps[mode] = (double)st->new_tokens / wall;
+				double frac = t.step > 0 ? (wbytes + kv) / t.step / bw : 0;
+				tps[mode] = t.tps;
+				if (bi == 0)
+					b1[mode] = t;
 				if (rep == 1)
 					printf("decode %s batch %d: tokens_per_s=%.1f step_ms=%.3f "
 					       "bytes_per_step_gb=%.3f bw_fraction=%.3f (%llu decode steps)\n",
-					       mode == 1 ? "v1" : "v2", B, tps[mode], 1e3 * step,
-					       (wbytes + kv) / 1e9, frac,
-					       (unsigned long long)st->decode_steps);
-				bk_gen_free(g);
-				for (int i = 0; i < B; i++)
-					free(pr[i]);
-				free(pr), free(pp), free(lens);
+					       mode == 1 ? "v1" : "v2", B, t.tps, 1e3 * t.step,
+					       (wbytes + kv) / 1e9, frac, t.steps);
 			}
 		printf("decode batch %d: v2/v1 tokens/s %.2fx\n", B, tps[1] > 0 ? tps[2] / tps[1] : 0);
 	}
+	bk_model_free(m);
+	/* the same model with its decoder linears in 4 bits (QLoRA's NF4 + double quant), at
+	 * batch 1: the decode linears read the 4 bits themselves (cuda_wsrc.cuh) */
+	t0 = now();
+	bk_q4_config q4 = { BK_Q4_NF4, 1, 1 };
+	m = random_model_q4(D_, H, L, NH, NKV, I, V, 8.0f, 3, &q4);
+	bk_cuda_sync();
+	printf("timing: the same model in 4 bits (nf4, double quant; weights %.3f GB with the "
+	       "bf16 LM head) in %.1f s\n", (qbytes + head) / 1e9, now() - t0);
+	double q1[3] = { 0 };
+	for (int rep = 0; rep < 2; rep++)
+		for (int mode = 1; mode <= 2; mode++) {
+			decode_time t = time_gen(m, 1, mode, PLEN, NEW, PREFIX, V);
+			double kv = (PLEN + NEW / 2.0) * L * 2.0 * NKV * D * 2.0;
+			double frac = t.step > 0 ? (qbytes + head + kv) / t.step / bw : 0;
+			q1[mode] = t.tps;
+			if (rep == 1)
+				printf("decode %s 4-bit batch 1: tokens_per_s=%.1f step_ms=%.3f "
+				       "bytes_per_step_gb=%.3f bw_fraction=%.3f (%llu decode steps)\n",
+				       mode == 1 ? "v1" : "v2", t.tps, 1e3 * t.step,
+				       (qbytes + head + kv) / 1e9, frac, t.steps);
+		}
+	printf("decode batch 1: 4-bit/bf16 tokens/s v1 %.2fx v2 %.2fx\n",
+	       b1[1].tps > 0 ? q1[1] / b1[1].tps : 0, b1[2].tps > 0 ? q1[2] / b1[2].tps : 0);
 	bk_model_free(m);
 }
 

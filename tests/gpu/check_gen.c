@@ -7,6 +7,12 @@
  * 50, 1, a K of thousands of a flat row, K >= V, with top-p 0.9 and 1).  Every
  * output is poisoned with NaN before the run; NaN never passes.  Also: a row's result
  * does not depend on the other rows run with it (bit for bit), for linear and attention.
+ * The linear on a 4-bit weight (QLoRA: NF4 and FP4, with and without double quant,
+ * weights of odd width, odd size, several nested blocks, split-K; T = 1..65, the decode
+ * kernels on the 4 bits up to 64 rows, dequantise + bf16 above): bit for bit the linear
+ * on the dequantised bf16 weight (bk_q4_dequantize(q, w, 1) uploaded plain: the 4-bit
+ * kernels expand exactly those values), within the linear's bound of the host twin on
+ * them, and its last row alone bit for bit (across the 64-row switch for T = 65).
  * Bounds (max|cuda - host| / max(max|host|, 1e-3)):
  *   linear 1e-3 (weights and activations bf16-exact on both sides: only the fp32
  *          summation order differs)
@@ -39,6 +45,7 @@
 #include "gpu/device.h"
 #include "gpu/gen.h"
 #include "gpu/load.h"
+#include "gpu/quant4.h"
 #include "tests/gpu/gpu_check.h"
 #include "tests/harness.h"
 
@@ -114,6 +121,50 @@ static void check_linear(int T, int in, int out)
 	free(yh);
 	free(y);
 	free(y1);
+}
+
+/* the linear on a 4-bit weight: see the top */
+static void check_linear_q4(int T, int in, int out, int type, int dq)
+{
+	float *x = hrand((size_t)T * in, 1, 0), *w = hrand((size_t)out * in, 0.1f, 0);
+	bk_q4 q;
+	bk_q4_quantize(&q, w, out, in, type, dq);
+	float *wb = xmalloc((size_t)out * in * sizeof(float)); /* the dequantised bf16 values */
+	bk_q4_dequantize(&q, wb, 1);
+	float *xr = xmalloc((size_t)T * in * sizeof(float)), *yh = xmalloc((size_t)T * out * 4);
+	for (size_t i = 0; i < (size_t)T * in; i++)
+		xr[i] = gc_bf16(x[i]);
+	bk_weight wh = { out, in, wb, BK_WEIGHT_PLAIN };
+	bk_gen_ops_host.linear(yh, xr, &wh, T);
+	bk_weight *wq = D_->weight_upload_q4(&q, 1), *wp = D_->weight_upload(wb, out, in);
+	float *xd = gc_dup(D_, x, (size_t)T * in * 4), *yd = D_->alloc((size_t)T * out * 4);
+	float *ypd = D_->alloc((size_t)T * out * 4), *y1d = D_->alloc((size_t)out * 4);
+	poison(yd, (size_t)T * out * 4);
+	poison(ypd, (size_t)T * out * 4);
+	poison(y1d, (size_t)out * 4);
+	G->linear(yd, xd, wq, T);
+	G->linear(ypd, xd, wp, T);
+	G->linear(y1d, xd + (size_t)(T - 1) * in, wq, 1);
+	float *y = fetch(yd, (size_t)T * out), *yp = fetch(ypd, (size_t)T * out);
+	float *y1 = fetch(y1d, out);
+	char what[96];
+	snprintf(what, sizeof(what), "linear 4-bit %s%s T=%d in=%d out=%d", bk_q4_name(type),
+		 dq ? "+dq" : "", T, in, out);
+	report(what, bk_max_relerr(y, yh, (size_t)T * out, 1e-3), 1e-3);
+	int same = !memcmp(y, yp, (size_t)T * out * 4);
+	printf("%-58s %s\n", "  = the linear on the dequantised bf16 weight, bit for bit",
+	       same ? "ok" : "FAIL");
+	CHECK(same, "%s: differs from the linear on the dequantised weight", what);
+	same = !memcmp(y1, y + (size_t)(T - 1) * out, (size_t)out * 4);
+	printf("%-58s %s\n", "  its last row alone: bit for bit", same ? "ok" : "FAIL");
+	CHECK(same, "%s: the last row differs when run alone", what);
+	void *d[] = { xd, yd, ypd, y1d };
+	for (int i = 0; i < 4; i++)
+		D_->free(d[i]);
+	D_->weight_free(wq);
+	D_->weight_free(wp);
+	bk_q4_free(&q);
+	free(x), free(w), free(wb), free(xr), free(yh), free(y), free(yp), free(y1);
 }
 
 static void check_lora(int T, int in, int out, int R)
@@ -431,6 +482,29 @@ static void check_e2e(void)
 	bk_tok_free(spm);
 }
 
+/* the 4-bit linears: {T, in, out, type, double quant} */
+static void check_q4(int tiny)
+{
+	static const int both[][5] = {
+		{ 1, 64, 96, BK_Q4_NF4, 1 },   /* decode, several 64-blocks a row */
+		{ 7, 172, 64, BK_Q4_FP4, 0 },  /* in % 8 != 0: value by value, blocks across rows */
+		{ 3, 9, 7, BK_Q4_NF4, 1 },     /* 63 values: a short last block, a padded byte */
+		{ 1, 512, 64, BK_Q4_NF4, 0 },  /* split-K (v2: 8 ranges) */
+		{ 5, 352, 64, BK_Q4_FP4, 1 },  /* ranges of 3 chunks: pieces across 64-blocks */
+		{ 33, 256, 96, BK_Q4_NF4, 1 }, /* 384 blocks: 2 nested blocks */
+		{ 64, 128, 40, BK_Q4_FP4, 1 }, /* the last row count on the 4 bits */
+		{ 65, 264, 200, BK_Q4_NF4, 1 }, /* dequantise + bf16; its last row alone on the 4 bits */
+	};
+	static const int big[][5] = {
+		{ 1, 2048, 2048, BK_Q4_NF4, 1 }, { 8, 2048, 5632, BK_Q4_NF4, 1 },
+		{ 1, 5632, 2048, BK_Q4_FP4, 0 }, { 17, 4096, 1024, BK_Q4_NF4, 0 },
+	};
+	for (size_t i = 0; i < sizeof(both) / sizeof(both[0]); i++)
+		check_linear_q4(both[i][0], both[i][1], both[i][2], both[i][3], both[i][4]);
+	for (size_t i = 0; !tiny && i < sizeof(big) / sizeof(big[0]); i++)
+		check_linear_q4(big[i][0], big[i][1], big[i][2], big[i][3], big[i][4]);
+}
+
 int main(int argc, char **argv)
 {
 	bk_diag_init(argv[0]);
@@ -449,6 +523,7 @@ int main(int argc, char **argv)
 					      { 65, 264, 200 }, { 3, 8, 5 } };
 		for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++)
 			check_linear(lin[i][0], lin[i][1], lin[i][2]);
+		check_q4(1);
 		check_lora(1, 64, 96, 8);
 		check_lora(37, 172, 64, 16);
 		static const int l1[] = { 1, 15, 16, 17, 33 };
@@ -486,6 +561,7 @@ int main(int argc, char **argv)
 				      { 257, 264, 200 }, { 3, 8, 5 } };
 	for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++)
 		check_linear(lin[i][0], lin[i][1], lin[i][2]);
+	check_q4(0);
 	check_lora(1, 64, 96, 8);
 	check_lora(37, 172, 64, 16);
 

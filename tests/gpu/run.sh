@@ -571,15 +571,19 @@ if stage bench_gen 150 "$P/bench/bench_gen" $gopt --keep "$GENDIR"; then
 else
 	trow timing "bakery generate (bench_gen)" "$(why)" "$S_DT" "$(lastline bench_gen)"
 fi
-# decode v1 against v2 (BK_DECODE), alternately in one process, batch 1 and 64
+# decode v1 against v2 (BK_DECODE), alternately in one process, batch 1 and 64; then
+# batch 1 with the decoder linears in 4 bits (QLoRA) against bf16
 if [ $DRY = 1 ]; then
 	trow timing "decode v1 vs v2 (check_decode --bench)" "skipped (dry run)" "" "needs a GPU"
-elif [ -x "$P/tests/gpu/check_decode" ] && stage decode_bench 150 "$P/tests/gpu/check_decode" --bench $([ $QUICK = 1 ] && [ $EMU = 0 ] && echo --quick) $TINY; then
+elif [ -x "$P/tests/gpu/check_decode" ] && stage decode_bench 240 "$P/tests/gpu/check_decode" --bench $([ $QUICK = 1 ] && [ $EMU = 0 ] && echo --quick) $TINY; then
 	while read -r line; do
-		trow timing "bakery $(sed -n 's/^\(decode v[12] batch [0-9]*\):.*/\1/p' <<<"$line")" \
+		trow timing "bakery $(sed -n 's/^\(decode v[12] \(4-bit \)\{0,1\}batch [0-9]*\):.*/\1/p' <<<"$line")" \
 			"$(sed -n 's/.*tokens_per_s=\([^ ]*\).*/\1/p' <<<"$line") tokens/s" "" "$line"
-	done < <(grep '^decode v[12] batch' "$LOGS/decode_bench.log")
+	done < <(grep '^decode v[12] \(4-bit \)\{0,1\}batch' "$LOGS/decode_bench.log")
 	trow timing "decode v2/v1" ok "$S_DT" "$(grep 'v2/v1\|copy' "$LOGS/decode_bench.log" | tr '\n' ';')"
+	q4r=$(sed -n 's/.*4-bit\/bf16 tokens\/s //p' "$LOGS/decode_bench.log" | head -1)
+	trow timing "decode batch 1: 4-bit/bf16" "${q4r:-FAIL (no 4-bit/bf16 line)}" "" \
+		"$(grep 'in 4 bits\|4-bit/bf16' "$LOGS/decode_bench.log" | tr '\n' ';')"
 else
 	trow timing "decode v1 vs v2 (check_decode --bench)" "$([ -x "$P/tests/gpu/check_decode" ] && why || echo "not in the pack")" "$S_DT" "$(lastline decode_bench)"
 fi
