@@ -245,7 +245,7 @@ if [ $FULL = 1 ] && ls "$ROOT"/build/obj/gpu/cuda/*.o >/dev/null 2>&1; then
 		python3 "$ROOT/tests/emu/resources.py" "$BK_EMU_KERNEL_LOG" "$ROOT"/build/obj/gpu/cuda/*.o.ptxas >res.txt
 	'
 	grep "^resources: sm" res.txt
-else
+elif [ $FULL = 1 ]; then
 	echo "# no CUDA build in $ROOT/build (no nvcc): the static resource check is not run"
 fi
 
