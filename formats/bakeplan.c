@@ -351,6 +351,8 @@ void bk_bake_build(bk_bake_cmds *b, const bk_bake_plan *p)
 	add_model(c, p);
 	arg_long(c, "--top-k", p->top_k);
 	arg_num(c, "--temperature", p->temperature);
+	if (b->teach_max_tokens > 0)
+		arg_long(c, "--max-tokens", b->teach_max_tokens);
 	if (b->paired) {
 		arg(c, "%s", b->tokens);
 		arg2(c, "-o", b->teach_file);

@@ -41,9 +41,9 @@ typedef struct {
 	const char *base_name; /* bk-step --base-model-name: the hub id when the plan's model
 				* is its cache snapshot, else NULL */
 	/* the memory plan's choices (gpu/bakemem.c; 0: the stages' defaults): bk-gen's
-	 * --max-batch and --max-prompt, and the GPU stages one after another through
-	 * gen_file and teach_file instead of one pipe */
-	long gen_max_batch, gen_max_prompt;
+	 * --max-batch and --max-prompt, bk-teach's --max-tokens, and the GPU stages one
+	 * after another through gen_file and teach_file instead of one pipe */
+	long gen_max_batch, gen_max_prompt, teach_max_tokens;
 	int sequential;
 	char *gen_file;
 	/* the plan of steps (known after tokenizing; 0 before) */

@@ -74,8 +74,15 @@ void bk_bake_mem_shape(bk_mem_bake *b, const bk_bake_plan *p, const bk_bake_caps
 	b->max_t = max_t;
 	b->max_s = max_s;
 	b->P = sys_tokens > 0 && sys_tokens < max_t ? sys_tokens : 0;
-	b->teach_budget = 4096; /* bk-teach --max-tokens default (bk-bake passes none) */
-	b->gen_batch = 64;      /* bk-gen --max-batch default */
+	/* bk-teach --max-tokens on a GPU: forwards of about 1024 tokens (3 trajectories of
+	 * 300) still fill the GEMMs; its default 4096 held 4x the activations */
+	b->teach_budget = BK_BAKE_TEACH_TOKENS;
+	/* bk-gen --max-batch: its default (64), at most the samples one optimizer step takes
+	 * (the KV pool is bounded by what the stream needs: bk-step consumes a step's
+	 * samples at a time, so a larger decode batch only runs further ahead of it) */
+	long step = (long)p->batch_size * (p->grad_accum > 0 ? p->grad_accum : 1) *
+		    (p->num_trajectories > 0 ? p->num_trajectories : 1);
+	b->gen_batch = (int)(step < 64 ? step : 64);
 	b->paired = paired;
 	b->max_resp = max_resp;
 	b->gpu = gpu;
@@ -88,9 +95,10 @@ void bk_bake_mem_apply(const bk_mem_fit *f, const bk_mem_bake *b, bk_bake_plan *
 	p->grad_checkpoint = f->grad_ckpt;
 	p->batch_size = f->batch;
 	p->grad_accum = f->grad_accum;
+	c->teach_max_tokens = b->teach_budget;
 	if (b->paired)
 		return;
-	c->gen_max_batch = f->gen_batch != 64 ? f->gen_batch : 0;
+	c->gen_max_batch = f->gen_batch != 64 ? f->gen_batch : 0; /* 64: the default */
 	c->gen_max_prompt = b->max_t;
 	c->sequential = f->sequential;
 }

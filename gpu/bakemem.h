@@ -9,6 +9,9 @@
 #include "formats/hfconfig.h"
 #include "gpu/memplan.h"
 
+/* bk-teach --max-tokens in a bake on a GPU (gpu/memplan.c plans bk-teach for it) */
+enum { BK_BAKE_TEACH_TOKENS = 1024 };
+
 /* the buffer-sizing numbers of a config.json */
 bk_mem_model bk_mem_model_of(const bk_config *c);
 
@@ -24,8 +27,9 @@ void bk_bake_mem_shape(bk_mem_bake *b, const bk_bake_plan *p, const bk_bake_caps
 		       size_t gpu);
 
 /* Applies the fit's choices: gradient checkpointing, the micro-batch split into
- * p's batch_size and grad_accum; bk-gen's --max-batch and --max-prompt (the KV plan)
- * and the one-after-another run into c (rebuild the commands after). */
+ * p's batch_size and grad_accum; bk-teach's --max-tokens, bk-gen's --max-batch and
+ * --max-prompt (the KV plan) and the one-after-another run into c (rebuild the
+ * commands after). */
 void bk_bake_mem_apply(const bk_mem_fit *f, const bk_mem_bake *b, bk_bake_plan *p,
 		       bk_bake_cmds *c);
 

@@ -14,7 +14,7 @@
 enum { GEN_BLOCK = 16 };      /* gpu/gen.h BK_GEN_BLOCK */
 enum { NMOD = 7 };            /* gpu/model.h BK_LORA_NMOD */
 #define CUDA_CHUNK ((size_t)1 << 24)        /* cuda_ops.cu weight_upload's staging floats */
-#define TOPK_SCRATCH ((size_t)1 << 26)      /* cuda_loss.cu: teacher logits per row block */
+#define TOPK_SCRATCH ((size_t)1 << 24)      /* cuda_loss.cu: teacher logits per row block */
 #define LOSS_V2_BUDGET ((size_t)512 << 20)  /* cuda_loss.cu: v2 row blocks */
 #define CUDA_CONTEXT ((size_t)512 << 20)    /* estimate: context, cuBLAS, module images */
 enum { SQ_CHUNK = 65536 };                  /* cuda_optim.cu grad_sumsq */
@@ -317,11 +317,11 @@ void bk_mem_plan_step(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev *
 	    bk_mem_acts_bytes(m, d->act_bytes, o->max_T, o->r, o->grad_checkpoint ? 1 : 0));
 	add(s, BK_MEM_BUF, "hidden, d hidden", "gpu/train.c bk_trainer_reserve: hid, dhid",
 	    2 * T * H * 4);
-	/* gpu/train.c loss_reserve: capacity twice the rows asked for */
-	size_t cap = 2 * N, per = o->k > 0 ? (size_t)o->k : o->k == 0 ? V : 0;
-	add(s, BK_MEM_BUF, "loss rows (2x rows)", "gpu/train.c loss_reserve: rows, hrows, trows, "
+	/* gpu/train.c loss_reserve: the rows of the largest micro-batch */
+	size_t cap = N, per = o->k > 0 ? (size_t)o->k : o->k == 0 ? V : 0;
+	add(s, BK_MEM_BUF, "loss rows", "gpu/train.c loss_reserve: rows, hrows, trows, "
 	    "drows, tk_rest", cap * 4 * 2 + 3 * cap * H * 4);
-	add(s, BK_MEM_BUF, "teacher fields (2x rows)", "gpu/train.c loss_reserve: tk_ids, tk_logp",
+	add(s, BK_MEM_BUF, "teacher fields", "gpu/train.c loss_reserve: tk_ids, tk_logp",
 	    cap * per * 8);
 	if (!d->cuda) {
 		finish(s);
@@ -383,8 +383,8 @@ void bk_mem_plan_teach(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev 
 			: "gpu/model.c bk_acts_create",
 	    bk_mem_acts_bytes(m, d->act_bytes, (int)T, 0, o->fwd_only ? 2 : 0));
 	add(s, BK_MEM_BUF, "hidden", "gpu/teach.c ensure_acts: hidden", T * H * 4);
-	size_t cap = 2 * N;
-	add(s, BK_MEM_BUF, "teacher rows (2x rows)",
+	size_t cap = N; /* ensure_rows: the largest batch's rows */
+	add(s, BK_MEM_BUF, "teacher rows",
 	    "gpu/teach.c ensure_rows: rowidx, rows, logp, ids, rest",
 	    cap * 4 + cap * H * 4 + cap * per * 4 + (o->k > 0 ? cap * per * 4 + cap * 4 : 0));
 	add(s, BK_MEM_BUF, "prefix K, V", "gpu/model.c bk_model_prefix_build",
@@ -564,7 +564,8 @@ static void plan_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_b
 		long tt = seqs * (b->max_t + mn - 1), one = b->max_t + mn - 1;
 		if (tt > b->teach_budget)
 			tt = b->teach_budget > one ? b->teach_budget : one;
-		bk_mem_teach t = {.max_T = (int)tt, .rows = (int)(seqs * mn), .k = b->top_k,
+		long rows = seqs * mn; /* a forward's rows are some of its tokens */
+		bk_mem_teach t = {.max_T = (int)tt, .rows = (int)(rows < tt ? rows : tt), .k = b->top_k,
 				  .P = b->P, .fwd_only = 1};
 		bk_mem_plan_teach(&f->st[f->n_st++], m, d, &t);
 	}

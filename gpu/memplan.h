@@ -8,8 +8,8 @@
  *
  * Invariants:
  *  1. An item's bytes are what the site passes to its allocator for the given shape
- *     (including the site's own growth rule: the CUDA workspace slots' 1.25x headroom,
- *     the trainer's and bk-teach's doubled row capacity), so a stage that runs with
+ *     (including the site's own growth rule: the CUDA workspace slots' 1.25x headroom;
+ *     the trainer's and bk-teach's rows are sized exactly), so a stage that runs with
  *     at most the planned shape allocates at most the plan.
  *  2. Items of kind BK_MEM_ESTIMATE are not allocations (the CUDA context); they are
  *     counted in the total and said to be estimates.

@@ -97,13 +97,14 @@ static void ensure_acts(bk_teach *t, int T)
 	t->hidden = bk_alloc(t->m->ops, (size_t)T * t->m->cfg.H * sizeof(float), "hidden");
 }
 
-/* device scratch for N response rows */
+/* device scratch for N response rows: the largest batch so far, no headroom (a larger one
+ * frees and reallocates, as ensure_acts) */
 static void ensure_rows(bk_teach *t, int N)
 {
 	if ((size_t)N <= t->cap_rows)
 		return;
 	const bk_ops *ops = t->m->ops;
-	size_t cap = (size_t)N * 2, H = (size_t)t->m->cfg.H;
+	size_t cap = (size_t)N, H = (size_t)t->m->cfg.H;
 	size_t per = t->k ? (size_t)t->k : (size_t)t->m->cfg.V;
 	ops->free(t->rowidx_d), ops->free(t->rows_d), ops->free(t->ids_d);
 	ops->free(t->logp_d), ops->free(t->rest_d);

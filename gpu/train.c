@@ -174,13 +174,15 @@ static int pack(bk_trainer *t, const bk_train_sample *s, const int *idx, int ns,
 	return T;
 }
 
-/* device scratch of the loss for N rows and tk teacher numbers (ids or log-probs) */
+/* device scratch of the loss for N rows and tk teacher numbers (ids or log-probs), sized
+ * to the largest micro-batch so far and no more (like the activations): a new largest
+ * one frees and reallocates; the memory plan counts exactly these bytes */
 static void loss_reserve(bk_trainer *t, int N, size_t tk)
 {
 	const bk_ops *ops = t->m->ops;
 	size_t H = (size_t)t->m->cfg.H;
 	if ((size_t)N > t->cap_rows_d) {
-		size_t cap = (size_t)N * 2;
+		size_t cap = (size_t)N;
 		ops->free(t->rows_d), ops->free(t->hrows_d), ops->free(t->trows_d);
 		ops->free(t->drows_d), ops->free(t->tk_rest_d);
 		t->rows_d = bk_alloc(ops, cap * sizeof(int32_t), "loss rows");
@@ -191,7 +193,7 @@ static void loss_reserve(bk_trainer *t, int N, size_t tk)
 		t->cap_rows_d = cap;
 	}
 	if (tk > t->cap_tk_d) {
-		size_t cap = tk * 2;
+		size_t cap = tk;
 		ops->free(t->tk_ids_d), ops->free(t->tk_logp_d);
 		t->tk_ids_d = bk_alloc(ops, cap * sizeof(int32_t), "teacher fields");
 		t->tk_logp_d = bk_alloc(ops, cap * sizeof(float), "teacher fields");

@@ -3,8 +3,7 @@
 # device as small as BK_EMU_DEVICE_MEMORY says): bk-gen, bk-step and bk-teach on
 # stories260K each die with one line that names the stage, the buffer that did not fit
 # (every device buffer of gpu/cuda/ goes through bk_cuda_dev_alloc with a name, the
-# former bypasses too: the weight staging buffer, the lin2 scratch, the decode attention
-# workspace), what the process holds by name, what other processes hold, and what to
+# former bypasses too: the lin2 scratch, the decode attention workspace), what the process holds by name, what other processes hold, and what to
 # change.  Each buffer is looked for over a few device sizes, so that a buffer that grows
 # or shrinks a little still fails somewhere in the range; every run must fail that way.
 . "$(dirname "$0")/lib.sh"
@@ -47,9 +46,11 @@ test_expect_success 'bk-gen: the shared weights, the kv pool, the decode attenti
 '
 
 S="--lora-r 8 --lora-alpha 16 --max-steps 1 --out o b.bk"
-test_expect_success 'bk-step: the weight staging buffer, the LoRA adapter, the optimizer state, the activations' '
-	oom "2.05M 2.1M" "weight staging" bk-step $S &&
-	oom "2.2M" "LoRA adapter" bk-step $S &&
+# (no 'weight staging' here: stories260K's weights stream in bf16 through pinned host
+# memory since gpu/cuda/cuda_wload.cuh, without the device staging buffer, which only
+# Gemma's norm tensors and 4-bit linears still use)
+test_expect_success 'bk-step: the LoRA adapter, the optimizer state, the activations' '
+	oom "2.05M 2.2M" "LoRA adapter" bk-step $S &&
 	oom "2.5M" "optimizer state" bk-step $S &&
 	oom "3M" "activations" bk-step $S &&
 	grep -q "use --grad-checkpoint" err

@@ -32,7 +32,9 @@ extern "C" void bk_teacher_topk(const float *hidden, const float *lm_head, const
 				int k, int32_t *ids, float *logp, float *rest);
 
 #define TOPK_MAX_K 4096
-#define TOPK_SCRATCH ((size_t)1 << 26) // floats of teacher logits per row block (256 MiB)
+#define TOPK_SCRATCH ((size_t)1 << 24) // floats of teacher logits per row block (64 MiB: a
+				       // GEMM of >= 100 rows at a 150K vocabulary still
+				       // fills the GPU; 256 MiB was 1/4 of bk-teach's need)
 
 // ---------------------------------------------------------------------------------
 // small helpers
