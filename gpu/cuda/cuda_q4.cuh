@@ -7,7 +7,10 @@
 // linear at a time (the scratch is the largest linear's).  Every value is
 // code[q] * absmax in fp32 rounded to bf16, as the host twin's compute dtype bf16
 // (bk_q4_dequantize(q, out, 1)), so the CUDA GEMMs see the host twin's weights exactly.
-// Included by cuda_ops.cu (its allocator).  The decode linears (cuda_gen.cu, up to 64
+// The codes and statistics of a linear are one piece when placed in the one shared copy
+// of the weights (cuda_vmm.h; gpu/load.c), each its own allocation otherwise; the scratch
+// and the nested absmax map are each process's.  Included by cuda_ops.cu (its allocator
+// and placement).  The decode linears (cuda_gen.cu, up to 64
 // rows) do not use the scratch: they read the 4 bits and the statistics themselves
 // (cuda_wsrc.cuh, through bk_cuda_q4_view), computing the same values.
 #ifndef BK_CUDA_Q4_CUH
