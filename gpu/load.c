@@ -357,8 +357,9 @@ static int load_bf16(void *ctx, int layer, int id, int rows, int cols, bk_bf16_f
 
 /* ---- one copy of the weights per GPU (load.h) ---- */
 
-/* the layout of a shared copy: bump when the placement of weight_upload changes */
-#define BK_WLAYOUT 1
+/* the layout of a shared copy: bump when the placement of weight_upload changes (2: the
+ * 4-bit linears placed too, bk_wdesc with a kind and bytes) */
+#define BK_WLAYOUT 2
 
 struct bk_wshared {
 #ifdef BK_HAVE_CUDA
@@ -396,21 +397,22 @@ static int load_shared(const bk_ops *ops, bk_loaded_model *lm, const bk_llama_co
 	size_t len = 0;
 	long pid = 0;
 	bk_vmm_map map;
-	bk_weight_source none = {no_numbers, NULL, NULL, NULL};
+	bk_weight_source none = {no_numbers, NULL, NULL, NULL, 1};
 	bk_wdesc *lay = NULL;
 	size_t nlay = 0;
 	if (!bk_wshare_enabled()) {
 		why = "--no-share-weights or BK_SHARE_WEIGHTS=0";
 		goto own;
 	}
-	if (mc->q4.type != BK_Q4_NONE) { /* weight_upload_q4's codes are each their own */
-		why = "4-bit base linears (--load-in-4bit) are not shared yet";
-		goto own;
-	}
 	if (!bk_vmm_supported(&why) || bk_vmm_device_uuid(uuid, &why))
 		goto own;
-	snprintf(key, sizeof key, "bakery-weights device=%s model=%s dtype=bf16 layout=%d", uuid,
-		 lm->fingerprint, BK_WLAYOUT);
+	/* the 4-bit setting is the copy's: its codes (type, double quant) and the values they
+	 * were quantised from (compute dtype bfloat16: rounded to bf16 first) */
+	snprintf(key, sizeof key, "bakery-weights device=%s model=%s dtype=bf16 q4=%s layout=%d",
+		 uuid, lm->fingerprint, bk_q4_config_str(&mc->q4), BK_WLAYOUT);
+	char q4s[80] = ""; /* the notes say a 4-bit copy's setting */
+	if (mc->q4.type)
+		snprintf(q4s, sizeof q4s, "4-bit %s, ", bk_q4_config_str(&mc->q4));
 	/* the layout: where each tensor goes (no numbers read) */
 	bk_cuda_wplace_begin(BK_WPLACE_MEASURE, NULL, 0, NULL, 0);
 	bk_model *mm = bk_model_create_from(ops, mc, &none);
@@ -441,7 +443,7 @@ static int load_shared(const bk_ops *ops, bk_loaded_model *lm, const bk_llama_co
 		bk_cuda_wplace_begin(BK_WPLACE_ATTACH, map.ptr, map.bytes, desc, h.n);
 		lm->model = bk_model_create_from(ops, mc, &none);
 		bk_cuda_wplace_end(NULL, NULL);
-		note("mapped the shared copy of the weights (%.1f MiB, served by process %ld)",
+		note("mapped the shared copy of the weights (%s%.1f MiB, served by process %ld)", q4s,
 		     (double)map.bytes / (1 << 20), pid);
 	} else if (role == BK_WSHARE_LOAD) {
 		/* one allocation for the layout */
@@ -467,8 +469,8 @@ static int load_shared(const bk_ops *ops, bk_loaded_model *lm, const bk_llama_co
 		memcpy((char *)blob + sizeof h, desc, n * sizeof(bk_wdesc));
 		bk_wshare_serve(key, fd, blob, len); /* keeps fd */
 		fd = -1;
-		note("loaded the weights into a copy shared with the stages on this GPU (%.1f MiB)",
-		     (double)map.bytes / (1 << 20));
+		note("loaded the weights into a copy shared with the stages on this GPU (%s%.1f MiB)",
+		     q4s, (double)map.bytes / (1 << 20));
 	} else {
 		goto own;
 	}
@@ -534,7 +536,7 @@ bk_loaded_model bk_model_load_q4(const bk_ops *ops, const char *dir, const bk_q4
 	 * (the peak is the staging buffer); else read into fp32, uploaded, freed, so the
 	 * host holds at most one tensor in fp32 besides what the device keeps */
 	load_src ls = {c, st, pre};
-	bk_weight_source src = {load_get, load_put, &ls, load_bf16};
+	bk_weight_source src = {load_get, load_put, &ls, load_bf16, 0};
 	bk_model_fingerprint(dir, lm.fingerprint); /* the shared copy's key */
 #ifdef BK_HAVE_CUDA
 	if (!load_shared(ops, &lm, &mc, &src))

@@ -33,7 +33,10 @@ bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir);
 /* The same with the base linears in 4 bits when q4 (not NULL) has a type: QLoRA's
  * load_in_4bit, quantised as bitsandbytes does from the checkpoint's values (a bf16
  * checkpoint quantises as bnb quantises its bf16 tensor; gpu/quant4.h).  The
- * fingerprint stays the checkpoint's. */
+ * fingerprint stays the checkpoint's.  The copy shared on a GPU is the quantised one
+ * (the packed codes and statistics, and the tensors kept in bf16), its key the 4-bit
+ * setting too (type, double quant, compute dtype): a stage of another setting loads a
+ * copy of its own; each process keeps its own dequantisation scratch. */
 bk_loaded_model bk_model_load_q4(const bk_ops *ops, const char *dir, const bk_q4_config *q4);
 void bk_model_unload(bk_loaded_model *lm);
 /* The fingerprint alone (for stream headers), without loading the weights: from the

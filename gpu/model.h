@@ -163,13 +163,17 @@ enum bk_weight_id {
  * through get (one the source computes, as Gemma's 1 + w norms).  bk_model_create_from
  * asks for one tensor at a time, in a fixed order, only for those the config has (the
  * LM head only when untied); it uses bf16 when both the source and the ops have it and
- * the weight is not a 4-bit linear (those are quantised from get's fp32). */
+ * the weight is not a 4-bit linear (those are quantised from get's fp32).  no_numbers:
+ * the ops place the weights without reading them (gpu/load.c's shared copy: its layout,
+ * or a copy another process loaded); a 4-bit linear is then its shape only
+ * (bk_q4_shape), get's numbers are never read. */
 typedef struct {
 	const float *(*get)(void *ctx, int layer, int id, int rows, int cols);
 	void (*put)(void *ctx, const float *p);
 	void *ctx;
 	int (*bf16)(void *ctx, int layer, int id, int rows, int cols, bk_bf16_fill *fill,
 		    void **fill_ctx);
+	int no_numbers;
 } bk_weight_source;
 bk_model *bk_model_create_from(const bk_ops *ops, const bk_llama_config *cfg,
 			       const bk_weight_source *src);

@@ -269,6 +269,19 @@ void bk_q4_quantize(bk_q4 *q, const float *w, int rows, int cols, int type, int 
 	free(absmax);
 }
 
+void bk_q4_shape(bk_q4 *q, int rows, int cols, int type, int double_quant)
+{
+	if ((type != BK_Q4_NF4 && type != BK_Q4_FP4) || rows <= 0 || cols <= 0)
+		BUG("bk_q4_shape: type %d, %d x %d", type, rows, cols);
+	memset(q, 0, sizeof(*q));
+	q->type = type;
+	q->rows = rows;
+	q->cols = cols;
+	q->n = (size_t)rows * (size_t)cols;
+	q->nb = (q->n + BK_Q4_BLOCK - 1) / BK_Q4_BLOCK;
+	q->nb2 = double_quant ? (q->nb + BK_Q4_BLOCK2 - 1) / BK_Q4_BLOCK2 : 0;
+}
+
 void bk_q4_free(bk_q4 *q)
 {
 	if (!q)

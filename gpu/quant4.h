@@ -99,6 +99,10 @@ const float *bk_q4_code2(void);
  * and quantise as bnb quantises the bf16 tensor).  Fills *q (allocations its own). */
 void bk_q4_quantize(bk_q4 *q, const float *w, int rows, int cols, int type, int double_quant);
 void bk_q4_free(bk_q4 *q);
+/* *q with the shape of such a weight only (type, rows, cols, n, nb, nb2) and no numbers:
+ * for a placement that reads none (gpu/load.c: the shared copy's layout, or attaching
+ * a copy another process quantised) */
+void bk_q4_shape(bk_q4 *q, int rows, int cols, int type, int double_quant);
 /* the per-block absmax that dequantisation applies [nb] (nested: dequantised) */
 void bk_q4_block_absmax(const bk_q4 *q, float *absmax);
 /* out [rows, cols] = the dequantised weight in fp32; round_bf16: rounded to bf16

@@ -5,7 +5,8 @@
 # stories260K map the copy the first one loaded (the same memfd inode in each process's
 # maps; the copy outlives the loader for the next stage), compute what own copies compute,
 # a kill -9 of the loader and of the holder mid-run breaks no mapping, and a stage that
-# cannot share (sharing off, a driver without the calls) loads its own and says so once.
+# cannot share (sharing off, a driver without the calls) loads its own and says so once;
+# in 4 bits (--load-in-4bit) the copy is the quantised one, one per 4-bit setting.
 . "$(dirname "$0")/lib.sh"
 EMU_BUILD=${BK_EMU_BUILD:-$ROOT/build-emu}
 [ -x "$EMU_BUILD/bin/bk-teach" ] || { echo "not ok - no emulation build in $EMU_BUILD (make emu)"; exit 1; }
@@ -99,6 +100,51 @@ test_expect_success 'a rendezvous directory that is not private: an own copy, sa
 '
 
 fi
+
+# 4 bits (--load-in-4bit): the copy shared is the quantised one (the packed codes and the
+# statistics, the embeddings and norms in bf16), its key the 4-bit setting
+Q4="--load-in-4bit --bnb-4bit-quant-type nf4 --bnb-4bit-use-double-quant 1"
+F4="--load-in-4bit --bnb-4bit-quant-type fp4 --bnb-4bit-use-double-quant 0"
+BK_SHARE_WEIGHTS=0 gen $Q4 tok.bk -o gen0q.bk 2>gen0q.err &&
+	BK_SHARE_WEIGHTS=0 teach $Q4 gen0q.bk -o teach0q.bk 2>teach0q.err &&
+	BK_SHARE_WEIGHTS=0 teach $F4 gen0q.bk -o teach0f.bk 2>teach0f.err &&
+	BK_SHARE_WEIGHTS=0 teach $Q4 --bnb-4bit-compute-dtype float32 gen0q.bk -o teach0d.bk 2>teach0d.err ||
+	echo "not ok - the unshared 4-bit runs"
+
+test_expect_success '4 bits side by side: bk-gen loads the quantised copy, bk-teach maps it (the same memfd); the same bytes as own copies' '
+	! cmp -s gen0.bk gen0q.bk && ! cmp -s teach0q.bk teach0f.bk &&
+	rv q4; rm -f fifo fifo2; mkfifo fifo fifo2 || exit 1
+	"${GEN[@]}" $Q4 fifo -o gen8.bk 2>gen8.err & gpid=$!
+	exec 7>fifo && cat tok.bk >&7 && wait_for gen8.err "loaded the weights into a copy shared" || exit 1
+	"${TEACH[@]}" $Q4 fifo2 -o teach8.bk 2>teach8.err & tpid=$!
+	exec 8>fifo2 && cat gen0q.bk >&8 && wait_for teach8.err "mapped the shared copy" &&
+	a=$(phys $gpid) && b=$(phys $tpid) && echo "bk-gen $a, bk-teach $b" &&
+	test -n "$a" && test "$a" = "$b" && test $(echo "$a" | wc -l) = 1 &&
+	grep -q "copy shared with the stages on this GPU (4-bit nf4,double-quant,bfloat16, [0-9.]* MiB)" gen8.err &&
+	grep -q "mapped the shared copy of the weights (4-bit nf4,double-quant,bfloat16, [0-9.]* MiB, served by process" teach8.err &&
+	! grep -q "not sharing" gen8.err teach8.err &&
+	exec 8>&- && wait $tpid && cmp teach0q.bk teach8.bk &&
+	exec 7>&- && wait $gpid && cmp gen0q.bk gen8.bk
+'
+
+test_expect_success '4 bits: a stage of another setting (fp4, no double quant; another compute dtype) loads a copy of its own, the next one of that setting maps it; the same bytes' '
+	rv q4f; rm -f fifo fifo2; mkfifo fifo fifo2 || exit 1
+	"${TEACH[@]}" $Q4 fifo -o teach10.bk 2>teach10.err & npid=$!
+	exec 7>fifo && cat gen0q.bk >&7 && wait_for teach10.err "loaded the weights into a copy shared" || exit 1
+	"${TEACH[@]}" $F4 fifo2 -o teach11.bk 2>teach11.err & fpid=$!
+	exec 8>fifo2 && cat gen0q.bk >&8 && wait_for teach11.err "loaded the weights into a copy shared" &&
+	grep -q "copy shared with the stages on this GPU (4-bit fp4,bfloat16, " teach11.err &&
+	a=$(phys $npid) && b=$(phys $fpid) && echo "nf4 $a, fp4 $b" &&
+	test -n "$a" && test -n "$b" && test "$a" != "$b" &&
+	teach $F4 gen0q.bk -o teach12.bk 2>teach12.err &&
+	grep -q "mapped the shared copy of the weights (4-bit fp4,bfloat16, [0-9.]* MiB, served by process" teach12.err &&
+	cmp teach0f.bk teach12.bk &&
+	exec 8>&- && wait $fpid && cmp teach0f.bk teach11.bk &&
+	! cmp -s teach0q.bk teach0d.bk && teach $Q4 --bnb-4bit-compute-dtype float32 gen0q.bk -o teach13.bk 2>teach13.err &&
+	grep -q "copy shared with the stages on this GPU (4-bit nf4,double-quant,float32, " teach13.err &&
+	cmp teach0d.bk teach13.bk &&
+	exec 7>&- && wait $npid && cmp teach0q.bk teach10.bk
+'
 
 test_expect_success 'the plan counts one copy for the stages side by side, each its own under BK_SHARE_WEIGHTS=0' '
 	mkdir -p q17 && cp "$ROOT/tests/golden/memplan/Qwen3-1.7B"/* q17/ &&

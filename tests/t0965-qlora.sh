@@ -127,10 +127,12 @@ test_expect_success 'Qwen3-14B at r 16 fits 24 GiB in 4 bits, and does not in bf
 	grep -q "does not fit" err
 '
 
-test_expect_success 'Llama-3.1-8B-Instruct at r 64 fits 24 GiB in 4 bits; each stage leaves >= 4 GiB' '
+test_expect_success 'Llama-3.1-8B-Instruct at r 64 fits 24 GiB in 4 bits, side by side on one quantised copy with >= 4 GiB to spare' '
 	yaml Llama-3.1-8B-Instruct 64 "template: llama3" >l8.yaml &&
 	bk-bake --dry-run --gpu-memory 24GiB l8.yaml >plan8 2>err &&
-	tail -n 1 plan8 | grep -q "^fits: yes" &&
+	grep "^# one copy of the weights ([0-9.]* GiB) mapped by every stage" plan8 &&
+	p=$(sed -n "s/^fits: yes, peak \([0-9.]*\) GiB of 24.00 GiB$/\1/p" plan8) && echo "side by side $p GiB" &&
+	grep -q "(side by side)$" plan8 && awk -v p="$p" "BEGIN { exit !(p > 0 && p <= 20) }" &&
 	for s in bk-gen bk-teach bk-step; do
 		p=$(stage_peak plan8 $s) && echo "$s $p GiB" &&
 		awk -v p="$p" "BEGIN { exit !(p > 0 && p <= 20) }" || exit 1

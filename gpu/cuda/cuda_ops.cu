@@ -441,17 +441,20 @@ static warena *arena_of(const void *p)
 	return NULL;
 }
 
-// the next tensor of the placement: its offset, checked against the layout
-static __nv_bfloat16 *wplace_next(int rows, int cols)
+// the next tensor of the placement (kind and bytes: bk_wdesc's): its address, checked
+// against the layout; NULL when measuring
+static char *wplace_take(int rows, int cols, int kind, size_t bytes)
 {
-	size_t bytes = (size_t)rows * cols * sizeof(__nv_bfloat16), off = walign(g_woff);
+	size_t off = walign(g_woff);
 	if (g_wmode == BK_WPLACE_MEASURE) {
-		g_wdesc.push_back({ rows, cols, (uint64_t)off });
+		g_wdesc.push_back({ rows, cols, kind, 0, (uint64_t)off, (uint64_t)bytes });
 	} else {
 		const bk_wdesc *d = g_wn < g_wdesc.size() ? &g_wdesc[g_wn] : NULL;
-		if (!d || d->rows != rows || d->cols != cols || d->off != off || off + bytes > g_wbytes)
-			die("shared weights: tensor %zu (%d x %d at byte %zu) is not the layout's%s", g_wn,
-			    rows, cols, off, d ? "" : " (the layout has fewer tensors)");
+		if (!d || d->rows != rows || d->cols != cols || d->kind != kind || d->off != off ||
+		    d->bytes != bytes || off + bytes > g_wbytes)
+			die("shared weights: tensor %zu (%d x %d, kind %#x, %zu bytes at byte %zu) is not "
+			    "the layout's%s", g_wn, rows, cols, (unsigned)kind, bytes, off,
+			    d ? "" : " (the layout has fewer tensors)");
 		std::lock_guard<std::mutex> lk(g_mem_mu);
 		warena *a = arena_of(g_wbase);
 		a->counted += bytes;
@@ -459,7 +462,14 @@ static __nv_bfloat16 *wplace_next(int rows, int cols)
 	}
 	g_wn++;
 	g_woff = off + bytes;
-	return g_wmode == BK_WPLACE_MEASURE ? NULL : (__nv_bfloat16 *)(g_wbase + off);
+	return g_wmode == BK_WPLACE_MEASURE ? NULL : g_wbase + off;
+}
+
+// the next bf16 tensor of the placement
+static __nv_bfloat16 *wplace_next(int rows, int cols)
+{
+	size_t bytes = (size_t)rows * cols * sizeof(__nv_bfloat16);
+	return (__nv_bfloat16 *)wplace_take(rows, cols, BK_WDESC_BF16, bytes);
 }
 
 // weights: host fp32 -> device bf16 through a bounded fp32 staging buffer

@@ -7,7 +7,10 @@
 // linear at a time (the scratch is the largest linear's).  Every value is
 // code[q] * absmax in fp32 rounded to bf16, as the host twin's compute dtype bf16
 // (bk_q4_dequantize(q, out, 1)), so the CUDA GEMMs see the host twin's weights exactly.
-// Included by cuda_ops.cu (its allocator).  The decode linears (cuda_gen.cu, up to 64
+// The codes and statistics of a linear are one piece when placed in the one shared copy
+// of the weights (cuda_vmm.h; gpu/load.c), each its own allocation otherwise; the scratch
+// and the nested absmax map are each process's.  Included by cuda_ops.cu (its allocator
+// and placement).  The decode linears (cuda_gen.cu, up to 64
 // rows) do not use the scratch: they read the 4 bits and the statistics themselves
 // (cuda_wsrc.cuh, through bk_cuda_q4_view), computing the same values.
 #ifndef BK_CUDA_Q4_CUH
@@ -54,6 +57,84 @@ __global__ void q4_dequant_kernel(__nv_bfloat16 *out, const uint8_t *packed, con
 	}
 }
 
+// One linear's storage as one piece (the shared copy places it so: cuda_vmm.h): the
+// packed codes at 0, then (double quant) the absmax codes, the absmax2s and the offset,
+// or the fp32 absmaxes, each part at a 256-byte boundary.  The offset is on the device
+// too, so that a process attaching another's copy reads it there (it is the data's).
+typedef struct {
+	size_t qabsmax, absmax2, offset, absmax, bytes;
+} q4_parts;
+
+static size_t q4_align(size_t off) { return (off + 255) & ~(size_t)255; }
+
+static q4_parts q4_parts_of(const bk_q4 *q)
+{
+	q4_parts p = { 0, 0, 0, 0, 0 };
+	size_t at = q4_align((q->n + 1) / 2);
+	if (q->nb2) { // double quant (bk_q4's nb2 is 0 without)
+		p.qabsmax = at;
+		p.absmax2 = q4_align(p.qabsmax + q->nb);
+		p.offset = q4_align(p.absmax2 + q->nb2 * sizeof(float));
+		p.bytes = p.offset + sizeof(float);
+	} else {
+		p.absmax = at;
+		p.bytes = p.absmax + q->nb * sizeof(float);
+	}
+	return p;
+}
+
+// bk_wdesc's kind of a 4-bit linear: its type and double quant (the share key says the
+// same; a layout of another setting is another layout)
+static int32_t q4_kind(const bk_q4 *q)
+{
+	return BK_WDESC_Q4 | q->type << 4 | (q->nb2 ? 1 : 0) << 8;
+}
+
+// the parts' device addresses from base (the piece), or each its own allocation
+static void q4_point(cuda_q4 *d, const bk_q4 *q, char *base)
+{
+	size_t pb = (q->n + 1) / 2;
+	if (base) {
+		q4_parts p = q4_parts_of(q);
+		d->packed = (uint8_t *)base;
+		if (q->nb2) {
+			d->qabsmax = (uint8_t *)(base + p.qabsmax);
+			d->absmax2 = (float *)(base + p.absmax2);
+		} else {
+			d->absmax = (float *)(base + p.absmax);
+		}
+		return;
+	}
+	d->packed = (uint8_t *)bk_cuda_dev_alloc(pb, "4-bit weights");
+	if (q->nb2) {
+		d->qabsmax = (uint8_t *)bk_cuda_dev_alloc(q->nb, "4-bit weights");
+		d->absmax2 = (float *)bk_cuda_dev_alloc(q->nb2 * sizeof(float), "4-bit weights");
+	} else {
+		d->absmax = (float *)bk_cuda_dev_alloc(q->nb * sizeof(float), "4-bit weights");
+	}
+}
+
+// q's numbers to d's storage (the offset too when it has a place: base)
+static void q4_copy_in(cuda_q4 *d, const bk_q4 *q, char *base)
+{
+	CUDA_CHECK(cudaMemcpy(d->packed, q->packed, (q->n + 1) / 2, cudaMemcpyHostToDevice));
+	if (q->nb2) {
+		CUDA_CHECK(cudaMemcpy(d->qabsmax, q->qabsmax, q->nb, cudaMemcpyHostToDevice));
+		CUDA_CHECK(cudaMemcpy(d->absmax2, q->absmax2, q->nb2 * sizeof(float),
+				      cudaMemcpyHostToDevice));
+		if (base)
+			CUDA_CHECK(cudaMemcpy(base + q4_parts_of(q).offset, &q->offset, sizeof(float),
+					      cudaMemcpyHostToDevice));
+	} else {
+		CUDA_CHECK(cudaMemcpy(d->absmax, q->absmax, q->nb * sizeof(float),
+				      cudaMemcpyHostToDevice));
+	}
+}
+
+// Placement (g_wmode, cuda_vmm.h) as cuda_weight_upload: OWN, each part its own
+// allocation; MEASURE, nothing (q may be its shape only: bk_q4_shape); UPLOAD, q's
+// numbers into the arena; ATTACH, nothing read but the offset another process wrote.
+// The nested absmax map and the dequantisation scratch are this process's either way.
 static bk_weight *cuda_weight_upload_q4(const bk_q4 *q, int compute_bf16)
 {
 	(void)compute_bf16; // the GPU's GEMMs are bf16 either way (man/bk-step.1)
@@ -67,23 +148,27 @@ static bk_weight *cuda_weight_upload_q4(const bk_q4 *q, int compute_bf16)
 	d->nb = q->nb;
 	d->offset = q->offset;
 	memcpy(d->book.c, bk_q4_code(q->type), sizeof d->book.c);
-	size_t pb = (q->n + 1) / 2;
-	d->packed = (uint8_t *)bk_cuda_dev_alloc(pb, "4-bit weights");
-	CUDA_CHECK(cudaMemcpy(d->packed, q->packed, pb, cudaMemcpyHostToDevice));
-	if (q->qabsmax) {
-		d->qabsmax = (uint8_t *)bk_cuda_dev_alloc(q->nb, "4-bit weights");
-		CUDA_CHECK(cudaMemcpy(d->qabsmax, q->qabsmax, q->nb, cudaMemcpyHostToDevice));
-		d->absmax2 = (float *)bk_cuda_dev_alloc(q->nb2 * sizeof(float), "4-bit weights");
-		CUDA_CHECK(cudaMemcpy(d->absmax2, q->absmax2, q->nb2 * sizeof(float),
-				      cudaMemcpyHostToDevice));
-		if (!g_q4_code2) {
-			g_q4_code2 = (float *)bk_cuda_dev_alloc(256 * sizeof(float), "4-bit weights");
-			CUDA_CHECK(cudaMemcpy(g_q4_code2, bk_q4_code2(), 256 * sizeof(float),
-					      cudaMemcpyHostToDevice));
-		}
+	w->rows = q->rows;
+	w->cols = q->cols;
+	w->kind = BK_WEIGHT_Q4;
+	w->data = d;
+	char *base = NULL;
+	if (g_wmode != BK_WPLACE_OWN) {
+		base = wplace_take(q->rows, q->cols, q4_kind(q), q4_parts_of(q).bytes);
+		if (g_wmode == BK_WPLACE_MEASURE)
+			return w; // the layout only: no storage, nothing read
+	}
+	q4_point(d, q, base);
+	if (g_wmode == BK_WPLACE_ATTACH) {
+		if (q->nb2)
+			CUDA_CHECK(cudaMemcpy(&d->offset, base + q4_parts_of(q).offset, sizeof(float),
+					      cudaMemcpyDeviceToHost));
 	} else {
-		d->absmax = (float *)bk_cuda_dev_alloc(q->nb * sizeof(float), "4-bit weights");
-		CUDA_CHECK(cudaMemcpy(d->absmax, q->absmax, q->nb * sizeof(float),
+		q4_copy_in(d, q, base);
+	}
+	if (q->nb2 && !g_q4_code2) {
+		g_q4_code2 = (float *)bk_cuda_dev_alloc(256 * sizeof(float), "4-bit weights");
+		CUDA_CHECK(cudaMemcpy(g_q4_code2, bk_q4_code2(), 256 * sizeof(float),
 				      cudaMemcpyHostToDevice));
 	}
 	if (q->n > g_q4_scratch_n) { // at load, before any GEMM reads it
@@ -93,20 +178,24 @@ static bk_weight *cuda_weight_upload_q4(const bk_q4 *q, int compute_bf16)
 								  "4-bit dequantisation scratch");
 		g_q4_scratch_n = q->n;
 	}
-	w->rows = q->rows;
-	w->cols = q->cols;
-	w->kind = BK_WEIGHT_Q4;
-	w->data = d;
 	return w;
 }
 
+// a placed linear (in an arena, or measured: no storage) is freed with its arena
 static void cuda_q4_free(bk_weight *w)
 {
 	cuda_q4 *d = (cuda_q4 *)w->data;
-	bk_cuda_dev_free(d->packed);
-	bk_cuda_dev_free(d->absmax);
-	bk_cuda_dev_free(d->qabsmax);
-	bk_cuda_dev_free(d->absmax2);
+	int placed;
+	{
+		std::lock_guard<std::mutex> lk(g_mem_mu);
+		placed = !d->packed || arena_of(d->packed);
+	}
+	if (!placed) {
+		bk_cuda_dev_free(d->packed);
+		bk_cuda_dev_free(d->absmax);
+		bk_cuda_dev_free(d->qabsmax);
+		bk_cuda_dev_free(d->absmax2);
+	}
 	free(d);
 	free(w);
 }

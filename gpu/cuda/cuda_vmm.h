@@ -50,11 +50,15 @@ enum {
 	BK_WPLACE_UPLOAD,  /* converted into the arena at the layout's offsets */
 	BK_WPLACE_ATTACH,  /* the arena already holds them (another process uploaded) */
 };
-/* one tensor of the layout: bf16 [rows, cols] at byte off of the arena */
+/* one tensor of the layout: [rows, cols] at byte off of the arena, bytes long; kind
+ * BK_WDESC_BF16 (bf16 values), or a 4-bit linear (gpu/cuda/cuda_q4.cuh: its packed codes
+ * and statistics in one piece) BK_WDESC_Q4 | its quant type << 4 | double quant << 8 */
 typedef struct {
 	int32_t rows, cols;
-	uint64_t off;
+	int32_t kind, zero; /* zero: 0 (the layouts are compared byte by byte) */
+	uint64_t off, bytes;
 } bk_wdesc;
+enum { BK_WDESC_BF16 = 0, BK_WDESC_Q4 = 1 };
 /* The weight_uploads until bk_cuda_wplace_end go by mode; UPLOAD and ATTACH into the
  * arena [base, base + bytes), each tensor checked against desc[0..n) (a difference
  * dies naming it). */

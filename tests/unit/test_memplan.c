@@ -25,6 +25,7 @@
 #include "gpu/gen.h"
 #include "gpu/load.h"
 #include "gpu/memplan.h"
+#include "gpu/quant4.h"
 #include "gpu/teach.h"
 #include "gpu/train.h"
 #include "tests/unit/memplan_stages.h"
@@ -330,6 +331,53 @@ static void test_fit(void)
 	      !bk_mem_parse_size("-3G") && !bk_mem_parse_size(""), "not sizes");
 }
 
+/* (h) 4 bits (load_in_4bit) on a GPU: the weights the stages share are the quantised copy
+ * (the 4-bit linears and the tensors kept in bf16: gpu/load.c places both in the one
+ * allocation); side by side it counts once, while each stage keeps its own dequantisation
+ * scratch (gpu/cuda/cuda_q4.cuh) */
+static void test_q4_shared(void)
+{
+	bk_mem_model m = {.H = 512, .I = 1376, .L = 4, .NH = 8, .NKV = 4, .D = 64, .V = 32000,
+			  .q4 = 1, .q4_double_quant = 1};
+	bk_mem_dev d = {.cuda = 1, .weight_bytes = 2, .act_bytes = 4, .kv_bytes = 2, .linear = 1,
+			.loss = 1};
+	bk_mem_bake b = {.batch = 4, .grad_accum = 1, .ntraj = 4, .max_new = 64, .r = 8,
+			 .top_k = 16, .can_ckpt = 1, .targets = 0x7f, .max_t = 40, .max_s = 20,
+			 .teach_budget = 4096, .gen_batch = 64};
+	bk_mem_fit f;
+	bk_mem_fit_bake(&m, &d, &b, &f);
+	CHECK(f.n_st == 3, "three stages: %d", f.n_st);
+	size_t H = 512, I = 1376, QD = 512, KVD = 256;
+	size_t lin = 2 * bk_q4_bytes(QD, H, 1) + 2 * bk_q4_bytes(KVD, H, 1) + 2 * bk_q4_bytes(I, H, 1) +
+		     bk_q4_bytes(H, I, 1);
+	size_t bf16 = (2 * 32000 * H + H + 4 * 2 * H) * 2; /* embed, head, norms */
+	size_t scratch = I * H * 2;
+	for (int i = 0; i < f.n_st; i++) {
+		const bk_mem_stage *s = &f.st[i];
+		size_t sc = 0;
+		for (int j = 0; j < s->n; j++)
+			if (!strcmp(s->item[j].name, "4-bit dequantisation scratch"))
+				sc = s->item[j].kind == BK_MEM_BUF ? s->item[j].bytes : 0;
+		CHECK(s->weights == 4 * lin + bf16 && sc == scratch,
+		      "%s: weights %zu (4-bit %zu + bf16 %zu), own scratch %zu (%zu)", s->stage,
+		      s->weights, 4 * lin, bf16, sc, scratch);
+	}
+	b.shared = 0;
+	bk_mem_fit_bake(&m, &d, &b, &f);
+	size_t own = f.peak;
+	b.shared = 1;
+	bk_mem_fit_bake(&m, &d, &b, &f);
+	CHECK(f.peak == own - 2 * (4 * lin + bf16), "shared in 4 bits: %zu = %zu less two copies",
+	      f.peak, own);
+	/* the same model in bf16 shares a copy about 3.5 times the linears' 4-bit one */
+	bk_mem_model m16 = m;
+	m16.q4 = 0;
+	bk_mem_fit g;
+	bk_mem_fit_bake(&m16, &d, &b, &g);
+	CHECK(g.st[0].weights - bf16 > 3 * 4 * lin, "bf16 linears %zu, 4-bit %zu",
+	      g.st[0].weights - bf16, 4 * lin);
+}
+
 /* (f) bk_model_create_from: one tensor at a time (a loader's host peak is one fp32 tensor) */
 typedef struct {
 	int out, max_out, gets, puts;
@@ -363,7 +411,7 @@ static void test_create_from(void)
 			     .rms_eps = 1e-5f, .inv_freq = inv, .qk_norm = 1, .qkv_bias = 1,
 			     .sandwich = 1};
 	count_src cs = {0};
-	bk_weight_source src = {count_get, count_put, &cs, NULL};
+	bk_weight_source src = {count_get, count_put, &cs, NULL, 0};
 	bk_model *m = bk_model_create_from(&bk_ops_host, &c, &src);
 	/* embed, final norm, lm head; per layer 7 linears, 2 norms, 3 biases, 2 q/k norms,
 	 * 2 sandwich norms = 16 */
@@ -451,5 +499,6 @@ int main(void)
 	test_teach_fwd();
 	test_gen_pool();
 	test_fit();
+	test_q4_shared();
 	return bk_test_done("test_memplan");
 }
