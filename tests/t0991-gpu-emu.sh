@@ -17,8 +17,8 @@ unset BK_ATTN BK_ACT BK_LINEAR BK_LOSS BK_DECODE BK_GPU_EMU
 set -o pipefail
 # under ASan (make asan test: build-emu/asan) every emulated run is about 4 times slower:
 # the planted failure and the usage only
-FULL=1
-case $EMU_BUILD in */asan) FULL=0 ;; esac
+FULL=1 PB=20 # PB: the planted run's budget (less 8 s kept for the archive), past test_cuda_ops
+case $EMU_BUILD in */asan) FULL=0 PB=30 ;; esac
 
 test_expect_success 'pack.sh packs the emulation build' '
 	"$ROOT/tests/gpu/pack.sh" --build "$EMU_BUILD" --no-build --no-wheels --pack "$TEST_TMP/pack" >pack.out &&
@@ -53,7 +53,7 @@ fi
 
 test_expect_success 'run.sh --emu: a planted failure fails the run and is named' '
 	test_must_fail env BK_GPU_TEST_FAIL=test_cuda_ops "$ROOT/tests/gpu/run.sh" --prebuilt --pack "$TEST_TMP/pack" \
-		--emu --quick --out out2 --budget 10 >run2.out 2>err &&
+		--emu --quick --out out2 --budget $PB >run2.out 2>err &&
 	cat out2/results.md &&
 	grep -q "^run.sh: error: .*correctness check(s) failed: test_cuda_ops" err &&
 	grep -q "| gpu | test_cuda_ops | FAIL | [0-9]* | FAIL (exit 3): planted failure (BK_GPU_TEST_FAIL, BK_CUDA_SYNC=unset); re-run with BK_CUDA_SYNC=1: FAIL (exit 3)" out2/results.md &&
