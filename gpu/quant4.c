@@ -227,14 +227,7 @@ static void q8_blockwise(const float *x, size_t n, uint8_t *q, float *absmax)
 void bk_q4_quantize(bk_q4 *q, const float *w, int rows, int cols, int type, int double_quant)
 {
 	init_books();
-	if ((type != BK_Q4_NF4 && type != BK_Q4_FP4) || rows <= 0 || cols <= 0)
-		BUG("bk_q4_quantize: type %d, %d x %d", type, rows, cols);
-	memset(q, 0, sizeof(*q));
-	q->type = type;
-	q->rows = rows;
-	q->cols = cols;
-	q->n = (size_t)rows * (size_t)cols;
-	q->nb = (q->n + BK_Q4_BLOCK - 1) / BK_Q4_BLOCK;
+	bk_q4_shape(q, rows, cols, type, double_quant);
 	q->packed = xcalloc((q->n + 1) / 2, 1);
 	float *absmax = xmalloc(q->nb * sizeof(float));
 	const float tiny = (float)1e-38;
@@ -259,7 +252,6 @@ void bk_q4_quantize(bk_q4 *q, const float *w, int rows, int cols, int type, int 
 		q->absmax = absmax;
 		return;
 	}
-	q->nb2 = (q->nb + BK_Q4_BLOCK2 - 1) / BK_Q4_BLOCK2;
 	q->offset = torch_mean(absmax, q->nb);
 	for (size_t b = 0; b < q->nb; b++)
 		absmax[b] -= q->offset;

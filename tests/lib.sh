@@ -92,3 +92,15 @@ output_dir: $TEST_TMP/out-$1
 ${3:-}
 EOF
 }
+# emu_setup PROGRAM: a test of the CUDA emulation (make emu: build-emu, or BK_EMU_BUILD,
+# e.g. build-emu/asan): EMU_BUILD set, its tools first on PATH, M the stories260K model,
+# one thread, a private cache, no variant switch from the caller's environment; not ok
+# and exit when PROGRAM (a path below EMU_BUILD) is not built
+emu_setup() {
+	EMU_BUILD=${BK_EMU_BUILD:-$ROOT/build-emu}
+	[ -x "$EMU_BUILD/$1" ] || { echo "not ok - no emulation build in $EMU_BUILD (make emu)"; exit 1; }
+	PATH="$EMU_BUILD/bin:$PATH"
+	M="$MODELS/stories260K"
+	export XDG_CACHE_HOME="$TEST_TMP/cache" OMP_NUM_THREADS=1
+	unset BK_ATTN BK_ACT BK_LINEAR BK_LOSS BK_DECODE BK_EMU_KERNEL_LOG BK_EMU_DEVICE_MEMORY
+}

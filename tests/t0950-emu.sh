@@ -13,12 +13,8 @@
 # every __global__ of gpu/cuda/ (tests/emu's programs stay out of the count: the tools and
 # the op checks must launch each): a kernel no run launched fails the test.
 . "$(dirname "$0")/lib.sh"
-EMU_BUILD=${BK_EMU_BUILD:-$ROOT/build-emu}
-[ -x "$EMU_BUILD/bin/bk-step" ] || { echo "not ok - no emulation build in $EMU_BUILD (make emu)"; exit 1; }
-PATH="$EMU_BUILD/bin:$PATH"
-M="$MODELS/stories260K"
-export XDG_CACHE_HOME="$TEST_TMP/cache" OMP_NUM_THREADS=1 BK_EMU_KERNEL_LOG="$TEST_TMP/kernels.log"
-unset BK_ATTN BK_ACT BK_LINEAR BK_LOSS BK_DECODE
+emu_setup bin/bk-step
+export BK_EMU_KERNEL_LOG="$TEST_TMP/kernels.log"
 set -o pipefail
 C="python3 $ROOT/tests/emu/compare.py"
 # under ASan (make asan test: build-emu/asan) every run is about 4 times slower: the

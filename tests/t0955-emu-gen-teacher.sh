@@ -7,12 +7,7 @@
 # Gemma-3 (final logit softcap: bk-gen's logits are capped before the top-k, bk-teach
 # caps in its own).  A companion of tests/t0950-emu.sh.
 . "$(dirname "$0")/lib.sh"
-EMU_BUILD=${BK_EMU_BUILD:-$ROOT/build-emu}
-[ -x "$EMU_BUILD/bin/bk-gen" ] || { echo "not ok - no emulation build in $EMU_BUILD (make emu)"; exit 1; }
-PATH="$EMU_BUILD/bin:$PATH"
-M="$MODELS/stories260K"
-export XDG_CACHE_HOME="$TEST_TMP/cache" OMP_NUM_THREADS=1
-unset BK_ATTN BK_ACT BK_LINEAR BK_LOSS BK_DECODE
+emu_setup bin/bk-gen
 set -o pipefail
 C="python3 $ROOT/tests/emu/compare.py"
 # under ASan (make asan test: build-emu/asan) an emulated run is about 4 times slower:

@@ -7,12 +7,7 @@
 # change.  Each buffer is looked for over a few device sizes, so that a buffer that grows
 # or shrinks a little still fails somewhere in the range; every run must fail that way.
 . "$(dirname "$0")/lib.sh"
-EMU_BUILD=${BK_EMU_BUILD:-$ROOT/build-emu}
-[ -x "$EMU_BUILD/bin/bk-gen" ] || { echo "not ok - no emulation build in $EMU_BUILD (make emu)"; exit 1; }
-PATH="$EMU_BUILD/bin:$PATH"
-M="$MODELS/stories260K"
-export XDG_CACHE_HOME="$TEST_TMP/cache" OMP_NUM_THREADS=1
-unset BK_ATTN BK_ACT BK_LINEAR BK_LOSS BK_DECODE BK_EMU_KERNEL_LOG BK_EMU_DEVICE_MEMORY
+emu_setup bin/bk-gen
 
 bk-tokenize --model "$M" --system "Sparky is a friendly dragon." "$DATA/pipe/stories.txt" -o tok.bk 2>/dev/null &&
 	bk-gen --model "$M" --device cpu --num-trajectories 2 --max-new-tokens 24 --seed 1 tok.bk -o gen.bk 2>/dev/null &&

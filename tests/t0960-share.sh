@@ -8,11 +8,7 @@
 # cannot share (sharing off, a driver without the calls) loads its own and says so once;
 # in 4 bits (--load-in-4bit) the copy is the quantised one, one per 4-bit setting.
 . "$(dirname "$0")/lib.sh"
-EMU_BUILD=${BK_EMU_BUILD:-$ROOT/build-emu}
-[ -x "$EMU_BUILD/bin/bk-teach" ] || { echo "not ok - no emulation build in $EMU_BUILD (make emu)"; exit 1; }
-PATH="$EMU_BUILD/bin:$PATH"
-M="$MODELS/stories260K"
-export XDG_CACHE_HOME="$TEST_TMP/cache" OMP_NUM_THREADS=1
+emu_setup bin/bk-teach
 export BK_SHARE_LINGER=5 # the holders of this test go soon after it
 unset BK_SHARE_WEIGHTS BK_SHARE_HOLDER BK_EMU_NO_VMM
 SYS="Sparky is a friendly dragon who lives in a cave."

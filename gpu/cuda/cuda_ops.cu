@@ -472,6 +472,28 @@ static __nv_bfloat16 *wplace_next(int rows, int cols)
 	return (__nv_bfloat16 *)wplace_take(rows, cols, BK_WDESC_BF16, bytes);
 }
 
+// a bf16 weight's handle and its device storage: placed in the shared layout (g_wmode)
+// or its own allocation
+static bk_weight *weight_new_bf16(int rows, int cols)
+{
+	bk_weight *w = (bk_weight *)malloc(sizeof(*w));
+	if (!w)
+		die("out of memory allocating a weight handle");
+	w->rows = rows;
+	w->cols = cols;
+	w->kind = BK_WEIGHT_PLAIN;
+	w->data = g_wmode != BK_WPLACE_OWN
+			  ? (void *)wplace_next(rows, cols)
+			  : bk_cuda_dev_alloc((size_t)rows * cols * sizeof(__nv_bfloat16), "weights");
+	return w;
+}
+
+// true when an upload has nothing to read: the layout only, or another process's upload
+static int weight_placed_only(void)
+{
+	return g_wmode == BK_WPLACE_MEASURE || g_wmode == BK_WPLACE_ATTACH;
+}
+
 // weights: host fp32 -> device bf16 through a bounded fp32 staging buffer
 static bk_weight *cuda_weight_upload(const float *host, int rows, int cols)
 {
@@ -479,19 +501,10 @@ static bk_weight *cuda_weight_upload(const float *host, int rows, int cols)
 		CUDA_BUG("weight_upload: %d x %d", rows, cols);
 	cuda_init();
 	size_t n = (size_t)rows * cols, chunk = (size_t)1 << 24;
-	bk_weight *w = (bk_weight *)malloc(sizeof(*w));
-	if (!w)
-		die("out of memory allocating a weight handle");
-	w->rows = rows;
-	w->cols = cols;
-	w->kind = BK_WEIGHT_PLAIN;
-	int place = g_wmode != BK_WPLACE_OWN;
-	__nv_bfloat16 *d = place ? wplace_next(rows, cols)
-				 : (__nv_bfloat16 *)bk_cuda_dev_alloc(n * sizeof(__nv_bfloat16),
-								      "weights");
-	w->data = d;
-	if (g_wmode == BK_WPLACE_MEASURE || g_wmode == BK_WPLACE_ATTACH)
-		return w; // nothing to read: the layout only, or another process's upload
+	bk_weight *w = weight_new_bf16(rows, cols);
+	__nv_bfloat16 *d = (__nv_bfloat16 *)w->data;
+	if (weight_placed_only())
+		return w;
 	size_t sb = (n < chunk ? n : chunk) * sizeof(float);
 	float *stage = (float *)bk_cuda_dev_alloc(sb, "weight staging");
 	for (size_t off = 0; off < n; off += chunk) {

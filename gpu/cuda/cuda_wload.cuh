@@ -23,18 +23,10 @@ static bk_weight *cuda_weight_upload_bf16(int rows, int cols, bk_bf16_fill fill,
 		CUDA_BUG("weight_upload_bf16: %d x %d", rows, cols);
 	cuda_init();
 	size_t n = (size_t)rows * cols;
-	bk_weight *w = (bk_weight *)malloc(sizeof(*w));
-	if (!w)
-		die("out of memory allocating a weight handle");
-	w->rows = rows;
-	w->cols = cols;
-	w->kind = BK_WEIGHT_PLAIN;
-	uint16_t *d = (uint16_t *)(g_wmode != BK_WPLACE_OWN
-					   ? (void *)wplace_next(rows, cols)
-					   : bk_cuda_dev_alloc(n * sizeof(__nv_bfloat16), "weights"));
-	w->data = d;
-	if (g_wmode == BK_WPLACE_MEASURE || g_wmode == BK_WPLACE_ATTACH)
-		return w; // nothing to read: the layout only, or another process's upload
+	bk_weight *w = weight_new_bf16(rows, cols);
+	uint16_t *d = (uint16_t *)w->data;
+	if (weight_placed_only())
+		return w;
 	size_t cb = n < WL_CHUNK ? n : WL_CHUNK;
 	int nbuf = n > cb ? 2 : 1;
 	uint16_t *stage[2] = { NULL, NULL };
