@@ -36,6 +36,7 @@ test_expect_success 'run.sh --emu --quick: device mode on the emulated GPU, ever
 	grep -q "| env | GPU | emulated (gpu/emu) |" out/results.md &&
 	grep -q "| gpu | test_cuda_ops | ok | [0-9]* | # [0-9]* checks, 0 failed |" out/results.md &&
 	grep -q "| correctness | bk-step cpu vs cuda, dropout 0.1 | ok |" out/results.md &&
+	grep -q "| gpu | check_share.sh | ok | [0-9]* | check_share: 4 checks, 0 failed |" out/results.md &&
 	grep -q "| timing | cuBLAS bf16 GEMM rate (best shape) | ran (emulated: not a speed) |" out/results.md &&
 	grep -q "| timing | bakery step, small Llama .* | ran (emulated: not a speed) |" out/results.md &&
 	grep -q "| timing | bakery generate: greedy, batch 1 | ran (emulated: not a speed) |" out/results.md &&

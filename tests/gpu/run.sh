@@ -199,7 +199,7 @@ check() {
 
 # --emu --quick (make test's subset, tests/t0991-gpu-emu.sh): the check programs and
 # scripts named here run; each other one gets a row saying so
-EMU_QUICK="test_cuda_ops check_optim check_gen check_linear check_sizes check_dist.sh"
+EMU_QUICK="test_cuda_ops check_optim check_gen check_linear check_sizes check_dist.sh check_share.sh"
 unselected() { # NAME [PART]: true (and a row) when --emu --quick leaves NAME out
 	[ $EMU = 1 ] && [ $QUICK = 1 ] || return 1
 	case " $EMU_QUICK " in *" $1 "*) return 1 ;; esac
