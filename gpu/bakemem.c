@@ -14,7 +14,7 @@ bk_mem_model bk_mem_model_of(const bk_config *c)
 			      .NH = c->n_heads, .NKV = c->n_kv_heads, .D = c->head_dim,
 			      .V = c->vocab_size, .tied = c->tie_word_embeddings,
 			      .qkv_bias = c->qkv_bias, .qk_norm = c->qk_norm,
-			      .sandwich = c->sandwich};
+			      .sandwich = c->sandwich, .norm_plus_one = c->norm_plus_one};
 }
 
 void bk_bake_token_lengths(const char *path, int *max_t, int *max_s, int *max_resp,

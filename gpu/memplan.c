@@ -13,7 +13,6 @@
 
 enum { GEN_BLOCK = 16 };      /* gpu/gen.h BK_GEN_BLOCK */
 enum { NMOD = 7 };            /* gpu/model.h BK_LORA_NMOD */
-#define CUDA_CHUNK ((size_t)1 << 24)        /* cuda_ops.cu weight_upload's staging floats */
 #define TOPK_SCRATCH ((size_t)1 << 24)      /* cuda_loss.cu: teacher logits per row block */
 #define LOSS_V2_BUDGET ((size_t)512 << 20)  /* cuda_loss.cu: v2 row blocks */
 #define CUDA_CONTEXT ((size_t)512 << 20)    /* estimate: context, cuBLAS, module images */
@@ -178,10 +177,12 @@ static void add_weights(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev
 	add(s, BK_MEM_BUF, "rope tables", "gpu/model.c bk_model_create: inv_freq(_local)",
 	    (size_t)m->D / 2 * 4 * 2);
 	if (d->cuda) {
-		size_t big = max2((size_t)m->V * H, max2(I * H, QD * H));
-		add(s, BK_MEM_LOAD, "weight staging (load only)",
-		    "gpu/cuda/cuda_ops.cu cuda_weight_upload: the staging buffer",
-		    (big < CUDA_CHUNK ? big : CUDA_CHUNK) * 4);
+		/* every tensor streams in bf16 through pinned host memory (cuda_wload.cuh),
+		 * but for Gemma's (1 + w) norms, computed in fp32 on the host and uploaded
+		 * through cuda_weight_upload's device staging: H floats at most */
+		if (m->norm_plus_one)
+			add(s, BK_MEM_LOAD, "weight staging (load only)",
+			    "gpu/cuda/cuda_ops.cu cuda_weight_upload: the staging buffer", H * 4);
 		add(s, BK_MEM_ESTIMATE, "CUDA context (estimate)",
 		    "the driver: context, cuBLAS handle and workspace, kernels", CUDA_CONTEXT);
 	}

@@ -27,6 +27,7 @@
 typedef struct {
 	int H, I, L, NH, NKV, D, V;
 	int tied, qkv_bias, qk_norm, sandwich;
+	int norm_plus_one; /* Gemma's (1 + w) norms: loaded in fp32 through the device staging */
 	int q4, q4_double_quant; /* load_in_4bit: the 7 base linears of every layer in 4 bits
 				  * (gpu/quant4.h bk_q4_bytes on a GPU; the host twin
 				  * expands them to fp32), with or without double quant */

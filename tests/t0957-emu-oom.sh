@@ -43,7 +43,7 @@ test_expect_success 'bk-gen: the shared weights, the kv pool, the decode attenti
 S="--lora-r 8 --lora-alpha 16 --max-steps 1 --out o b.bk"
 # (no 'weight staging' here: stories260K's weights stream in bf16 through pinned host
 # memory since gpu/cuda/cuda_wload.cuh, without the device staging buffer, which only
-# Gemma's norm tensors and 4-bit linears still use)
+# Gemma's (1 + w) norm tensors still use; 4-bit linears are copied in directly)
 test_expect_success 'bk-step: the LoRA adapter, the optimizer state, the activations' '
 	oom "2.05M 2.2M" "LoRA adapter" bk-step $S &&
 	oom "2.5M" "optimizer state" bk-step $S &&
