@@ -10,7 +10,11 @@
 # how: pip install ... && pip install --no-deps --ignore-requires-python bakery-py).
 # Prints one line per seed and a last line "quality: bk-bake mean M (min-max) | tool
 # mean M (min-max)".  BAKE_ONLY=1 runs bk-bake alone (no tool runs); BAKE_BK_ARGS adds
-# config overrides to bk-bake's runs only (e.g. "--teacher_top_k 0").  Slow: the tool
+# config overrides to bk-bake's runs only (e.g. "--teacher_top_k 0").  BAKE_FIELDS:
+# "key: value" lines that replace (or add) config fields for both sides; BAKE_PROMPTS:
+# how many of the stories are training prompts (default 16; the rest up to 40 are
+# held out with heldout.txt).  Issue 25's config: BAKE_PROMPTS=8 BAKE_FIELDS='
+# num_train_epochs: 2 / learning_rate: 3e-3 / warmup_ratio: 0.1' (one per line).  Slow: the tool
 # takes about a minute a run on two cores, the judge a few minutes on a loaded machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,9 +40,12 @@ c["chat_template"] = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 
 json.dump(c, open(p, "w"), indent=2)
 EOF
 D=pipelines/examples/data
-head -16 $D/stories.txt | jq -R . | jq -s . >"$T/train.json"
-{ cat $D/heldout.txt; sed -n '17,40p' $D/stories.txt; } >"$T/heldout.txt"
-cat >"$T/held.yaml" <<EOF
+NP=${BAKE_PROMPTS:-16}
+case $NP in '' | *[!0-9]* | 0) echo "bake_quality: BAKE_PROMPTS must be 1-40, not '$NP'" >&2; exit 1 ;; esac
+[ "$NP" -le 40 ] || { echo "bake_quality: BAKE_PROMPTS must be 1-40, not '$NP'" >&2; exit 1; }
+head -"$NP" $D/stories.txt | jq -R . | jq -s . >"$T/train.json"
+{ cat $D/heldout.txt; sed -n "$((NP + 1)),40p" $D/stories.txt; } >"$T/heldout.txt"
+cat >"$T/base.yaml" <<EOF
 output_dir: $T/unused
 num_train_epochs: 1
 learning_rate: 2e-3
@@ -62,6 +69,10 @@ lora_dropout: 0.0
 target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]
 dataset: $T/train.json
 EOF
+# BAKE_FIELDS replace the fields they name (or are appended)
+printf '%s\n' "${BAKE_FIELDS:-}" >"$T/fields.txt"
+awk -f bench/override_fields.awk "$T/fields.txt" "$T/base.yaml" >"$T/held.yaml"
+echo "bake_quality: $(git log -1 --format='HEAD %h' 2>/dev/null || echo 'no git'); $NP training prompts; fields: $(grep . "$T/fields.txt" | tr '\n' ' ')"
 
 ads=()
 for s in $SEEDS; do

@@ -38,13 +38,8 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 # the config: the yaml's fields with FIELDS replacing theirs (or appended)
 printf '%s\n' "$FIELDS" >"$T/fields.txt"
-awk -v M="$M" 'NR == FNR { k = $0; sub(/:.*/, "", k); over[k] = $0; next }
-	{ k = $0; sub(/:.*/, "", k) }
-	k == "model_name_or_path" { print "model_name_or_path: \"" M "\""; next }
-	k in over { print over[k]; done[k] = 1; next }
-	{ print }
-	END { for (k in over) if (!(k in done)) print over[k] }' \
-	"$T/fields.txt" "$ROOT/bench/data/persona-smollm2.yaml" >"$T/persona.yaml"
+awk -v model="$M" -f bench/override_fields.awk "$T/fields.txt" \
+	"$ROOT/bench/data/persona-smollm2.yaml" >"$T/persona.yaml"
 echo "persona_quality: $(git log -1 --format='HEAD %h %cd' --date=iso 2>/dev/null || echo 'no git'); $(nproc) cores; fields: $(tr '\n' ' ' <"$T/fields.txt")"
 
 # run NAME CMD...: timed, its log in $T/NAME.log; one line "bake NAME: W s wall, C s CPU"
