@@ -570,9 +570,14 @@ static void plan_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_b
 				  .P = b->P, .fwd_only = 1};
 		bk_mem_plan_teach(&f->st[f->n_st++], m, d, &t);
 	}
-	int lmax = b->top_k < 0 && b->max_t > b->max_s ? b->max_t : b->max_s;
+	/* bk-step's activations: the student's micro-batch, or in exact mode one teacher
+	 * sequence when that is longer (gpu/train.c teacher_rows runs the teacher in
+	 * chunks of at most that many tokens) */
+	long step_T = seqs * (b->max_s + mn);
+	if (b->top_k < 0 && b->max_t + mn > step_T)
+		step_T = b->max_t + mn;
 	bk_mem_step s = {.r = b->r, .targets = b->targets, .optim8 = b->optim8,
-			 .grad_checkpoint = f->grad_ckpt, .max_T = (int)(seqs * (lmax + mn)),
+			 .grad_checkpoint = f->grad_ckpt, .max_T = (int)step_T,
 			 .rows = (int)(seqs * mn), .k = b->top_k < 0 ? -1 : b->top_k};
 	bk_mem_plan_step(&f->st[f->n_st++], m, d, &s);
 	f->peak = 0;

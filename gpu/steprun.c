@@ -834,9 +834,10 @@ static void index_file(run *R, bk_reader *in, file_index *fx)
 	msgpack_unpacked_destroy(&up);
 	slot sl = {0};
 	const msgpack_object *rec;
-	BK_VEC(long) ls = {0}, lt = {0};
+	BK_VEC(long) ls = {0};
 	int64_t prev_batch = 0;
-	long sum_s = 0, sum_t = 0, max_T = 1;
+	long sum_s = 0, max_T = 1; /* the student's micro-batch, or one teacher sequence
+				    * (exact mode: gpu/train.c teacher_rows) */
 	bk_batch_order bo = {0};
 	while ((rec = bk_reader_next(in))) {
 		load_slot(R, in, rec, &sl);
@@ -853,16 +854,15 @@ static void index_file(run *R, bk_reader *in, file_index *fx)
 			bk_vec_push(&fx->group, fx->nrec);
 			if (sum_s > max_T)
 				max_T = sum_s;
-			if (sum_t > max_T)
-				max_T = sum_t;
-			sum_s = sum_t = 0;
+			sum_s = 0;
 		}
 		prev_batch = sl.batch;
 		long s = (long)(sl.ns + sl.nr), t = sl.has_tc ? 0 : (long)(sl.nt + sl.nr);
 		if (sl.nr) { /* empty responses are dropped from the forward */
-			sum_s += s, sum_t += t;
+			sum_s += s;
 			bk_vec_push(&ls, s);
-			bk_vec_push(&lt, t);
+			if (t > max_T)
+				max_T = t;
 		}
 		bk_vec_push(&fx->off, off);
 		bk_vec_push(&fx->len, len);
@@ -871,17 +871,13 @@ static void index_file(run *R, bk_reader *in, file_index *fx)
 	}
 	if (sum_s > max_T)
 		max_T = sum_s;
-	if (sum_t > max_T)
-		max_T = sum_t;
 	bk_vec_push(&fx->group, fx->nrec);
-	if (o->batch_size) { /* any N records can meet: the N longest of each side */
+	if (o->batch_size) /* any N records can meet: the N longest */
 		longest_sum(ls.v, ls.n, o->batch_size, &max_T);
-		longest_sum(lt.v, lt.n, o->batch_size, &max_T);
-	}
 	if (max_T > (1L << 30))
 		die("%s: a micro-batch of %ld tokens is too large", o->input, max_T);
 	fx->max_T = (int)max_T;
-	free(ls.v), free(lt.v);
+	free(ls.v);
 	free(sl.s), free(sl.t), free(sl.r);
 	bk_teacher_free(&sl.tc);
 	bk_batch_order_free(&bo);

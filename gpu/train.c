@@ -210,6 +210,46 @@ static void gather_rows(bk_trainer *t, float *dst, int N, int T)
 	ops->gather_rows(dst, t->hid, t->rows_d, N, T, t->m->cfg.H);
 }
 
+/* Exact mode: the teacher's response rows of the samples idx[0..ns) into t->trows_d, in
+ * sample order; returns the teacher tokens run.  The teacher's sequences (system prompt
+ * and all) are longer than the student's, so they run in chunks of whole sequences of
+ * at most the student's tokens (or one sequence, when that is longer): the training
+ * activations are sized for the student's micro-batch (gpu/memplan.c plans the same).
+ * The chunks are a function of the micro-batch alone, not of what was reserved before,
+ * so a run's numbers do not depend on its history (resume). */
+static int64_t teacher_rows(bk_trainer *t, const bk_train_sample *s, const int *idx, int ns)
+{
+	const bk_model *m = t->m;
+	int Ts = 0, cap = 0, r0 = 0;
+	for (int i = 0; i < ns; i++) {
+		const bk_train_sample *x = &s[idx[i]];
+		Ts += x->s_len + x->n_resp;
+		if (x->t_len + x->n_resp > cap)
+			cap = x->t_len + x->n_resp;
+	}
+	cap = cap > Ts ? cap : Ts;
+	bk_trainer_reserve(t, cap);
+	int64_t Tt = 0;
+	for (int i0 = 0, i1; i0 < ns; i0 = i1) {
+		int tok = 0, n = 0;
+		for (i1 = i0; i1 < ns; i1++) {
+			const bk_train_sample *x = &s[idx[i1]];
+			if (i1 > i0 && tok + x->t_len + x->n_resp > cap)
+				break;
+			tok += x->t_len + x->n_resp;
+			n += x->n_resp;
+		}
+		int T = pack(t, s, idx + i0, i1 - i0, 1);
+		bk_batch tb = {.T = T, .S = i1 - i0, .ids = t->ids, .pos = t->pos,
+			       .cu_seqlens = t->cu};
+		bk_model_forward(m, NULL, &tb, NULL, t->acts, t->hid);
+		gather_rows(t, t->trows_d + (size_t)r0 * m->cfg.H, n, T);
+		r0 += n;
+		Tt += T;
+	}
+	return Tt;
+}
+
 static int sample_kind(const bk_train_sample *x) {
 	return !x->teacher ? KIND_EXACT : x->teacher->k ? KIND_TOPK : KIND_FULL;
 }
@@ -269,14 +309,8 @@ static void run_micro(bk_trainer *t, const bk_train_sample *s, int n,
 
 	/* teacher first (exact mode): the student's forward must be the one the acts
 	 * keep for the backward */
-	if (kind == KIND_EXACT) {
-		int Tt = pack(t, s, idx, ns, 1);
-		bk_trainer_reserve(t, Tt);
-		bk_batch tb = {.T = Tt, .S = ns, .ids = t->ids, .pos = t->pos, .cu_seqlens = t->cu};
-		bk_model_forward(m, NULL, &tb, NULL, t->acts, t->hid);
-		gather_rows(t, t->trows_d, N, Tt);
-		info->teacher_tokens = Tt;
-	}
+	if (kind == KIND_EXACT)
+		info->teacher_tokens = teacher_rows(t, s, idx, ns);
 	int T = pack(t, s, idx, ns, 0);
 	bk_trainer_reserve(t, T);
 	/* the micro-batch's number in its step, 1-based, over all ranks (invariant 4);

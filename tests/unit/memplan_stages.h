@@ -40,8 +40,9 @@ static int mp_stage(int which, const bk_loaded_model *lm, const bk_gen_ops *gops
 		double lr;
 		bk_trainer_step(t, &lr);
 		bk_trainer_free(t);
-		/* tokens: teacher 15+9 + 20+12 + 9+7 = 72, student 6+9 + 10+12 + 4+7 = 48; rows 28 */
-		bk_mem_step so = {.r = 4, .targets = BK_LORA_ALL, .max_T = 72, .rows = 28, .k = -1,
+		/* tokens: teacher 15+9 + 20+12 + 9+7 = 72, student 6+9 + 10+12 + 4+7 = 48; rows
+		 * 28; the teacher runs in chunks of at most 48 tokens: {24}, {32, 16} */
+		bk_mem_step so = {.r = 4, .targets = BK_LORA_ALL, .max_T = 48, .rows = 28, .k = -1,
 				  .vocab_chunk = 100};
 		bk_mem_plan_step(s, &mm, d, &so);
 	} else if (which == 1) { /* bk-teach: two forwards (the budget splits them), a prefix, top-8 */
