@@ -225,7 +225,7 @@ static int is_dir(const char *p)
 /* the bk-step features some fields need, from its usage text */
 static bk_bake_caps probe_caps(void)
 {
-	bk_bake_caps caps = {0, 0, 0, 0};
+	bk_bake_caps caps = {0, 0, 0, 0, 0};
 	bk_bake_cmd c;
 	bk_bake_cmd_init(&c, bindir, "bk-step");
 	bk_vec_push(&c.a, xstrdup("--help"));
@@ -248,6 +248,7 @@ static bk_bake_caps probe_caps(void)
 		die("cannot run bk-step --help (is bakery built? bk-step is looked for next to "
 		    "bk-bake, then on PATH)");
 	caps.grad_checkpoint = strstr(buf, "--grad-checkpoint") != NULL;
+	caps.grad_ckpt_every = strstr(buf, "--grad-checkpoint-every") != NULL;
 	caps.optim_8bit = strstr(buf, "--optim") && strstr(buf, "adamw8bit");
 	caps.save_total_limit = strstr(buf, "--save-total-limit") != NULL;
 	caps.load_4bit = strstr(buf, "--load-in-4bit") != NULL;

@@ -24,7 +24,8 @@ static const char usage[] =
 	"               [--save-steps N] [--save-total-limit N] [--logging-steps N]\n"
 	"               [--log-every SECONDS] [--resume DIR] [--overwrite]\n"
 	"               [--base-model-name NAME] [--vocab-chunk N] [--optim NAME]\n"
-	"               [--grad-checkpoint] [--system TEXT | --system-file FILE]\n"
+	"               [--grad-checkpoint] [--grad-checkpoint-every K]\n"
+	"               [--system TEXT | --system-file FILE]\n"
 	"               [--eval FILE [--eval-steps N] [--eval-final] [--eval-batch-size N]\n"
 	"               [--eval-delay N]]\n"
 	"               [--load-in-4bit [--bnb-4bit-quant-type T]\n"
@@ -72,6 +73,9 @@ static const char usage[] =
 	"                       (default adamw)\n"
 	"  --grad-checkpoint    recompute each layer's activations in the backward (less\n"
 	"                       memory, same result, about one more forward per step)\n"
+	"  --grad-checkpoint-every K  keep only every K-th layer's input (K >= 2; implies\n"
+	"                       --grad-checkpoint): less memory again, same result, about\n"
+	"                       two more forwards per step\n"
 	"  --eval FILE          validation records (a STREAM file): eval_loss records in the\n"
 	"                       metrics, the same KL without training (HF's eval loss)\n"
 	"  --eval-steps N       evaluate after every N optimizer steps (default 0 = none)\n"
@@ -129,6 +133,7 @@ int main(int argc, char **argv)
 		{"vocab-chunk", 0, BK_OPT_INT, &o.vocab_chunk, 1, 1L << 30},
 		{"optim", 0, BK_OPT_STR, &o.optim, 0, 0},
 		{"grad-checkpoint", 0, BK_OPT_FLAG, &o.grad_checkpoint, 0, 0},
+		{"grad-checkpoint-every", 0, BK_OPT_INT, &o.grad_ckpt_every, 2, 1L << 20},
 		{"eval", 0, BK_OPT_STR, &o.eval, 0, 0},
 		{"eval-steps", 0, BK_OPT_INT, &o.eval_steps, 0, 1L << 40},
 		{"eval-final", 0, BK_OPT_FLAG, &o.eval_final, 0, 0},

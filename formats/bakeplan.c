@@ -256,6 +256,8 @@ static void build_step(bk_bake_cmds *b, const bk_bake_plan *p)
 		arg_long(c, "--save-total-limit", p->save_total_limit);
 	if (p->grad_checkpoint)
 		arg(c, "--grad-checkpoint");
+	if (p->grad_checkpoint > 1) /* in segments (the memory plan's choice) */
+		arg_long(c, "--grad-checkpoint-every", p->grad_checkpoint);
 	if (p->optim_8bit)
 		arg2(c, "--optim", "adamw8bit");
 	if (b->resume)

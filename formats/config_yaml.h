@@ -56,6 +56,7 @@ typedef struct {
 	int optim_8bit;       /* bk-step --optim adamw8bit */
 	int save_total_limit; /* bk-step --save-total-limit */
 	int load_4bit;        /* bk-step --load-in-4bit (and the other stages with it) */
+	int grad_ckpt_every;  /* bk-step --grad-checkpoint-every K */
 } bk_bake_caps;
 
 typedef struct {
@@ -100,7 +101,9 @@ typedef struct {
 	double lr, warmup_ratio, weight_decay, max_grad_norm, lora_alpha, lora_dropout;
 	const char *schedule, *save_strategy; /* save_strategy: epoch, steps or no */
 	char *target_modules;                  /* "q_proj,v_proj" or "all-linear" (malloc'd) */
-	int grad_checkpoint, optim_8bit;       /* map to bk-step flags (caps permitting) */
+	int grad_checkpoint, optim_8bit;       /* map to bk-step flags (caps permitting);
+						* grad_checkpoint K >= 2: in segments
+						* of K layers (bk-bake's memory plan) */
 	/* load_in_4bit: every model stage's --load-in-4bit --bnb-4bit-quant-type q4_type
 	 * --bnb-4bit-use-double-quant q4_double_quant --bnb-4bit-compute-dtype q4_dtype;
 	 * q4_type NULL: full precision */

@@ -70,6 +70,7 @@ void bk_bake_mem_shape(bk_mem_bake *b, const bk_bake_plan *p, const bk_bake_caps
 	b->optim8 = p->optim_8bit;
 	b->grad_ckpt = p->grad_checkpoint;
 	b->can_ckpt = caps->grad_checkpoint;
+	b->can_seg = caps->grad_ckpt_every;
 	b->targets = targets_of(p->target_modules);
 	b->max_t = max_t;
 	b->max_s = max_s;

@@ -188,7 +188,18 @@ static void add_weights(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev
 	}
 }
 
-size_t bk_mem_acts_bytes(const bk_mem_model *m, int ab, int max_T, int max_r, int mode)
+/* resid's slots in a checkpointed training forward of L layers in segments of seg:
+ * gpu/model.c resid_slots (invariant 9) */
+static size_t resid_slots(int L, int seg)
+{
+	if (seg > L)
+		seg = L;
+	if (seg <= 1)
+		return (size_t)L + 1;
+	return (size_t)(L / seg + 1 + (L % seg != 0) + seg - 1);
+}
+
+size_t bk_mem_acts_bytes(const bk_mem_model *m, int ab, int max_T, int max_r, int mode, int seg)
 {
 	/* gpu/model.c acts_create, buffer by buffer in its order */
 	size_t T = max_T, L = m->L, H = m->H, I = m->I, R = max_r > 0 ? max_r : 1;
@@ -196,7 +207,7 @@ size_t bk_mem_acts_bytes(const bk_mem_model *m, int ab, int max_T, int max_r, in
 	size_t NS = mode ? 1 : L, A = (size_t)ab;
 	int fwd = mode == 2, act = ab != 4;
 	size_t b = (3 * T + 1) * 4;
-	b += (fwd ? 2 : L + 1) * T * H * 4;      /* resid */
+	b += (fwd ? 2 : resid_slots(m->L, mode == 1 ? seg : 1)) * T * H * 4; /* resid */
 	b += NS * T * H * 4;                      /* resid2 */
 	b += 2 * NS * T * H * A;                  /* ln1, ln2 */
 	b += 2 * NS * T * 4 + T * 4;              /* rstd1, rstd2, rstdf */
@@ -313,9 +324,11 @@ void bk_mem_plan_step(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev *
 		add(s, BK_MEM_BUF, "AdamW 8-bit codes and absmax", "gpu/train.c optim_create",
 		    2 * (n ? n : 1) + 2 * (nb ? nb : 1) * 4);
 	}
-	add(s, BK_MEM_BUF, o->grad_checkpoint ? "activations (checkpointed)" : "activations",
+	add(s, BK_MEM_BUF, o->grad_checkpoint > 1 ? "activations (checkpointed in segments)"
+			   : o->grad_checkpoint ? "activations (checkpointed)" : "activations",
 	    "gpu/model.c bk_acts_create_ckpt (gpu/train.c bk_trainer_reserve)",
-	    bk_mem_acts_bytes(m, d->act_bytes, o->max_T, o->r, o->grad_checkpoint ? 1 : 0));
+	    bk_mem_acts_bytes(m, d->act_bytes, o->max_T, o->r, o->grad_checkpoint ? 1 : 0,
+			      o->grad_checkpoint));
 	add(s, BK_MEM_BUF, "hidden, d hidden", "gpu/train.c bk_trainer_reserve: hid, dhid",
 	    2 * T * H * 4);
 	/* gpu/train.c loss_reserve: the rows of the largest micro-batch */
@@ -382,7 +395,7 @@ void bk_mem_plan_teach(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev 
 	add(s, BK_MEM_BUF, o->fwd_only ? "activations (forward)" : "activations (training-sized)",
 	    o->fwd_only ? "gpu/teach.c ensure_acts: bk_acts_create_fwd"
 			: "gpu/model.c bk_acts_create",
-	    bk_mem_acts_bytes(m, d->act_bytes, (int)T, 0, o->fwd_only ? 2 : 0));
+	    bk_mem_acts_bytes(m, d->act_bytes, (int)T, 0, o->fwd_only ? 2 : 0, 1));
 	add(s, BK_MEM_BUF, "hidden", "gpu/teach.c ensure_acts: hidden", T * H * 4);
 	size_t cap = N; /* ensure_rows: the largest batch's rows */
 	add(s, BK_MEM_BUF, "teacher rows",
@@ -587,6 +600,17 @@ static void plan_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_b
 		f->peak = side_by_side(f, b->shared);
 }
 
+/* the checkpoint segment bk-bake chooses for L layers: the K that keeps the fewest
+ * layer inputs (about L / K + K: K near sqrt(L)); 1 when none keeps fewer than L + 1 */
+static int seg_len(int L)
+{
+	int best = 1;
+	for (int k = 2; k <= L; k++)
+		if (resid_slots(L, k) < resid_slots(L, best))
+			best = k;
+	return best;
+}
+
 /* the largest divisor of b below b (1 for a prime) */
 static int smaller_divisor(int b)
 {
@@ -637,8 +661,11 @@ void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_ba
 				if (f->st[i].peak > top->peak)
 					top = &f->st[i];
 			int gen_counts = !b->paired && (!seq || top == &f->st[0]);
-			if (!f->grad_ckpt && b->can_ckpt && (!seq || !strcmp(top->stage, "bk-step")))
+			int step_top = !seq || !strcmp(top->stage, "bk-step");
+			if (!f->grad_ckpt && b->can_ckpt && step_top)
 				f->grad_ckpt = 1;
+			else if (f->grad_ckpt == 1 && b->can_seg && step_top && seg_len(m->L) > 1)
+				f->grad_ckpt = seg_len(m->L); /* the same result, before a split */
 			else if (gen_counts && f->gen_batch > 1)
 				f->gen_batch = (f->gen_batch + 1) / 2;
 			else if (f->batch > 1 && strcmp(top->stage, "bk-gen")) {
@@ -658,6 +685,10 @@ void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_ba
 #define SAY(...) (o += (size_t)snprintf(c + o, o < cn ? cn - o : 0, __VA_ARGS__))
 	if (f->grad_ckpt && !b->grad_ckpt)
 		SAY("%sgradient checkpointing", o ? "; " : "");
+	if (f->grad_ckpt > 1)
+		SAY("%sits checkpoints every %d layers (bk-step --grad-checkpoint-every %d: the "
+		    "same result, about one more forward a step)", o ? "; " : "", f->grad_ckpt,
+		    f->grad_ckpt);
 	if (f->gen_batch != b->gen_batch)
 		SAY("%sbk-gen --max-batch %d (its KV cache)", o ? "; " : "", f->gen_batch);
 	if (f->batch != b->batch)

@@ -85,7 +85,7 @@ typedef struct {
 	unsigned targets;   /* enum bk_lora_module bits (gpu/model.h) */
 	int optim8;         /* adamw8bit */
 	int optim_block;    /* its block (0: 256) */
-	int grad_checkpoint;
+	int grad_checkpoint;     /* 0, 1, or K >= 2: in segments of K layers */
 	int max_T, rows, k;
 	int vocab_chunk;    /* 0: 4096 */
 } bk_mem_step;
@@ -124,9 +124,11 @@ void bk_mem_plan_teach(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev 
 void bk_mem_plan_gen(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev *d,
 		     const bk_mem_gen *o);
 
-/* The activation buffers bk_acts_create_* allocates (gpu/model.c), in bytes:
- * mode 0 training, 1 training with gradient checkpointing, 2 forward only. */
-size_t bk_mem_acts_bytes(const bk_mem_model *m, int act_bytes, int max_T, int max_r, int mode);
+/* The activation buffers bk_acts_create_* allocates (gpu/model.c), in bytes: mode 0
+ * training, 1 training with gradient checkpointing (in segments of seg layers when
+ * seg >= 2), 2 forward only. */
+size_t bk_mem_acts_bytes(const bk_mem_model *m, int act_bytes, int max_T, int max_r, int mode,
+			 int seg);
 
 /* one line per item and a total, "#   NAME  SIZE  SITE" (sizes in MiB) */
 void bk_mem_print(const bk_mem_stage *s, void *file /* FILE * */);
@@ -138,6 +140,7 @@ typedef struct {
 	int batch, grad_accum;  /* prompts per micro-batch, accumulation steps */
 	int ntraj, max_new;     /* trajectories per prompt, their longest */
 	int r, optim8, grad_ckpt, can_ckpt; /* bk-step; can_ckpt: it has the flag */
+	int can_seg;            /* bk-step has --grad-checkpoint-every */
 	int top_k;              /* bk-teach's top-k (0: full); < 0: exact, no bk-teach */
 	int gen_scores;         /* bk-gen scores with top_k (bakeplan.h bk_bake_gen_scores):
 				 * no bk-teach */
@@ -166,7 +169,8 @@ typedef struct {
 } bk_mem_fit;
 
 /* Plans the stages for the bake's shape and, with a GPU size, chooses in this order
- * what makes them fit side by side: gradient checkpointing, a smaller bk-gen batch
+ * what makes them fit side by side: gradient checkpointing, checkpoints in segments
+ * of about sqrt(L) layers (the same result; grad_ckpt = K), a smaller bk-gen batch
  * (its KV cache), micro-batches split into accumulation steps (the same steps and
  * loss); failing that the same choices with the stages one after another.  Side by
  * side they must leave 1 GiB of a GPU of 8 GiB or more (what several processes hold

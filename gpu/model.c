@@ -60,8 +60,8 @@
  *     reaches the ops (bad input dies here, not inside a kernel).
  *  6. Per-layer buffers have n_slot slots (L, or 1 with checkpointing); layer l uses
  *     slot slot(l) = l or 0, whose [T,W] activation starts at slot * max_T * W; lse of
- *     a slot is [NH,T] with row stride T (the current batch's T).  resid always has L+1
- *     slots (two forward only, invariant 8).
+ *     a slot is [NH,T] with row stride T (the current batch's T).  resid has L+1 slots
+ *     (two forward only, invariant 8; fewer with segments, invariant 9).
  *  7. The "act" buffers (ln1, ln2, q, k, v, att, gate, up, hmlp, the prefix K/V) have
  *     elements of m->act_bytes: 4 (fp32) on the host twin and with BK_ACT=fp32, so every
  *     op, address and bit is as without this invariant; 2 (bf16) with BK_ACT=bf16 on
@@ -74,6 +74,14 @@
  *     slot, resid in two slots used in turn (layer l reads slot l % 2 and writes the
  *     other), and none of the backward's workspace but, in bf16 mode, the dq/dk/dv and
  *     dgate/dup of invariant 7; a backward on them is a BUG.
+ *  9. Checkpointing in segments of K layers (bk_acts_create_ckpt(..., K), K >= 2): resid
+ *     keeps the inputs of layers 0, K, 2K, .. and resid[L] (the boundaries), plus K-1
+ *     slots for the other layers of one segment (resid_at).  The forward writes the
+ *     inner inputs of each segment over the previous one's; before the backward of a
+ *     segment's top layer, its inner inputs are rerun from its boundary (unless they
+ *     are still the forward's: seg_valid), with the same ops and dropout keys as the
+ *     forward, so the gradients are the same bits as with K = 1.  Cost: about one more
+ *     forward of every layer; saving: all but L/K + K of the L+1 residual slots.
  */
 #include "gpu/model.h"
 
@@ -93,6 +101,8 @@ struct bk_acts {
 	int n_slot;           /* per-layer slots: L, or 1 with checkpointing (invariant 6) */
 	int fwd_only;         /* forward only: two resid slots, no backward workspace (inv. 8) */
 	int slot_layer;       /* with one slot: the layer whose activations it holds */
+	int L, seg;           /* layers; checkpoint segment length (invariant 9), else 1 */
+	int seg_valid;        /* the segment whose inner resid slots hold its inputs, -1 */
 	size_t bytes;         /* device bytes allocated */
 	/* what the last forward saw (invariant 2) */
 	int T, S, has_forward, used_prefix;
@@ -360,9 +370,19 @@ static void *aalloc_act(const bk_ops *ops, bk_acts *a, size_t n)
 	return bk_alloc(ops, n * a->act_bytes, "activations");
 }
 
-/* mode 0: training; 1: training with gradient checkpointing; 2: forward only
- * (invariant 8).  The sizes are gpu/memplan.c's bk_mem_acts_bytes: change both. */
-static bk_acts *acts_create(const bk_model *m, int max_T, int max_r, int mode)
+/* resid slots of a checkpointed training forward of L layers in segments of seg
+ * (invariant 9; gpu/memplan.c resid_slots the same) */
+static size_t resid_slots(int L, int seg)
+{
+	if (seg <= 1)
+		return (size_t)L + 1;
+	return (size_t)(L / seg + 1 + (L % seg != 0) + seg - 1);
+}
+
+/* mode 0: training; 1: training with gradient checkpointing (in segments of seg layers
+ * when seg > 1, invariant 9); 2: forward only (invariant 8).  The sizes are
+ * gpu/memplan.c's bk_mem_acts_bytes: change both. */
+static bk_acts *acts_create(const bk_model *m, int max_T, int max_r, int mode, int seg)
 {
 	const bk_ops *ops = m->ops;
 	const bk_llama_config *c = &m->cfg;
@@ -378,12 +398,15 @@ static bk_acts *acts_create(const bk_model *m, int max_T, int max_r, int mode)
 	a->max_r = max_r;
 	a->n_slot = (int)NS;
 	a->fwd_only = fwd;
+	a->L = (int)L;
+	a->seg = mode == 1 && seg > 1 ? (seg < (int)L ? seg : (int)L) : 1;
+	a->seg_valid = -1;
 	a->act_bytes = m->act_bytes;
 	a->ids = bk_alloc(ops, T * sizeof(int32_t), "activations");
 	a->pos = bk_alloc(ops, T * sizeof(int32_t), "activations");
 	a->cu = bk_alloc(ops, (T + 1) * sizeof(int32_t), "activations");
 	a->bytes = (3 * T + 1) * sizeof(int32_t);
-	a->resid = aalloc(ops, a, (fwd ? 2 : L + 1) * T * H);
+	a->resid = aalloc(ops, a, (fwd ? 2 : resid_slots((int)L, a->seg)) * T * H);
 	a->resid2 = aalloc(ops, a, NS * T * H);
 	a->ln1 = aalloc_act(ops, a, NS * T * H);
 	a->ln2 = aalloc_act(ops, a, NS * T * H);
@@ -439,17 +462,19 @@ static bk_acts *acts_create(const bk_model *m, int max_T, int max_r, int mode)
 
 bk_acts *bk_acts_create_ckpt(const bk_model *m, int max_T, int max_r, int checkpoint)
 {
-	return acts_create(m, max_T, max_r, checkpoint ? 1 : 0);
+	if (checkpoint < 0)
+		BUG("acts: checkpoint %d", checkpoint);
+	return acts_create(m, max_T, max_r, checkpoint ? 1 : 0, checkpoint);
 }
 
 bk_acts *bk_acts_create(const bk_model *m, int max_T, int max_r)
 {
-	return acts_create(m, max_T, max_r, 0);
+	return acts_create(m, max_T, max_r, 0, 1);
 }
 
 bk_acts *bk_acts_create_fwd(const bk_model *m, int max_T, int max_r)
 {
-	return acts_create(m, max_T, max_r, 2);
+	return acts_create(m, max_T, max_r, 2, 1);
 }
 
 size_t bk_acts_bytes(const bk_acts *a) { return a->bytes; }
@@ -473,10 +498,18 @@ void bk_acts_free(const bk_model *m, bk_acts *a)
 static int slot(const bk_acts *a, int l) { return a->n_slot == 1 ? 0 : l; }
 
 /* resid[l], the input of layer l (l = L: the last layer's output); forward only: one
- * of two slots in turn (invariant 8) */
+ * of two slots in turn (invariant 8); in segments: a boundary's own slot, else the
+ * segment's inner slot l % K - 1 after the boundaries (invariant 9) */
 static float *resid_at(const bk_acts *a, int l, size_t H)
 {
-	return a->resid + (size_t)(a->fwd_only ? l & 1 : l) * a->max_T * H;
+	int i = l, k = a->seg;
+	if (a->fwd_only) {
+		i = l & 1;
+	} else if (k > 1) {
+		int nb = a->L / k + 1 + (a->L % k != 0);
+		i = l % k == 0 ? l / k : l == a->L ? nb - 1 : nb + l % k - 1;
+	}
+	return a->resid + (size_t)i * a->max_T * H;
 }
 
 /* slot s of a per-slot [T,width] buffer, or boundary s of resid (invariant 6) */
@@ -807,6 +840,7 @@ void bk_model_forward(const bk_model *m, const bk_lora *lora, const bk_batch *b,
 		layer_forward(m, lora, a, l, prefix ? prefix->k[l] : NULL,
 			      prefix ? prefix->v[l] : NULL, prefix ? prefix->P : 0,
 			      resid_at(a, l + 1, H));
+	a->seg_valid = (c->L - 1) / a->seg * a->seg; /* the last segment's (invariant 9) */
 	m->ops->rmsnorm_forward(out_hidden, a->rstdf, resid_at(a, c->L, H), m->final_norm,
 				b->T, c->H, c->rms_eps);
 }
@@ -933,6 +967,12 @@ void bk_model_backward(const bk_model *m, const bk_lora *lora, const bk_batch *b
 	ops->rmsnorm_backward(a->dres, d_hidden, resid_at(a, c->L, c->H), m->final_norm,
 			      a->rstdf, T, c->H);
 	for (int l = c->L - 1; l >= 0; l--) {
+		int s0 = l / a->seg * a->seg;
+		if (a->seg > 1 && a->seg_valid != s0) { /* the segment's inputs (invariant 9) */
+			for (int j = s0; j < l; j++)
+				layer_forward(m, lora, a, j, NULL, NULL, 0, resid_at(a, j + 1, c->H));
+			a->seg_valid = s0;
+		}
 		if (a->n_slot == 1 && a->slot_layer != l) /* checkpointing: rerun layer l */
 			layer_forward(m, lora, a, l, NULL, NULL, 0, a->tmp);
 		layer_backward(m, lora, grads, a, l);

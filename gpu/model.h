@@ -184,7 +184,10 @@ void bk_model_module_dims(const bk_llama_config *cfg, int module, int *in, int *
 bk_acts *bk_acts_create(const bk_model *m, int max_T, int max_r);
 /* checkpoint != 0: gradient checkpointing; the forward keeps each layer's input only
  * and the backward recomputes each layer's activations (same results, bit for bit,
- * one more forward of compute, about 1/L of the per-layer activation memory). */
+ * one more forward of compute, about 1/L of the per-layer activation memory).
+ * checkpoint = K >= 2: only every K-th layer's input is kept, the others of a segment
+ * are rerun before its backward (same bits again, about one more forward; resid slots
+ * L/K + K instead of L + 1: gpu/model.c invariant 9). */
 bk_acts *bk_acts_create_ckpt(const bk_model *m, int max_T, int max_r, int checkpoint);
 /* for forwards only (the teacher, a prefix; gpu/model.c invariant 8): one layer's
  * activations, no backward workspace; bk_model_backward on them is a BUG */

@@ -1187,7 +1187,8 @@ int bk_step_run(const bk_step_opts *o)
 		.sched = o->sched, .warmup = bk_warmup_steps(o->warmup_steps, o->warmup_ratio, R.total),
 		.total = R.total, .temperature = (float)o->temperature, .seed = (uint64_t)o->seed,
 		.vocab_chunk = (int)o->vocab_chunk, .optim = o->optim_kind,
-		.grad_checkpoint = o->grad_checkpoint};
+		.grad_checkpoint = o->grad_ckpt_every >= 2 ? (int)o->grad_ckpt_every
+							   : o->grad_checkpoint};
 	add_settings(&R, is_file, fx.nrec, to.warmup);
 	R.prog.order_seed = (uint64_t)o->seed;
 	if (o->resume)

@@ -57,6 +57,8 @@ typedef struct {
 	bk_optim_kind optim_kind;
 	unsigned target_mask;
 	int grad_checkpoint, overwrite;
+	long grad_ckpt_every;    /* --grad-checkpoint-every K (>= 2): checkpoints in segments
+				  * of K layers (gpu/model.c invariant 9); 0: every layer */
 	long batch_size, grad_accum, epochs, max_steps, warmup_steps, lora_r, seed;
 	long save_steps, logging_steps, vocab_chunk, save_total_limit;
 	double lr, warmup_ratio, weight_decay, max_grad_norm, lora_alpha, lora_dropout,

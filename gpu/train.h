@@ -52,7 +52,8 @@ typedef struct {
 	int vocab_chunk;    /* LM-head chunk of the loss (0: 4096) */
 	bk_optim_kind optim; /* adamw (fp32 moments) or adamw8bit */
 	int optim_block;    /* adamw8bit block: 256 (0 = 256) or 2048 */
-	int grad_checkpoint; /* recompute each layer's activations in the backward */
+	int grad_checkpoint; /* recompute each layer's activations in the backward; K >= 2:
+			      * keep every K-th layer's input (gpu/model.c invariant 9) */
 } bk_train_opts;
 
 /* One record of a micro-batch: ids point into the caller's arrays. */

@@ -53,6 +53,16 @@ test_expect_success 'same flags, same adapter; another seed, another adapter' '
 	! cmp -s r1/final/adapter_model.safetensors r3/final/adapter_model.safetensors
 '
 
+test_expect_success 'gradient checkpointing, every layer or in segments, gives the same adapter bit for bit' '
+	bk-step $F --out c0 --epochs 2 --lora-dropout 0.1 b.bk >/dev/null 2>&1 &&
+	bk-step $F --out c1 --epochs 2 --lora-dropout 0.1 --grad-checkpoint b.bk >/dev/null 2>&1 &&
+	bk-step $F --out c2 --epochs 2 --lora-dropout 0.1 --grad-checkpoint-every 2 b.bk >/dev/null 2>&1 &&
+	cmp c0/final/adapter_model.safetensors c1/final/adapter_model.safetensors &&
+	cmp c0/final/adapter_model.safetensors c2/final/adapter_model.safetensors &&
+	test_must_fail bk-step $F --out c3 --grad-checkpoint-every 1 b.bk 2>err &&
+	grep -q "grad-checkpoint-every" err
+'
+
 # a longer run to interrupt: 16 epochs of 4 steps, a checkpoint every 4 steps
 L="$F --lora-r 64 --lora-alpha 128 --epochs 16 --save-steps 4 --schedule cosine --warmup-ratio 0.1 --grad-accum 2 --batch-size 1"
 wait_for() { # wait_for DIR: until DIR exists (at most 20 s)

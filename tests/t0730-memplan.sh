@@ -44,6 +44,17 @@ test_expect_success 'at r 64 they fit, or the one line says what to change' '
 	done
 '
 
+test_expect_success 'a GPU where checkpointing every layer does not fit: checkpoints in segments (the same result) before a micro-batch split' '
+	grep -v "^teacher_top_k" l8.yaml | sed "s/^lora_r: 16/lora_r: 64/" >l8x.yaml &&
+	bk-bake --dry-run --gpu-memory 24GiB l8x.yaml >p24 2>err &&
+	grep -q "^# chose: gradient checkpointing$" p24 &&
+	bk-bake --dry-run --gpu-memory 22GiB l8x.yaml >p22 2>err &&
+	grep -q "^# chose: gradient checkpointing; its checkpoints every [0-9]* layers" p22 &&
+	grep -q "^#   activations (checkpointed in segments)  *[0-9.]* MiB" p22 &&
+	grep -q "bk-step .*--grad-checkpoint --grad-checkpoint-every [0-9]* " p22 &&
+	! grep -q "micro-batches" p22 && tail -n 1 p22 | grep -q "^fits: yes"
+'
+
 test_expect_success 'Qwen3-4B and Qwen3-1.7B fit at r 64' '
 	yaml Qwen3-4B 64 >q4.yaml && yaml Qwen3-1.7B 64 >q17.yaml &&
 	bk-bake --dry-run --gpu-memory 24GiB q4.yaml >plan4 &&

@@ -79,10 +79,12 @@ test_expect_success 'bk-step cuda vs cpu on stories260K: dropout 0 and 0.1, BK_L
 
 if [ $FULL = 1 ]; then
 # 4 steps over 2 epochs of 3: the resume at step 2 crosses the epoch boundary
-test_expect_success 'bk-step cuda: gradient checkpointing, adamw8bit, a resume equal to the run it continues' '
+test_expect_success 'bk-step cuda: gradient checkpointing (also in segments: the same bits), adamw8bit, a resume equal to the run it continues' '
 	step cpuck cpu "$M" b.bk --lora-dropout 0.1 --grad-checkpoint --optim adamw8bit --epochs 2 --max-steps 4 --save-steps 2 &&
 	step cudack cuda "$M" b.bk --lora-dropout 0.1 --grad-checkpoint --optim adamw8bit --epochs 2 --max-steps 4 --save-steps 2 &&
 	same cpuck cudack &&
+	step cudaseg cuda "$M" b.bk --lora-dropout 0.1 --grad-checkpoint-every 2 --optim adamw8bit --epochs 2 --max-steps 4 --save-steps 2 &&
+	cmp o-cudack/final/adapter_model.safetensors o-cudaseg/final/adapter_model.safetensors &&
 	rm -rf o-res && cp -r o-cudack o-res && rm -rf o-res/final o-res/checkpoint-4 &&
 	bk-step --model "$M" --device cuda --lora-r 8 --lora-alpha 16 --lr 2e-3 --seed 1 --logging-steps 1 \
 		--lora-dropout 0.1 --grad-checkpoint --optim adamw8bit --epochs 2 --max-steps 4 --save-steps 2 \

@@ -128,7 +128,7 @@ static void test_mapping(void)
 	char err[256];
 	bk_cfg c;
 	CHECK(parse(&c, every_field, err, sizeof err) == 0, "%s", err);
-	bk_bake_caps none = {0, 0, 0, 0}, all = {1, 1, 1, 1};
+	bk_bake_caps none = {0, 0, 0, 0, 0}, all = {1, 1, 1, 1, 1};
 	bk_bake_plan p;
 	bk_bake_plan_make(&p, &c, &none);
 	CHECK(!strcmp(p.model, "models/stories260K"), "model");
@@ -197,7 +197,7 @@ static void test_refusals(void)
 		    "neftune_noise_alpha: 5\n"
 		    "bias: all\n",
 		    err, sizeof err) == 0, "%s", err);
-	bk_bake_caps caps = {1, 1, 1, 1};
+	bk_bake_caps caps = {1, 1, 1, 1, 1};
 	bk_bake_plan p;
 	bk_bake_plan_make(&p, &c, &caps);
 	const bk_cfg_note *n = note_for(&p, "model_name_or_path");
@@ -243,7 +243,7 @@ static void test_qlora(void)
 {
 	char err[256];
 	bk_cfg c;
-	bk_bake_caps caps = {1, 1, 1, 1};
+	bk_bake_caps caps = {1, 1, 1, 1, 1};
 	bk_bake_plan p;
 	const char *base = "model_name_or_path: models/stories260K\nsystem_prompt: x\n"
 			   "training_prompts: [a]\n";
@@ -280,7 +280,7 @@ static void test_qlora(void)
 	      "without load_in_4bit the bnb fields have no effect");
 	bk_bake_plan_free(&p), bk_cfg_free(&c), free(t);
 
-	bk_bake_caps old = {1, 1, 1, 0};
+	bk_bake_caps old = {1, 1, 1, 0, 1};
 	t = xasprintf("%sload_in_4bit: true\n", base);
 	CHECK(parse(&c, t, err, sizeof err) == 0, "%s", err);
 	bk_bake_plan_make(&p, &c, &old);
@@ -326,7 +326,7 @@ static void test_tool_fields(void)
 		    "save_total_limit: 2\n"
 		    "num_train_epochs: 0.5\n",
 		    err, sizeof err) == 0, "%s", err);
-	bk_bake_caps caps = {1, 1, 1, 1};
+	bk_bake_caps caps = {1, 1, 1, 1, 1};
 	bk_bake_plan p;
 	bk_bake_plan_make(&p, &c, &caps);
 	for (size_t i = 0; i < p.n_notes; i++)
@@ -351,7 +351,7 @@ static void test_tool_fields(void)
 	      "defaults are silent");
 	bk_bake_plan_free(&p);
 	/* without bk-step's --save-total-limit: ignored, not refused */
-	bk_bake_caps old = {1, 1, 0, 1};
+	bk_bake_caps old = {1, 1, 0, 1, 1};
 	bk_bake_plan_make(&p, &c, &old);
 	n = note_for(&p, "save_total_limit");
 	CHECK(n && n->kind == BK_CFG_IGNORED && !p.save_total_limit, "old bk-step");
@@ -412,7 +412,7 @@ static void test_warmup(void)
 			 "training_prompts: [a]\n%s", cases[i].yaml);
 		bk_cfg c;
 		CHECK(parse(&c, text, err, sizeof err) == 0, "case %zu: %s", i, err);
-		bk_bake_caps caps = {1, 1, 1, 1};
+		bk_bake_caps caps = {1, 1, 1, 1, 1};
 		bk_bake_plan p;
 		bk_bake_plan_make(&p, &c, &caps);
 		CHECK(p.n_refused == 0, "case %zu: %d refused", i, p.n_refused);
@@ -439,7 +439,7 @@ static void test_warmup(void)
 		    "training_prompts: [a]\nresume_from_checkpoint: true\n"
 		    "overwrite_output_dir: true\nno_cuda: true\ngroup_by_length: true\n",
 		    err, sizeof err) == 0, "%s", err);
-	bk_bake_caps caps = {1, 1, 1, 1};
+	bk_bake_caps caps = {1, 1, 1, 1, 1};
 	bk_bake_plan p;
 	bk_bake_plan_make(&p, &c, &caps);
 	CHECK(p.n_refused == 0, "%d refused", p.n_refused);

@@ -82,12 +82,12 @@ static void test_golden(void)
 	 *   720; dres, dln, datt, dh 640 + 320 + 640; dq, dk, dv, dgate, dup 320 + 320 + 1280
 	 *   = 14804.  Checkpointed (NS 1): 10244.  Forward only (NS 1, resid 2 T H 4 = 640,
 	 *   no backward workspace): 6404. */
-	CHECK(bk_mem_acts_bytes(&tiny, 4, 10, 2, 0) == 14804, "acts %zu",
-	      bk_mem_acts_bytes(&tiny, 4, 10, 2, 0));
-	CHECK(bk_mem_acts_bytes(&tiny, 4, 10, 2, 1) == 10244, "ckpt acts %zu",
-	      bk_mem_acts_bytes(&tiny, 4, 10, 2, 1));
-	CHECK(bk_mem_acts_bytes(&tiny, 4, 10, 2, 2) == 6404, "fwd acts %zu",
-	      bk_mem_acts_bytes(&tiny, 4, 10, 2, 2));
+	CHECK(bk_mem_acts_bytes(&tiny, 4, 10, 2, 0, 1) == 14804, "acts %zu",
+	      bk_mem_acts_bytes(&tiny, 4, 10, 2, 0, 1));
+	CHECK(bk_mem_acts_bytes(&tiny, 4, 10, 2, 1, 1) == 10244, "ckpt acts %zu",
+	      bk_mem_acts_bytes(&tiny, 4, 10, 2, 1, 1));
+	CHECK(bk_mem_acts_bytes(&tiny, 4, 10, 2, 2, 1) == 6404, "fwd acts %zu",
+	      bk_mem_acts_bytes(&tiny, 4, 10, 2, 2, 1));
 	/* bk-step on the host twin: weights 6816; rope 2 x D/2 x 4 = 16; LoRA, grads 2048
 	 * each; AdamW 4096; acts 14804; hid, dhid 2 T H 4 = 640; loss rows, capacity 5:
 	 * 5 x 4 x 2 + 3 x 5 x H x 4 = 520; top-4 fields 5 x 4 x 8 = 160.  The rest
@@ -134,11 +134,13 @@ static void check_acts(const char *what, const bk_model *m)
 	int Ts[] = {1, 7, 33}, rs[] = {0, 3};
 	for (int i = 0; i < 3; i++)
 		for (int j = 0; j < 2; j++)
-			for (int mode = 0; mode < 3; mode++) {
-				bk_acts *a = mode == 2 ? bk_acts_create_fwd(m, Ts[i], rs[j])
-						       : bk_acts_create_ckpt(m, Ts[i], rs[j], mode);
+			for (int mode = 0; mode < 5; mode++) { /* 3, 4: in segments of 2, 3 */
+				int seg = mode >= 3 ? mode - 1 : 1, md = mode >= 3 ? 1 : mode;
+				bk_acts *a = md == 2 ? bk_acts_create_fwd(m, Ts[i], rs[j])
+						     : bk_acts_create_ckpt(m, Ts[i], rs[j],
+									   md ? seg : 0);
 				size_t got = bk_acts_bytes(a), plan = bk_mem_acts_bytes(&mm, 4, Ts[i],
-											  rs[j], mode);
+											  rs[j], md, seg);
 				CHECK(got == plan, "%s: T %d r %d mode %d: allocated %zu, planned %zu",
 				      what, Ts[i], rs[j], mode, got, plan);
 				bk_acts_free(m, a);
@@ -204,11 +206,11 @@ static void test_teach_fwd(void)
 	/* prefix P = 11 (common prefix, capped at min(a) - 1); own tokens 12 + 5 - 1 - 11 = 5
 	 * and 20 + 9 - 1 - 11 = 17: one forward of 22 tokens */
 	CHECK(st->acts_T == 22, "teach acts for %d tokens, want 22", st->acts_T);
-	CHECK(st->acts_bytes == bk_mem_acts_bytes(&mm, 4, 22, 0, 2),
-	      "teach acts %zu bytes, planned %zu", st->acts_bytes, bk_mem_acts_bytes(&mm, 4, 22, 0, 2));
-	CHECK(st->acts_bytes * 3 < bk_mem_acts_bytes(&mm, 4, 22, 0, 0),
+	CHECK(st->acts_bytes == bk_mem_acts_bytes(&mm, 4, 22, 0, 2, 1),
+	      "teach acts %zu bytes, planned %zu", st->acts_bytes, bk_mem_acts_bytes(&mm, 4, 22, 0, 2, 1));
+	CHECK(st->acts_bytes * 3 < bk_mem_acts_bytes(&mm, 4, 22, 0, 0, 1),
 	      "forward acts %zu not well below training acts %zu", st->acts_bytes,
-	      bk_mem_acts_bytes(&mm, 4, 22, 0, 0));
+	      bk_mem_acts_bytes(&mm, 4, 22, 0, 0, 1));
 	bk_teach_free(t);
 	for (int i = 0; i < 2; i++)
 		bk_teacher_free(&out[i]);
