@@ -219,7 +219,9 @@ size_t bk_mem_acts_bytes(const bk_mem_model *m, int ab, int max_T, int max_r, in
 	if (!fwd)
 		b += 2 * T * H * 4 + T * QD * 4 + T * I * 4; /* dres, dln, datt, dh */
 	if (!fwd || act)
-		b += T * QD * 4 + 2 * T * KVD * 4 + 2 * T * I * 4; /* dq, dk, dv, dgate, dup */
+		b += T * QD * 4 + 2 * T * KVD * 4; /* dq, dk, dv */
+	if (act || mode == 0)
+		b += 2 * T * I * 4; /* dgate, dup (in place otherwise: model.c invariant 10) */
 	if (m->qk_norm) {
 		b += NS * T * (QD + KVD) * 4 + NS * T * (size_t)(m->NH + m->NKV) * 4;
 		if (!fwd)

@@ -82,6 +82,11 @@
  *     are still the forward's: seg_valid), with the same ops and dropout keys as the
  *     forward, so the gradients are the same bits as with K = 1.  Cost: about one more
  *     forward of every layer; saving: all but L/K + K of the L+1 residual slots.
+ * 10. With checkpointing and fp32 activations the GLU backward writes dgate and dup over
+ *     the slot's gate and up (the ops allow it) instead of two more [T,I] buffers; the
+ *     slot then no longer holds a forward (slot_layer = -1), so a second backward of
+ *     the same forward reruns every layer and adds the same gradient again.  Without
+ *     checkpointing the slots are the forward's record and are never written.
  */
 #include "gpu/model.h"
 
@@ -436,6 +441,8 @@ static bk_acts *acts_create(const bk_model *m, int max_T, int max_r, int mode, i
 		a->dq = aalloc(ops, a, T * QD);
 		a->dk = aalloc(ops, a, T * KVD);
 		a->dv = aalloc(ops, a, T * KVD);
+	}
+	if (act || mode == 0) { /* else the GLU backward runs in place (invariant 10) */
 		a->dgate = aalloc(ops, a, T * I);
 		a->dup = aalloc(ops, a, T * I);
 	}
@@ -899,17 +906,22 @@ static void layer_backward(const bk_model *m, const bk_lora *lora, bk_lora *grad
 	}
 	ops->zero(a->dh, fT * I);
 	linear_bwd(m, lora, grads, a, l, BK_LORA_DOWN, 1, a->dh, &dy, s.hm, T);
-	ops->zero(a->dgate, fT * I);
-	ops->zero(a->dup, fT * I);
-	if (m->act_bytes != 4)
-		ops->glu_backward_act(a->dgate, a->dup, a->dh, s.gate, s.up, (size_t)T * I, c->geglu);
-	else if (c->geglu)
-		ops->geglu_backward(a->dgate, a->dup, a->dh, s.gate, s.up, (size_t)T * I);
-	else
-		ops->swiglu_backward(a->dgate, a->dup, a->dh, s.gate, s.up, (size_t)T * I);
+	float *dgate = a->dgate, *dup = a->dup;
+	if (m->act_bytes != 4) {
+		ops->zero(dgate, fT * I);
+		ops->zero(dup, fT * I);
+		ops->glu_backward_act(dgate, dup, a->dh, s.gate, s.up, (size_t)T * I, c->geglu);
+	} else {
+		if (!dgate) { /* in place over the slot's gate and up (invariant 10) */
+			dgate = s.gate, dup = s.up;
+			a->slot_layer = -1;
+		}
+		(c->geglu ? ops->geglu_backward : ops->swiglu_backward)(dgate, dup, a->dh, s.gate,
+									 s.up, (size_t)T * I);
+	}
 	ops->zero(a->dln, fT * H);
 	linear_bwd(m, lora, grads, a, l, BK_LORA_GATE, 2, a->dln,
-		   (const float *const[]){ a->dgate, a->dup }, s.ln2, T);
+		   (const float *const[]){ dgate, dup }, s.ln2, T);
 	ops->rmsnorm_backward(a->dres, a->dln, s.resid2, w->mlp_norm, s.rstd2, T, c->H);
 
 	/* attention block: dres = d resid2 = d (o_proj output, after its norm) */

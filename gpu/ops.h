@@ -185,7 +185,9 @@ typedef struct bk_ops {
 	/* ---- SwiGLU: h = silu(gate) * up, silu(g) = g / (1 + exp(-g)) ---- */
 	void (*swiglu_forward)(float *h /* [T,I] */, const float *gate /* [T,I] */,
 			       const float *up /* [T,I] */, size_t n /* T*I */);
-	void (*swiglu_backward)(float *dgate /* [T,I] += */, float *dup /* [T,I] += */,
+	/* the backward WRITES dgate and dup (no accumulation); dgate may be gate and dup
+	 * may be up (in place: the model's fp32 backward reuses the layer's gate/up) */
+	void (*swiglu_backward)(float *dgate /* [T,I] = */, float *dup /* [T,I] = */,
 				const float *dh /* [T,I] */, const float *gate, const float *up,
 				size_t n);
 
@@ -193,7 +195,7 @@ typedef struct bk_ops {
 	 * gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) ---- */
 	void (*geglu_forward)(float *h /* [T,I] */, const float *gate /* [T,I] */,
 			      const float *up /* [T,I] */, size_t n /* T*I */);
-	void (*geglu_backward)(float *dgate /* [T,I] += */, float *dup /* [T,I] += */,
+	void (*geglu_backward)(float *dgate /* [T,I] = */, float *dup /* [T,I] = */, /* as swiglu */
 			       const float *dh /* [T,I] */, const float *gate, const float *up,
 			       size_t n);
 

@@ -830,9 +830,10 @@ __global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dh
 	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 	size_t stride = (size_t)gridDim.x * blockDim.x;
 	for (; i < n; i += stride) {
-		float g = gate[i], sg = 1.0f / (1.0f + expf(-g));
-		dgate[i] += dh[i] * up[i] * sg * (1.0f + g * (1.0f - sg));
-		dup[i] += dh[i] * g * sg;
+		// written, not added; dgate/dup may be gate/up (read first): the host twin's
+		float g = gate[i], u = up[i], d = dh[i], sg = 1.0f / (1.0f + expf(-g));
+		dgate[i] = d * u * sg * (1.0f + g * (1.0f - sg));
+		dup[i] = d * g * sg;
 	}
 }
 
@@ -890,13 +891,13 @@ __global__ void geglu_backward_kernel(float *dgate, float *dup, const float *dh,
 	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 	size_t stride = (size_t)gridDim.x * blockDim.x;
 	for (; i < n; i += stride) {
-		float g = gate[i];
+		float g = gate[i], u = up[i], d = dh[i];
 		float th = tanhf(GELU_K0 * (g + GELU_K1 * g * g * g));
 		float gl = 0.5f * g * (1.0f + th);
 		float dg = 0.5f * (1.0f + th) +
 			   0.5f * g * (1.0f - th * th) * GELU_K0 * (1.0f + 3.0f * GELU_K1 * g * g);
-		dgate[i] += dh[i] * up[i] * dg;
-		dup[i] += dh[i] * gl;
+		dgate[i] = d * u * dg; // as swiglu: written, may be in place
+		dup[i] = d * gl;
 	}
 }
 

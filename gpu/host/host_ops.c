@@ -656,15 +656,16 @@ static void host_swiglu_forward(float *h, const float *gate, const float *up, si
 	}
 }
 
-/* silu'(g) = sig(g) (1 + g (1 - sig(g))) */
+/* silu'(g) = sig(g) (1 + g (1 - sig(g))); writes dgate, dup (they may be gate, up:
+ * each element's inputs are read before its outputs are written) */
 static void host_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate,
 				 const float *up, size_t n)
 {
 #pragma omp parallel for if (n > 65536)
 	for (size_t i = 0; i < n; i++) {
-		float g = gate[i], sg = 1.0f / (1.0f + expf(-g));
-		dgate[i] += dh[i] * up[i] * sg * (1.0f + g * (1.0f - sg));
-		dup[i] += dh[i] * g * sg;
+		float g = gate[i], u = up[i], d = dh[i], sg = 1.0f / (1.0f + expf(-g));
+		dgate[i] = d * u * sg * (1.0f + g * (1.0f - sg));
+		dup[i] = d * g * sg;
 	}
 }
 
@@ -689,13 +690,13 @@ static void host_geglu_backward(float *dgate, float *dup, const float *dh, const
 {
 #pragma omp parallel for if (n > 65536)
 	for (size_t i = 0; i < n; i++) {
-		float g = gate[i];
+		float g = gate[i], u = up[i], d = dh[i];
 		float th = tanhf(GELU_K0 * (g + GELU_K1 * g * g * g));
 		float gl = 0.5f * g * (1.0f + th);
 		float dg = 0.5f * (1.0f + th) +
 			   0.5f * g * (1.0f - th * th) * GELU_K0 * (1.0f + 3.0f * GELU_K1 * g * g);
-		dgate[i] += dh[i] * up[i] * dg;
-		dup[i] += dh[i] * gl;
+		dgate[i] = d * u * dg; /* as swiglu: written, may be in place */
+		dup[i] = d * gl;
 	}
 }
 

@@ -272,6 +272,12 @@ static void t_swiglu_residual(int T, int I)
 	dut->swiglu_backward(dg.d, du.d, pdh.d, pg.d, pu.d, n);
 	pcmp("swiglu_backward", sz, "dgate", dg, TOL_FP32);
 	pcmp("swiglu_backward", sz, "dup", du, TOL_FP32);
+	pair ig = pput(g, n), iu = pput(u, n); /* in place: dgate over gate, dup over up */
+	ref->swiglu_backward(ig.r, iu.r, pdh.r, ig.r, iu.r, n);
+	dut->swiglu_backward(ig.d, iu.d, pdh.d, ig.d, iu.d, n);
+	pcmp("swiglu_backward", sz, "dgate in place", ig, TOL_FP32);
+	pcmp("swiglu_backward", sz, "dup in place", iu, TOL_FP32);
+	pdrop(ig), pdrop(iu);
 	pair o = pput(NULL, n);
 	ref->residual_forward(o.r, pg.r, pu.r, n);
 	dut->residual_forward(o.d, pg.d, pu.d, n);
@@ -301,6 +307,12 @@ static void t_geglu_bias_softcap(int T, int I)
 	dut->geglu_backward(dg.d, du.d, pdh.d, pg.d, pu.d, n);
 	pcmp("geglu_backward", sz, "dgate", dg, TOL_FP32);
 	pcmp("geglu_backward", sz, "dup", du, TOL_FP32);
+	pair ig = pput(g, n), iu = pput(u, n); /* in place: dgate over gate, dup over up */
+	ref->geglu_backward(ig.r, iu.r, pdh.r, ig.r, iu.r, n);
+	dut->geglu_backward(ig.d, iu.d, pdh.d, ig.d, iu.d, n);
+	pcmp("geglu_backward", sz, "dgate in place", ig, TOL_FP32);
+	pcmp("geglu_backward", sz, "dup in place", iu, TOL_FP32);
+	pdrop(ig), pdrop(iu);
 	bk_weight *br = ref->weight_upload(b, 1, I), *bd = dut->weight_upload(b, 1, I);
 	pair y = pput(u, n);
 	ref->bias_forward(y.r, br, T);

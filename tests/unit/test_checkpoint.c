@@ -3,10 +3,11 @@
  * (a) a packed batch of 3 sequences, LoRA on all modules with random B and dropout on:
  *     the forward's hidden states and every LoRA gradient are the same bits with and
  *     without checkpointing; also for an adapter on a subset of modules, for a second
- *     backward after an adapter-off forward in between (the teacher's, exact mode), and
+ *     backward after an adapter-off forward in between (the teacher's, exact mode), for a
+ *     second backward of the same forward, and
  *     for a teacher forward with a shared prefix (its K/V built on checkpointed acts);
  * (b) the activation memory: bk_acts_bytes without checkpointing minus with it is
- *     exactly (L-1) layers' saved activations, and is printed;
+ *     exactly (L-1) layers' saved activations and dgate, dup, and is printed;
  * (c) bk-step's trainer with grad_checkpoint: 3 steps of a bake give the same adapter,
  *     bit for bit.
  * (a) and (c) also for checkpoints in segments of 2, 3 and L layers (gpu/model.c
@@ -88,6 +89,12 @@ static void test_same_bits(unsigned targets, int ckpt, const char *what)
 	CHECK(!memcmp(h0, h1, nT), "%s: hidden states equal with checkpointing", what);
 	CHECK(!memcmp(g0->flat, g1->flat, g0->n_flat * 4),
 	      "%s: LoRA gradients equal bit for bit with checkpointing", what);
+	/* a second backward of the same forward adds the same again (invariant 10: the
+	 * in-place GLU backward leaves no forward in the slot, so every layer reruns) */
+	bk_model_backward(M, lo, &p.b, a0, dh, g0);
+	bk_model_backward(M, lo, &p.b, a1, dh, g1);
+	CHECK(!memcmp(g0->flat, g1->flat, g0->n_flat * 4),
+	      "%s: a second backward adds the same bits with checkpointing", what);
 
 	/* exact mode's order: teacher forward (adapter off), student forward, backward */
 	bk_model_forward(M, NULL, &t.b, NULL, a0, h0);
@@ -135,12 +142,13 @@ static void test_bytes(void)
 		/* one layer's saved activations (model.c's design note) */
 		size_t layer = (size_t)T * (3 * H + 2 * QD + 2 * KVD + 3 * I + BK_LORA_NMOD * R + 2) +
 			       (size_t)c->NH * T;
-		size_t want = (size_t)(c->L - 1) * layer * sizeof(float);
+		/* and dgate, dup: the checkpointed GLU backward runs in place (invariant 10) */
+		size_t want = ((size_t)(c->L - 1) * layer + 2 * (size_t)T * I) * sizeof(float);
 		fprintf(stderr, "activation bytes, T = %d, r = %d, L = %d: %zu without, %zu with "
 			"--grad-checkpoint (saving %zu bytes, %.1f%%)\n", T, R, c->L, b0, b1,
 			b0 - b1, 100.0 * (double)(b0 - b1) / (double)b0);
-		CHECK(b1 < b0 && b0 - b1 == want, "T %d: saving %zu bytes, expected (L-1) layers = "
-		      "%zu", T, b0 - b1, want);
+		CHECK(b1 < b0 && b0 - b1 == want, "T %d: saving %zu bytes, expected (L-1) layers "
+		      "+ dgate, dup = %zu", T, b0 - b1, want);
 		bk_acts_free(M, a0);
 		bk_acts_free(M, a1);
 	}
