@@ -256,6 +256,19 @@ static void t_rope(int T, int n, int D)
 	free(x), free(inv), free(pos);
 }
 
+/* a GLU backward in place (dgate over gate, dup over up: gpu/ops.h allows it) */
+typedef void glu_bwd_fn(float *, float *, const float *, const float *, const float *, size_t);
+static void glu_in_place(const char *op, const char *sz, glu_bwd_fn *fr, glu_bwd_fn *fd,
+			 const float *g, const float *u, pair dh, size_t n)
+{
+	pair ig = pput(g, n), iu = pput(u, n);
+	fr(ig.r, iu.r, dh.r, ig.r, iu.r, n);
+	fd(ig.d, iu.d, dh.d, ig.d, iu.d, n);
+	pcmp(op, sz, "dgate in place", ig, TOL_FP32);
+	pcmp(op, sz, "dup in place", iu, TOL_FP32);
+	pdrop(ig), pdrop(iu);
+}
+
 static void t_swiglu_residual(int T, int I)
 {
 	char sz[64];
@@ -272,12 +285,7 @@ static void t_swiglu_residual(int T, int I)
 	dut->swiglu_backward(dg.d, du.d, pdh.d, pg.d, pu.d, n);
 	pcmp("swiglu_backward", sz, "dgate", dg, TOL_FP32);
 	pcmp("swiglu_backward", sz, "dup", du, TOL_FP32);
-	pair ig = pput(g, n), iu = pput(u, n); /* in place: dgate over gate, dup over up */
-	ref->swiglu_backward(ig.r, iu.r, pdh.r, ig.r, iu.r, n);
-	dut->swiglu_backward(ig.d, iu.d, pdh.d, ig.d, iu.d, n);
-	pcmp("swiglu_backward", sz, "dgate in place", ig, TOL_FP32);
-	pcmp("swiglu_backward", sz, "dup in place", iu, TOL_FP32);
-	pdrop(ig), pdrop(iu);
+	glu_in_place("swiglu_backward", sz, ref->swiglu_backward, dut->swiglu_backward, g, u, pdh, n);
 	pair o = pput(NULL, n);
 	ref->residual_forward(o.r, pg.r, pu.r, n);
 	dut->residual_forward(o.d, pg.d, pu.d, n);
@@ -307,12 +315,7 @@ static void t_geglu_bias_softcap(int T, int I)
 	dut->geglu_backward(dg.d, du.d, pdh.d, pg.d, pu.d, n);
 	pcmp("geglu_backward", sz, "dgate", dg, TOL_FP32);
 	pcmp("geglu_backward", sz, "dup", du, TOL_FP32);
-	pair ig = pput(g, n), iu = pput(u, n); /* in place: dgate over gate, dup over up */
-	ref->geglu_backward(ig.r, iu.r, pdh.r, ig.r, iu.r, n);
-	dut->geglu_backward(ig.d, iu.d, pdh.d, ig.d, iu.d, n);
-	pcmp("geglu_backward", sz, "dgate in place", ig, TOL_FP32);
-	pcmp("geglu_backward", sz, "dup in place", iu, TOL_FP32);
-	pdrop(ig), pdrop(iu);
+	glu_in_place("geglu_backward", sz, ref->geglu_backward, dut->geglu_backward, g, u, pdh, n);
 	bk_weight *br = ref->weight_upload(b, 1, I), *bd = dut->weight_upload(b, 1, I);
 	pair y = pput(u, n);
 	ref->bias_forward(y.r, br, T);
