@@ -264,12 +264,15 @@ static int torch_threads;
 static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
 static void get_torch_threads(void) { torch_threads = bk_q4_torch_threads(); }
 
-/* bitsandbytes' 8-bit block-wise quantisation on the CPU (fp32 input, blocks of 256,
- * fp32 absmax = max |x|): v = x / absmax is looked up in a table of 65536 points of
- * [-1,1]: the point idx = (int)(((v + 1) * 0.5) * 65535 + 0.5) in fp32 arithmetic, and
- * the code is the map entry nearest idx / 65535 * 2 - 1 (not always the entry nearest
- * v).  An all-zero block (one absmax alone, or all equal: 0/0) takes code 0, as bnb's
- * does. */
+/* bitsandbytes' 8-bit block-wise quantisation on the CPU (0.50.2's quantize_cpu_impl,
+ * fp32 input, blocks of 256, fp32 absmax = max |x|): v = x * (1 / absmax) (the
+ * reciprocal: dividing gives another code for a few values, tests/ref/make_q8_golden.py)
+ * is looked up in a table of 65536 points of [-1,1]: the point
+ * idx = (int)(((v + 1) * 0.5) * 65535 + 0.5) (bnb's build fuses the last multiply-add,
+ * which gives the same idx for every fp32 (v + 1) * 0.5: within a binade adding 0.5
+ * commutes with the rounding), and the table maps idx to the first code whose
+ * midpoint with the next, in fp32, is not below the fp32 2 * idx / 65535 - 1.  An
+ * all-zero block takes code 0, as bnb's does. */
 static uint8_t q8_lut[65536];
 static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
 
@@ -278,14 +281,14 @@ static void make_lut(void)
 	const float *map = bk_q8_map(1);
 	int c = 0;
 	for (int i = 0; i < 65536; i++) {
-		double g = (double)i / 65535.0 * 2.0 - 1.0;
-		while (c < 255 && fabs(g - map[c + 1]) < fabs(g - map[c]))
+		float val = 2.0f * (float)i / 65535.0f - 1.0f;
+		while (c < 255 && val > (map[c] + map[c + 1]) * 0.5f)
 			c++;
 		q8_lut[i] = (uint8_t)c;
 	}
 }
 
-static void q8_blockwise(const float *x, size_t n, uint8_t *q, float *absmax)
+void bk_q4_q8_blockwise(const float *x, size_t n, uint8_t *q, float *absmax)
 {
 	pthread_once(&lut_once, make_lut);
 	for (size_t b = 0; b * BK_Q4_BLOCK2 < n; b++) {
@@ -294,12 +297,13 @@ static void q8_blockwise(const float *x, size_t n, uint8_t *q, float *absmax)
 		for (size_t i = i0; i < i1; i++)
 			a = fmaxf(a, fabsf(x[i]));
 		absmax[b] = a;
+		float inv = 1.0f / a;
 		for (size_t i = i0; i < i1; i++) {
 			if (!(a > 0)) {
 				q[i] = 0;
 				continue;
 			}
-			float v = clamp1(x[i] / a);
+			float v = clamp1(x[i] * inv);
 			float t = ((v + 1.0f) * 0.5f) * 65535.0f + 0.5f;
 			q[i] = q8_lut[(int)t];
 		}
@@ -340,7 +344,7 @@ void bk_q4_quantize(bk_q4 *q, const float *w, int rows, int cols, int type, int 
 		absmax[b] -= q->offset;
 	q->qabsmax = xmalloc(q->nb);
 	q->absmax2 = xmalloc(q->nb2 * sizeof(float));
-	q8_blockwise(absmax, q->nb, q->qabsmax, q->absmax2);
+	bk_q4_q8_blockwise(absmax, q->nb, q->qabsmax, q->absmax2);
 	free(absmax);
 }
 

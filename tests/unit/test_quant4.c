@@ -3,7 +3,8 @@
  * dequantize_4bit on the CPU).  Packed bytes, absmaxes, nested statistics and the
  * dequantised fp32 and bf16 values must be equal, bit for bit.  And the offset of double
  * quantisation, torch.mean, for rows of up to 3M values and 1..64 threads
- * (tests/ref/make_q4_mean_golden.py), and the thread count torch would take. */
+ * (tests/ref/make_q4_mean_golden.py), the thread count torch would take, and the
+ * nested statistics' 8-bit codes at their rounding edges (tests/ref/make_q8_golden.py). */
 #include <jansson.h>
 #include <math.h>
 #include <stdint.h>
@@ -277,6 +278,44 @@ static void check_means(void)
 	json_decref(m);
 }
 
+/* bnb's quantize_blockwise at the edges of its table: q8.bin's blocks, one at a time and
+ * all together */
+static void check_q8(void)
+{
+	size_t len;
+	uint8_t *blob = (uint8_t *)bk_read_file(DIR "/q8.bin", &len);
+	uint32_t blocks = 0;
+	if (len >= 4)
+		memcpy(&blocks, blob, 4);
+	size_t rec = BK_Q4_BLOCK2 * 5 + 4;
+	CHECK(blocks >= 8 && len == 4 + blocks * rec, "q8.bin: %zu bytes, %u blocks", len, blocks);
+	if (blocks < 8 || len != 4 + blocks * rec) {
+		free(blob);
+		return;
+	}
+	float *x = xmalloc(blocks * BK_Q4_BLOCK2 * sizeof(float)), *am = xmalloc(blocks * 4);
+	uint8_t *want = xmalloc(blocks * BK_Q4_BLOCK2), *q = xmalloc(blocks * BK_Q4_BLOCK2);
+	float *want_am = xmalloc(blocks * 4);
+	for (uint32_t b = 0; b < blocks; b++) {
+		const uint8_t *p = blob + 4 + b * rec;
+		memcpy(x + b * BK_Q4_BLOCK2, p, BK_Q4_BLOCK2 * 4);
+		memcpy(want + b * BK_Q4_BLOCK2, p + BK_Q4_BLOCK2 * 4, BK_Q4_BLOCK2);
+		memcpy(want_am + b, p + BK_Q4_BLOCK2 * 5, 4);
+	}
+	bk_q4_q8_blockwise(x, (size_t)blocks * BK_Q4_BLOCK2, q, am);
+	size_t bad = 0, first = 0;
+	for (size_t i = 0; i < (size_t)blocks * BK_Q4_BLOCK2; i++)
+		if (q[i] != want[i] && !bad++)
+			first = i;
+	CHECK(!bad, "q8: %zu of %u codes differ, first [%zu] %a: %u, bnb %u", bad,
+	      blocks * BK_Q4_BLOCK2, first, x[first], q[first], want[first]);
+	CHECK(!memcmp(am, want_am, blocks * 4), "q8: absmax differs");
+	/* a short last block */
+	bk_q4_q8_blockwise(x, 100, q, am);
+	CHECK(!memcmp(q, want, 100) && am[0] == want_am[0], "q8: a block of 100");
+	free(x), free(am), free(want), free(q), free(want_am), free(blob);
+}
+
 /* the thread count torch's wheel starts with (OpenMP sized by MKL), from the environment */
 static void check_threads(void)
 {
@@ -317,6 +356,7 @@ int main(void)
 {
 	check_means();
 	check_threads();
+	check_q8();
 	json_error_t err;
 	json_t *m = json_load_file(DIR "/cases.json", 0, &err);
 	CHECK(m, "%s: %s", DIR "/cases.json", err.text);
