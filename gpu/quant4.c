@@ -111,9 +111,9 @@ static float clamp1(float s) { return s < -1.0f ? -1.0f : s > 1.0f ? 1.0f : s; }
  * row (TensorIteratorReduce.cpp two_pass_reduction, at::parallel_for under OpenMP):
  * k = min(T, ceil(n / TORCH_GRAIN)) chunks of ceil(n / k) values (the last shorter),
  * chunk t summed by that loop into slot t of a buffer of T zeros, then the T slots
- * summed by the same loop.  So the bits of the mean depend on T (torch.get_num_threads()):
- * bk_q4_torch_threads below.  Checked bit for bit against torch.mean for n up to 3M and
- * T = 1..64 (tests/ref/make_q4_mean_golden.py, test_quant4). ---- */
+ * summed by the same loop.  So the bits of the mean depend on T
+ * (torch.get_num_threads()): bk_q4_torch_threads below.  Checked bit for bit against
+ * torch.mean for n up to 3M and T = 1..64 (tests/ref/make_q4_mean_golden.py). ---- */
 #define TORCH_LANES 8
 #define TORCH_GRAIN 32768 /* at::internal::GRAIN_SIZE */
 
@@ -215,7 +215,8 @@ static int physical_cores(const cpu_set_t *cpus)
 			continue;
 		char path[96];
 		int first = c;
-		snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", c);
+		snprintf(path, sizeof path,
+			 "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", c);
 		FILE *f = fopen(path, "r");
 		if (f) {
 			if (fscanf(f, "%d", &first) != 1 || first < 0 || first >= CPU_SETSIZE)
