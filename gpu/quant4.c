@@ -3,10 +3,13 @@
 #include "gpu/quant4.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 #include "common/diag.h"
 #include "common/flags.h"
@@ -97,17 +100,22 @@ static uint8_t encode(int type, float s)
 
 static float clamp1(float s) { return s < -1.0f ? -1.0f : s > 1.0f ? 1.0f : s; }
 
-/* ---- torch's fp32 sum on the CPU (aten/src/ATen/native/cpu/SumKernel.cpp, one
- * thread): a row of items (scalars, or vectors of TORCH_LANES floats added lane-wise)
- * is summed as 4 interleaved partial sums, each a cascade of 4 levels (an item is added
- * at level 0, every 2^p items a level is pushed up to the next), then the partials in
- * order.  A contiguous row of n >= TORCH_LANES floats: the vector sum of its
+/* ---- torch's fp32 sum on the CPU (aten/src/ATen/native/cpu/SumKernel.cpp
+ * cascade_sum): one loop sums a row of items (scalars, or vectors of TORCH_LANES floats
+ * added lane-wise) as 4 interleaved partial sums, each a cascade of 4 levels (an item is
+ * added at level 0, every 2^p items a level is pushed up to the next), then the
+ * partials in order.  A contiguous row of n >= TORCH_LANES floats: the vector sum of its
  * n / TORCH_LANES vectors, then the scalar tail, then the lanes in order.  8 lanes, as
  * torch 2.15's x86-64 wheel sums (measured against torch.sum for n = 3..5000, on an
- * AVX-512 CPU too).  Above 32768 values torch splits the sum over its threads; this
- * is its one-thread result (a mean of > 32768 absmaxes, a weight of > 2M values, may
- * then differ from torch's in the last bit, and a nested code with it, rarely). ---- */
+ * AVX-512 CPU too).  From TORCH_GRAIN values on, with T > 1 threads, torch splits the
+ * row (TensorIteratorReduce.cpp two_pass_reduction, at::parallel_for under OpenMP):
+ * k = min(T, ceil(n / TORCH_GRAIN)) chunks of ceil(n / k) values (the last shorter),
+ * chunk t summed by that loop into slot t of a buffer of T zeros, then the T slots
+ * summed by the same loop.  So the bits of the mean depend on T
+ * (torch.get_num_threads()): bk_q4_torch_threads below.  Checked bit for bit against
+ * torch.mean for n up to 3M and T = 1..64 (tests/ref/make_q4_mean_golden.py). ---- */
 #define TORCH_LANES 8
+#define TORCH_GRAIN 32768 /* at::internal::GRAIN_SIZE */
 
 static int ceil_log2(size_t x)
 {
@@ -163,8 +171,8 @@ static void torch_row_sum(const float *x, size_t items, int w, float *out /* [w]
 	memcpy(out, acc[0][0], (size_t)w * sizeof(float));
 }
 
-/* torch.mean of a contiguous fp32 tensor of n values: the sum above, divided by n */
-static float torch_mean(const float *a, size_t n)
+/* one loop's sum of a contiguous row of n floats */
+static float torch_loop_sum(const float *a, size_t n)
 {
 	float s;
 	if (n < TORCH_LANES) {
@@ -179,15 +187,93 @@ static float torch_mean(const float *a, size_t n)
 		for (int l = 0; l < TORCH_LANES; l++)
 			s += lanes[l];
 	}
+	return s;
+}
+
+float bk_q4_torch_mean(const float *a, size_t n, int threads)
+{
+	if (n < TORCH_GRAIN || threads <= 1)
+		return (0.0f + torch_loop_sum(a, n)) / (float)n;
+	size_t t = (size_t)threads, chunks = (n + TORCH_GRAIN - 1) / TORCH_GRAIN;
+	size_t k = chunks < t ? chunks : t, len = (n + k - 1) / k;
+	float *slot = xcalloc(t, sizeof(float));
+	for (size_t i = 0; i * len < n; i++)
+		slot[i] += torch_loop_sum(a + i * len, n - i * len < len ? n - i * len : len);
+	float s = 0.0f + torch_loop_sum(slot, t);
+	free(slot);
 	return s / (float)n;
 }
 
-/* bitsandbytes' 8-bit block-wise quantisation on the CPU (fp32 input, blocks of 256,
- * fp32 absmax = max |x|): v = x / absmax is looked up in a table of 65536 points of
- * [-1,1]: the point idx = (int)(((v + 1) * 0.5) * 65535 + 0.5) in fp32 arithmetic, and
- * the code is the map entry nearest idx / 65535 * 2 - 1 (not always the entry nearest
- * v).  An all-zero block (one absmax alone, or all equal: 0/0) takes code 0, as bnb's
- * does. */
+/* A physical core counts once: a CPU whose first hyperthread sibling (sysfs) is new. */
+static int physical_cores(const cpu_set_t *cpus)
+{
+	cpu_set_t seen;
+	CPU_ZERO(&seen);
+	int cores = 0;
+	for (int c = 0; c < CPU_SETSIZE; c++) {
+		if (!CPU_ISSET(c, cpus))
+			continue;
+		char path[96];
+		int first = c;
+		snprintf(path, sizeof path,
+			 "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", c);
+		FILE *f = fopen(path, "r");
+		if (f) {
+			if (fscanf(f, "%d", &first) != 1 || first < 0 || first >= CPU_SETSIZE)
+				first = c;
+			fclose(f);
+		}
+		if (!CPU_ISSET(first, &seen))
+			cores++;
+		CPU_SET(first, &seen);
+	}
+	return cores > 0 ? cores : 1;
+}
+
+/* a positive leading count ("4", "4,2"), else 0 */
+static int env_threads(const char *name)
+{
+	const char *v = getenv(name);
+	char *end;
+	long n = v ? strtol(v, &end, 10) : 0;
+	return n > 0 && n <= 1 << 20 && (*end == 0 || *end == ',') ? (int)n : 0;
+}
+
+int bk_q4_torch_threads(void)
+{
+	cpu_set_t cpus;
+	int n = env_threads("MKL_NUM_THREADS");
+	if (!n)
+		n = env_threads("OMP_NUM_THREADS");
+	if (!n) {
+		if (sched_getaffinity(0, sizeof cpus, &cpus))
+			return 1;
+		return physical_cores(&cpus);
+	}
+	const char *dyn = getenv("MKL_DYNAMIC");
+	if (dyn && !strcasecmp(dyn, "false"))
+		return n;
+	CPU_ZERO(&cpus);
+	long all = sysconf(_SC_NPROCESSORS_ONLN);
+	for (long c = 0; c < all && c < CPU_SETSIZE; c++)
+		CPU_SET((int)c, &cpus);
+	int cores = physical_cores(&cpus);
+	return n < cores ? n : cores;
+}
+
+static int torch_threads;
+static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
+static void get_torch_threads(void) { torch_threads = bk_q4_torch_threads(); }
+
+/* bitsandbytes' 8-bit block-wise quantisation on the CPU (0.50.2's quantize_cpu_impl,
+ * fp32 input, blocks of 256, fp32 absmax = max |x|): v = x * (1 / absmax) (the
+ * reciprocal: dividing gives another code for a few values, tests/ref/make_q8_golden.py)
+ * is looked up in a table of 65536 points of [-1,1]: the point
+ * idx = (int)(((v + 1) * 0.5) * 65535 + 0.5) (bnb's build fuses the last multiply-add,
+ * which gives the same idx for every fp32 (v + 1) * 0.5: within a binade adding 0.5
+ * commutes with the rounding), and the table maps idx to the first code whose
+ * midpoint with the next, in fp32, is not below the fp32 2 * idx / 65535 - 1.  An
+ * all-zero block takes code 0, as bnb's does. */
 static uint8_t q8_lut[65536];
 static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
 
@@ -196,14 +282,14 @@ static void make_lut(void)
 	const float *map = bk_q8_map(1);
 	int c = 0;
 	for (int i = 0; i < 65536; i++) {
-		double g = (double)i / 65535.0 * 2.0 - 1.0;
-		while (c < 255 && fabs(g - map[c + 1]) < fabs(g - map[c]))
+		float val = 2.0f * (float)i / 65535.0f - 1.0f;
+		while (c < 255 && val > (map[c] + map[c + 1]) * 0.5f)
 			c++;
 		q8_lut[i] = (uint8_t)c;
 	}
 }
 
-static void q8_blockwise(const float *x, size_t n, uint8_t *q, float *absmax)
+void bk_q4_q8_blockwise(const float *x, size_t n, uint8_t *q, float *absmax)
 {
 	pthread_once(&lut_once, make_lut);
 	for (size_t b = 0; b * BK_Q4_BLOCK2 < n; b++) {
@@ -212,12 +298,13 @@ static void q8_blockwise(const float *x, size_t n, uint8_t *q, float *absmax)
 		for (size_t i = i0; i < i1; i++)
 			a = fmaxf(a, fabsf(x[i]));
 		absmax[b] = a;
+		float inv = 1.0f / a;
 		for (size_t i = i0; i < i1; i++) {
 			if (!(a > 0)) {
 				q[i] = 0;
 				continue;
 			}
-			float v = clamp1(x[i] / a);
+			float v = clamp1(x[i] * inv);
 			float t = ((v + 1.0f) * 0.5f) * 65535.0f + 0.5f;
 			q[i] = q8_lut[(int)t];
 		}
@@ -252,12 +339,13 @@ void bk_q4_quantize(bk_q4 *q, const float *w, int rows, int cols, int type, int 
 		q->absmax = absmax;
 		return;
 	}
-	q->offset = torch_mean(absmax, q->nb);
+	pthread_once(&threads_once, get_torch_threads);
+	q->offset = bk_q4_torch_mean(absmax, q->nb, torch_threads);
 	for (size_t b = 0; b < q->nb; b++)
 		absmax[b] -= q->offset;
 	q->qabsmax = xmalloc(q->nb);
 	q->absmax2 = xmalloc(q->nb2 * sizeof(float));
-	q8_blockwise(absmax, q->nb, q->qabsmax, q->absmax2);
+	bk_q4_q8_blockwise(absmax, q->nb, q->qabsmax, q->absmax2);
 	free(absmax);
 }
 

@@ -19,10 +19,13 @@
  *     positives index 8, which is +0 too);
  *   - two codes a byte, the first value in the HIGH nibble; an odd n is padded with 0.0;
  *   - double quantisation (bnb_4bit_use_double_quant): offset = torch.mean of the
- *     absmaxes (torch's CPU fp32 sum, emulated: quant4.c), then the absmaxes minus
+ *     absmaxes (torch's CPU fp32 sum, emulated: bk_q4_torch_mean; above 32768 blocks,
+ *     a weight of more than 2M values, its bits depend on torch's thread count,
+ *     taken as torch's default: bk_q4_torch_threads), then the absmaxes minus
  *     offset are 8-bit block-wise quantised in blocks of 256 with the signed dynamic map
  *     (gpu/optim8.h's bk_q8_map(1)) as bnb's CPU kernel does: per nested block an fp32
- *     absmax2 = max |a|, and a / absmax2 looked up in a 65536-point table (quant4.c);
+ *     absmax2 = max |a|, and a * (1 / absmax2) looked up in a 65536-point table
+ *     (bk_q4_q8_blockwise);
  *   - dequantisation: absmax_b = code2[q8_b] * absmax2[b/256] + offset (two fp32
  *     roundings) when nested; value = code[q] * absmax_b in fp32, then rounded to the
  *     output dtype (bf16: nearest even). */
@@ -112,6 +115,21 @@ void bk_q4_dequantize(const bk_q4 *q, float *out, int round_bf16);
  * statistics (fp32 absmax per block; double quant: a byte per block, an fp32 absmax2
  * per nested block and the offset) */
 size_t bk_q4_bytes(size_t rows, size_t cols, int double_quant);
+
+/* torch.mean of n contiguous fp32 values on the CPU as torch 2.15 computes it with
+ * `threads` threads (torch.get_num_threads()): below 32768 values, or with one thread,
+ * one cascade sum; else the sum split into min(threads, ceil(n / 32768)) chunks whose
+ * sums are then summed (quant4.c).  Then divided by n in fp32. */
+float bk_q4_torch_mean(const float *a, size_t n, int threads);
+/* bitsandbytes' quantize_blockwise on the CPU with the signed dynamic map, blocks of
+ * 256 (the nested statistics of double quantisation): q [n] codes, absmax
+ * [ceil(n / 256)] */
+void bk_q4_q8_blockwise(const float *x, size_t n, uint8_t *q, float *absmax);
+/* the thread count torch starts with on this machine, as its x86-64 wheel (OpenMP
+ * sized by MKL) picks it: MKL_NUM_THREADS, else OMP_NUM_THREADS (a positive leading
+ * count), capped at the machine's physical cores unless MKL_DYNAMIC is false; neither
+ * set: the physical cores of this process's CPU affinity.  bk_q4_quantize uses it. */
+int bk_q4_torch_threads(void);
 
 /* fp32 x rounded to bf16 (nearest even; NaN stays NaN), as its bits / as a float */
 uint16_t bk_q4_bf16_bits(float x);

@@ -1,13 +1,17 @@
 /* test_quant4.c - gpu/quant4.c against bitsandbytes: the fixtures of
  * tests/ref/make_nf4_golden.py (tests/golden/quant4/: bnb 0.50's quantize_4bit and
  * dequantize_4bit on the CPU).  Packed bytes, absmaxes, nested statistics and the
- * dequantised fp32 and bf16 values must be equal, bit for bit. */
+ * dequantised fp32 and bf16 values must be equal, bit for bit.  And the offset of double
+ * quantisation, torch.mean, for rows of up to 3M values and 1..64 threads
+ * (tests/ref/make_q4_mean_golden.py), the thread count torch would take, and the
+ * nested statistics' 8-bit codes at their rounding edges (tests/ref/make_q8_golden.py). */
 #include <jansson.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/diag.h"
 #include "common/files.h"
@@ -232,8 +236,127 @@ static void check_case(json_t *c)
 	free(g_d16);
 }
 
+/* make_q4_mean_golden.py's gen(): value i of the row of a seed */
+static float mean_input(uint64_t seed, size_t i)
+{
+	uint64_t z = (seed << 32) + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+	z ^= z >> 31;
+	return ldexpf((float)((z >> 41) | (1u << 23)), -29 - (int)((z >> 38) & 7));
+}
+
+static void check_means(void)
+{
+	json_error_t err;
+	json_t *m = json_load_file(DIR "/mean.json", 0, &err);
+	CHECK(m, "%s: %s", DIR "/mean.json", err.text);
+	if (!m)
+		return;
+	json_t *cases = json_object_get(m, "cases");
+	size_t checked = 0;
+	for (size_t c = 0; c < json_array_size(cases); c++) {
+		json_t *cs = json_array_get(cases, c);
+		size_t n = (size_t)json_integer_value(json_object_get(cs, "n"));
+		uint64_t seed = (uint64_t)json_integer_value(json_object_get(cs, "seed"));
+		float *x = xmalloc(n * sizeof(float));
+		for (size_t i = 0; i < n; i++)
+			x[i] = mean_input(seed, i);
+		const char *t;
+		json_t *v;
+		json_object_foreach(json_object_get(cs, "means"), t, v) {
+			uint32_t want = (uint32_t)strtoul(json_string_value(v), NULL, 16), got;
+			float mean = bk_q4_torch_mean(x, n, atoi(t));
+			memcpy(&got, &mean, 4);
+			CHECK(got == want, "torch.mean of %zu values, %s threads: %08x, torch %08x", n,
+			      t, got, want);
+			checked++;
+		}
+		free(x);
+	}
+	CHECK(checked >= 100, "%zu means checked", checked);
+	json_decref(m);
+}
+
+/* bnb's quantize_blockwise at the edges of its table: q8.bin's blocks, one at a time and
+ * all together */
+static void check_q8(void)
+{
+	size_t len;
+	uint8_t *blob = (uint8_t *)bk_read_file(DIR "/q8.bin", &len);
+	uint32_t blocks = 0;
+	if (len >= 4)
+		memcpy(&blocks, blob, 4);
+	size_t rec = BK_Q4_BLOCK2 * 5 + 4;
+	CHECK(blocks >= 8 && len == 4 + blocks * rec, "q8.bin: %zu bytes, %u blocks", len, blocks);
+	if (blocks < 8 || len != 4 + blocks * rec) {
+		free(blob);
+		return;
+	}
+	float *x = xmalloc(blocks * BK_Q4_BLOCK2 * sizeof(float)), *am = xmalloc(blocks * 4);
+	uint8_t *want = xmalloc(blocks * BK_Q4_BLOCK2), *q = xmalloc(blocks * BK_Q4_BLOCK2);
+	float *want_am = xmalloc(blocks * 4);
+	for (uint32_t b = 0; b < blocks; b++) {
+		const uint8_t *p = blob + 4 + b * rec;
+		memcpy(x + b * BK_Q4_BLOCK2, p, BK_Q4_BLOCK2 * 4);
+		memcpy(want + b * BK_Q4_BLOCK2, p + BK_Q4_BLOCK2 * 4, BK_Q4_BLOCK2);
+		memcpy(want_am + b, p + BK_Q4_BLOCK2 * 5, 4);
+	}
+	bk_q4_q8_blockwise(x, (size_t)blocks * BK_Q4_BLOCK2, q, am);
+	size_t bad = 0, first = 0;
+	for (size_t i = 0; i < (size_t)blocks * BK_Q4_BLOCK2; i++)
+		if (q[i] != want[i] && !bad++)
+			first = i;
+	CHECK(!bad, "q8: %zu of %u codes differ, first [%zu] %a: %u, bnb %u", bad,
+	      blocks * BK_Q4_BLOCK2, first, x[first], q[first], want[first]);
+	CHECK(!memcmp(am, want_am, blocks * 4), "q8: absmax differs");
+	/* a short last block */
+	bk_q4_q8_blockwise(x, 100, q, am);
+	CHECK(!memcmp(q, want, 100) && am[0] == want_am[0], "q8: a block of 100");
+	free(x), free(am), free(want), free(q), free(want_am), free(blob);
+}
+
+/* the thread count torch's wheel starts with (OpenMP sized by MKL), from the environment */
+static void check_threads(void)
+{
+	static const char *const vars[] = {"MKL_NUM_THREADS", "OMP_NUM_THREADS", "MKL_DYNAMIC"};
+	for (int i = 0; i < 3; i++)
+		unsetenv(vars[i]);
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	int cores = bk_q4_torch_threads(); /* the physical cores this process may use */
+	CHECK(cores >= 1 && cores <= cpus, "default %d threads, %ld CPUs", cores, cpus);
+	static const struct {
+		const char *mkl, *omp, *dyn;
+		int want; /* -1: the default */
+	} cases[] = {
+		{NULL, "1", NULL, 1},          {"1", "2", NULL, 1},        {"x", "1", NULL, 1},
+		{NULL, "1,3", NULL, 1},        {NULL, "1x", NULL, -1},     {NULL, "0", NULL, -1},
+		{NULL, "48", "FALSE", 48},     {"5", "48", "false", 5},    {NULL, "3,2", "False", 3},
+		{NULL, "100000", NULL, -2}, /* capped at the machine's physical cores */
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		const char *vals[] = {cases[i].mkl, cases[i].omp, cases[i].dyn};
+		for (int k = 0; k < 3; k++)
+			vals[k] ? setenv(vars[k], vals[k], 1) : unsetenv(vars[k]);
+		int got = bk_q4_torch_threads(), want = cases[i].want;
+		if (want == -1)
+			want = cores;
+		if (want == -2)
+			CHECK(got >= cores && got <= cpus, "OMP_NUM_THREADS=100000: %d threads", got);
+		else
+			CHECK(got == want, "MKL_NUM_THREADS=%s OMP_NUM_THREADS=%s MKL_DYNAMIC=%s: %d "
+			      "threads, torch %d", vals[0] ? vals[0] : "-", vals[1] ? vals[1] : "-",
+			      vals[2] ? vals[2] : "-", got, want);
+	}
+	for (int i = 0; i < 3; i++)
+		unsetenv(vars[i]);
+}
+
 int main(void)
 {
+	check_means();
+	check_threads();
+	check_q8();
 	json_error_t err;
 	json_t *m = json_load_file(DIR "/cases.json", 0, &err);
 	CHECK(m, "%s: %s", DIR "/cases.json", err.text);
