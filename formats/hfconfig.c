@@ -367,11 +367,15 @@ bk_config *bk_config_parse(const char *name, const char *text, size_t len)
 		c->model_type = xstrdup(supported[k].model_type);
 	}
 
-	c->hidden_size = get_pos_int(path, root, "hidden_size", 1, 0);
-	c->intermediate_size = get_pos_int(path, root, "intermediate_size", 1, 0);
-	c->n_layers = get_pos_int(path, root, "num_hidden_layers", 1, 0);
-	c->n_heads = get_pos_int(path, root, "num_attention_heads", 1, 0);
-	c->n_kv_heads = get_pos_int(path, root, "num_key_value_heads", 0, c->n_heads);
+	/* Gemma-3: a key left out takes Gemma3TextConfig's default, as in transformers; the
+	 * published multimodal configs (gemma-3-4b/12b/27b-it) leave out of text_config what
+	 * equals it (vocab_size 262208, the heads of the 4B); other families need the shape */
+	int g3 = c->family == BK_FAM_GEMMA3;
+	c->hidden_size = get_pos_int(path, root, "hidden_size", !g3, 2304);
+	c->intermediate_size = get_pos_int(path, root, "intermediate_size", !g3, 9216);
+	c->n_layers = get_pos_int(path, root, "num_hidden_layers", !g3, 26);
+	c->n_heads = get_pos_int(path, root, "num_attention_heads", !g3, 8);
+	c->n_kv_heads = get_pos_int(path, root, "num_key_value_heads", 0, g3 ? 4 : c->n_heads);
 	if (c->n_heads % c->n_kv_heads)
 		die("%s: key 'num_key_value_heads' (%d) does not divide num_attention_heads "
 		    "(%d)",
@@ -385,9 +389,9 @@ bk_config *bk_config_parse(const char *name, const char *text, size_t len)
 	if (c->head_dim % 2)
 		die("%s: key 'head_dim' is odd (%d); RoPE needs an even head size", path,
 		    c->head_dim);
-	c->vocab_size = get_pos_int(path, root, "vocab_size", 1, 0);
+	c->vocab_size = get_pos_int(path, root, "vocab_size", !g3, 262208);
 	c->max_pos = get_pos_int(path, root, "max_position_embeddings",
-				 c->family == BK_FAM_LLAMA, 8192);
+				 c->family == BK_FAM_LLAMA, g3 ? 131072 : 8192);
 	double eps = get_num(path, root, "rms_norm_eps", c->family == BK_FAM_LLAMA, 1e-6);
 	if (!(eps > 0) || eps > 1)
 		die("%s: key 'rms_norm_eps' must be in (0, 1] (got %g)", path, eps);

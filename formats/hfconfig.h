@@ -8,6 +8,8 @@
  *   GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (gemma3_text) and the text
  *   tower of Gemma3ForConditionalGeneration (nested text_config; vision tensors
  *   ignored).  Every other architecture or option is refused, naming it.
+ *   Gemma-3's keys default to Gemma3TextConfig's (vocab_size 262208, 8 heads, 4 KV
+ *   heads, ...), as the published multimodal configs leave them out of text_config.
  *
  * Sliding-window layers are applied for real by the model (layer_window). */
 #ifndef BK_HFCONFIG_H

@@ -275,6 +275,28 @@ static void test_families(void)
 		      !strcmp(c->model_type, "gemma3_text"),
 	      "gemma3 conditional generation");
 	bk_config_free(c);
+	/* gemma-3-12b-it's config as published: text_config leaves out what equals
+	 * Gemma3TextConfig's defaults (vocab_size 262208, head_dim 256, the context), and
+	 * the 4B's also its heads (8, 4 KV) */
+	c = parse("{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": "
+		  "\"gemma3\", \"text_config\": {\"hidden_size\": 3840, \"intermediate_size\": "
+		  "15360, \"model_type\": \"gemma3_text\", \"num_attention_heads\": 16, "
+		  "\"num_hidden_layers\": 48, \"num_key_value_heads\": 8, \"rope_scaling\": "
+		  "{\"factor\": 8.0, \"rope_type\": \"linear\"}, \"sliding_window\": 1024}}");
+	CHECK(c->vocab_size == 262208 && c->head_dim == 256 && c->n_heads == 16 &&
+		      c->n_kv_heads == 8 && c->max_pos == 131072 && c->tie_word_embeddings &&
+		      c->query_pre_attn_scalar == 256 && c->rope_factor == 8,
+	      "gemma-3-12b-it as published: V %d D %d NH %d NKV %d max_pos %d", c->vocab_size,
+	      c->head_dim, c->n_heads, c->n_kv_heads, c->max_pos);
+	bk_config_free(c);
+	c = parse("{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": "
+		  "\"gemma3\", \"text_config\": {\"hidden_size\": 2560, \"intermediate_size\": "
+		  "10240, \"model_type\": \"gemma3_text\", \"num_hidden_layers\": 34, "
+		  "\"sliding_window\": 1024}}");
+	CHECK(c->vocab_size == 262208 && c->n_heads == 8 && c->n_kv_heads == 4 &&
+		      c->n_layers == 34,
+	      "gemma3 text defaults: NH %d NKV %d", c->n_heads, c->n_kv_heads);
+	bk_config_free(c);
 	/* Gemma (1): no sandwich, no window, head_dim 256 */
 	c = parse("{\"architectures\": [\"GemmaForCausalLM\"], \"model_type\": \"gemma\", " BASE
 		  ", \"hidden_act\": \"gelu_pytorch_tanh\"}");
