@@ -631,8 +631,9 @@ static size_t room(const bk_mem_bake *b, int sequential)
 	return sequential || b->gpu < 8 * g ? b->gpu : b->gpu - g;
 }
 
-void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
-		     bk_mem_fit *f)
+/* the choices of bk_mem_fit_bake, without the refusal */
+static void fit_choose(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
+		       bk_mem_fit *f)
 {
 	memset(f, 0, sizeof *f);
 	f->grad_ckpt = b->grad_ckpt;
@@ -701,34 +702,114 @@ void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_ba
 		    b->shared ? "one shared copy of the weights" : "each loads its own copy of the weights",
 		    gib(side_by_side(f, b->shared)));
 #undef SAY
+}
+
+/* whether the bake fits with one field changed (the choices made again) */
+static int fits_as(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
+		   size_t *peak)
+{
+	bk_mem_fit *g = malloc(sizeof *g);
+	if (!g)
+		die("out of memory");
+	fit_choose(m, d, b, g);
+	int ok = g->fits == 1;
+	*peak = g->peak;
+	free(g);
+	return ok;
+}
+
+/* the fields of the tool's config whose change alone makes the bake fit, each with the
+ * value that does and the peak it gives, "; "-free, into buf ("" for none): 4-bit base
+ * linears (load_in_4bit, when the bake can), a lower lora_r (a power of two), the 8-bit
+ * AdamW, a shorter trajectory_length (halved), a smaller teacher_top_k; with m in 4 bits
+ * (or it made so) the others on top of it */
+static void suggest(const bk_mem_model *m0, const bk_mem_dev *d, const bk_mem_bake *b,
+		    char *buf, size_t cap)
+{
+	size_t o = 0, peak;
+	buf[0] = 0;
+#define SAY(...) (o += (size_t)snprintf(buf + o, o < cap ? cap - o : 0, __VA_ARGS__))
+	bk_mem_model m4 = *m0;
+	const char *and4 = "";
+	if (!m0->q4 && b->can_q4) {
+		m4.q4 = 1;
+		m4.q4_double_quant = 1; /* the tool's bnb_4bit_use_double_quant */
+		if (fits_as(&m4, d, b, &peak)) {
+			SAY("set load_in_4bit: true (peak %.2f GiB)", gib(peak));
+			return;
+		}
+		and4 = "set load_in_4bit: true and ";
+	} else {
+		m4 = *m0;
+	}
+	bk_mem_bake c = *b;
+	for (int r = 32; r >= 1; r /= 2)
+		if (r < b->r && b->r > 1) {
+			c.r = r;
+			if (fits_as(&m4, d, &c, &peak)) {
+				SAY("%s%slower lora_r to %d (peak %.2f GiB)", o ? ", or " : "", and4, r,
+				    gib(peak));
+				break;
+			}
+		}
+	c = *b;
+	if (!b->optim8) {
+		c.optim8 = 1;
+		if (fits_as(&m4, d, &c, &peak))
+			SAY("%s%sset optim: adamw_8bit (peak %.2f GiB)", o ? ", or " : "", and4,
+			    gib(peak));
+	}
+	c = *b;
+	if (!b->paired)
+		for (int n = b->max_new / 2; n >= 16; n /= 2) {
+			c.max_new = n;
+			if (fits_as(&m4, d, &c, &peak)) {
+				SAY("%s%slower trajectory_length to %d (peak %.2f GiB)", o ? ", or " : "",
+				    and4, n, gib(peak));
+				break;
+			}
+		}
+	c = *b;
+	if (b->top_k <= 0 || b->top_k > 16) /* exact KL or the full field: a top-k one */
+		for (int k = b->top_k <= 0 || b->top_k > 256 ? 256 : b->top_k / 2; k >= 16; k /= 2) {
+			c.top_k = k;
+			if (fits_as(&m4, d, &c, &peak)) {
+				SAY("%s%sset teacher_top_k: %d (peak %.2f GiB)", o ? ", or " : "", and4, k,
+				    gib(peak));
+				break;
+			}
+		}
+#undef SAY
+}
+
+void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
+		     bk_mem_fit *f)
+{
+	fit_choose(m, d, b, f);
 	if (f->fits)
 		return;
 	const bk_mem_stage *top = &f->st[0];
 	for (int i = 1; i < f->n_st; i++)
 		if (f->st[i].peak > top->peak)
 			top = &f->st[i];
+	char what[512];
+	suggest(m, d, b, what, sizeof what);
+	const char *fields = what[0] ? "" : "no one change of load_in_4bit, lora_r, optim, "
+					    "trajectory_length or teacher_top_k makes it fit";
 	if (top->weights >= b->gpu) {
 		snprintf(f->refuse, sizeof f->refuse,
-			 "the model's weights alone take %.1f GiB of the GPU's %.1f GiB; use a GPU "
-			 "with more memory or a smaller model", gib(top->weights), gib(b->gpu));
+			 "the model's weights alone take %.1f GiB of the GPU's %.1f GiB; %s%s%s "
+			 "use a GPU with more memory or a smaller model", gib(top->weights),
+			 gib(b->gpu), what, fields, what[0] ? ", or" : ":");
 		return;
 	}
-	char what[160];
-	if (!strcmp(top->stage, "bk-step"))
-		snprintf(what, sizeof what, "lower lora_r (now %d) or trajectory_length (now %d)%s",
-			 b->r, b->max_new, b->optim8 ? "" : ", set optim: adamw_8bit");
-	else if (!strcmp(top->stage, "bk-gen"))
-		snprintf(what, sizeof what, "shorten trajectory_length (now %d) or the prompts "
-			 "(now up to %d tokens)", b->max_new, b->max_t);
-	else
-		snprintf(what, sizeof what, "lower top_k (now %d) or trajectory_length (now %d)",
-			 b->top_k, b->max_new);
 	snprintf(f->refuse, sizeof f->refuse,
-		 "%s alone needs %.1f GiB of the GPU's %.1f GiB (%.1f GiB of weights)%s%s%s; %s, "
-		 "or use a GPU with more memory", top->stage, gib(top->peak), gib(b->gpu),
+		 "%s alone needs %.2f GiB of the GPU's %.2f GiB (%.1f GiB of weights)%s%s%s; %s%s%s "
+		 "use a GPU with more memory", top->stage, gib(top->peak), gib(b->gpu),
 		 gib(top->weights), f->grad_ckpt ? " with gradient checkpointing" : "",
 		 f->batch < b->batch ? " and micro-batches of " : "",
-		 f->batch < b->batch ? (f->batch == 1 ? "1 prompt" : "fewer prompts") : "", what);
+		 f->batch < b->batch ? (f->batch == 1 ? "1 prompt" : "fewer prompts") : "", what,
+		 fields, what[0] ? ", or" : ":");
 }
 
 void bk_mem_fit_print(const bk_mem_fit *f, const bk_mem_bake *b, void *file)
