@@ -56,6 +56,20 @@ static int get_int(const char *path, json_t *o, const char *key, int required, i
 	return (int)x;
 }
 
+/* a positive count where HF takes any size: beyond INT_MAX means no limit to us
+ * (max_position_embeddings of 10^12, as tokenizer_config.json's model_max_length has) */
+static int get_pos_int_clamped(const char *path, json_t *o, const char *key, int required,
+			       int dflt)
+{
+	json_t *v = get(o, key);
+	if (v && json_is_integer(v) && json_integer_value(v) > INT_MAX)
+		return INT_MAX;
+	int x = get_int(path, o, key, required, dflt);
+	if (x <= 0)
+		die("%s: key '%s' must be positive (got %d)", path, key, x);
+	return x;
+}
+
 static int get_pos_int(const char *path, json_t *o, const char *key, int required, int dflt)
 {
 	int x = get_int(path, o, key, required, dflt);
@@ -345,8 +359,9 @@ bk_config *bk_config_parse(const char *name, const char *text, size_t len)
 		    json_is_string(mt) ? json_string_value(mt) : "missing or not a string",
 		    json_is_string(mt) ? "'" : "", supported[k].model_type, arch);
 	if (get(top, "quantization_config"))
-		die("%s: key 'quantization_config': quantized checkpoints are not supported",
-		    path);
+		die("%s: key 'quantization_config': quantized checkpoints are not supported (take "
+		    "the unquantized model: load_in_4bit: true quantizes it at load as "
+		    "bitsandbytes does)", path);
 	/* the text model's keys: Gemma3ForConditionalGeneration nests them in text_config */
 	json_t *root = top;
 	if (!strcmp(arch, "Gemma3ForConditionalGeneration")) {
@@ -390,7 +405,7 @@ bk_config *bk_config_parse(const char *name, const char *text, size_t len)
 		die("%s: key 'head_dim' is odd (%d); RoPE needs an even head size", path,
 		    c->head_dim);
 	c->vocab_size = get_pos_int(path, root, "vocab_size", !g3, 262208);
-	c->max_pos = get_pos_int(path, root, "max_position_embeddings",
+	c->max_pos = get_pos_int_clamped(path, root, "max_position_embeddings",
 				 c->family == BK_FAM_LLAMA, g3 ? 131072 : 8192);
 	double eps = get_num(path, root, "rms_norm_eps", c->family == BK_FAM_LLAMA, 1e-6);
 	if (!(eps > 0) || eps > 1)

@@ -19,6 +19,7 @@
 #include <math.h>
 #include <ftw.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -288,6 +289,14 @@ static void test_families(void)
 		      c->query_pre_attn_scalar == 256 && c->rope_factor == 8,
 	      "gemma-3-12b-it as published: V %d D %d NH %d NKV %d max_pos %d", c->vocab_size,
 	      c->head_dim, c->n_heads, c->n_kv_heads, c->max_pos);
+	bk_config_free(c);
+	/* a context beyond an int: no limit (HF takes any size) */
+	c = parse("{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", "
+		  "\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+		  "\"num_attention_heads\": 4, \"vocab_size\": 100, \"rms_norm_eps\": 1e-6, "
+		  "\"max_position_embeddings\": 1000000000000}");
+	CHECK(c->max_pos == INT_MAX && !bk_config_check_len(c, 1L << 30, "x", (char[64]){0}, 64),
+	      "max_position_embeddings 10^12: %d", c->max_pos);
 	bk_config_free(c);
 	c = parse("{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": "
 		  "\"gemma3\", \"text_config\": {\"hidden_size\": 2560, \"intermediate_size\": "
