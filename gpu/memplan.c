@@ -718,11 +718,64 @@ static int fits_as(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake
 	return ok;
 }
 
+/* the changes of the tool's config a refusal may name: the field, its candidate values
+ * for a bake (best first: the least change), how it is set, how it is said */
+enum { CH_R, CH_OPTIM8, CH_TRAJ, CH_TOPK, CH_N };
+
+static int change_values(int ch, const bk_mem_bake *b, int *v, int cap)
+{
+	int n = 0;
+	switch (ch) {
+	case CH_R: { /* powers of two below lora_r */
+		int r0 = 1;
+		while (r0 * 2 < b->r)
+			r0 *= 2;
+		for (int r = r0; r >= 1 && r < b->r && n < cap; r /= 2)
+			v[n++] = r;
+		break;
+	}
+	case CH_OPTIM8:
+		if (!b->optim8)
+			v[n++] = 1;
+		break;
+	case CH_TRAJ: /* halved, down to 16 (paired data: the responses are the data's) */
+		for (int t = b->max_new / 2; !b->paired && t >= 16 && n < cap; t /= 2)
+			v[n++] = t;
+		break;
+	default: /* a smaller top-k, or one for the exact KL or the full field */
+		if (b->top_k <= 0 || b->top_k > 16)
+			for (int k = b->top_k <= 0 || b->top_k > 256 ? 256 : b->top_k / 2;
+			     k >= 16 && n < cap; k /= 2)
+				v[n++] = k;
+	}
+	return n;
+}
+
+static void change_set(int ch, bk_mem_bake *c, int v)
+{
+	if (ch == CH_R)
+		c->r = v;
+	else if (ch == CH_OPTIM8)
+		c->optim8 = v;
+	else if (ch == CH_TRAJ)
+		c->max_new = v;
+	else
+		c->top_k = v;
+}
+
+static int change_say(int ch, int v, char *buf, size_t cap)
+{
+	static const char *const fmt[CH_N] = {"lower lora_r to %d", "set optim: adamw_8bit",
+					      "lower trajectory_length to %d",
+					      "set teacher_top_k: %d"};
+	return snprintf(buf, cap, fmt[ch], v);
+}
+
 /* the fields of the tool's config whose change alone makes the bake fit, each with the
- * value that does and the peak it gives, "; "-free, into buf ("" for none): 4-bit base
- * linears (load_in_4bit, when the bake can), a lower lora_r (a power of two), the 8-bit
- * AdamW, a shorter trajectory_length (halved), a smaller teacher_top_k; with m in 4 bits
- * (or it made so) the others on top of it */
+ * value that does and the peak it gives, ", or "-joined into buf ("" for none): 4-bit
+ * base linears (load_in_4bit, when the stages can and the model is not already), else
+ * each of a lower lora_r (a power of two), the 8-bit AdamW, a shorter trajectory_length
+ * (halved), a smaller teacher_top_k, alone, or failing that with load_in_4bit */
 static void suggest(const bk_mem_model *m0, const bk_mem_dev *d, const bk_mem_bake *b,
 		    char *buf, size_t cap)
 {
@@ -730,55 +783,34 @@ static void suggest(const bk_mem_model *m0, const bk_mem_dev *d, const bk_mem_ba
 	buf[0] = 0;
 #define SAY(...) (o += (size_t)snprintf(buf + o, o < cap ? cap - o : 0, __VA_ARGS__))
 	bk_mem_model m4 = *m0;
-	const char *and4 = "";
-	if (!m0->q4 && b->can_q4) {
+	int can4 = !m0->q4 && b->can_q4;
+	if (can4) {
 		m4.q4 = 1;
 		m4.q4_double_quant = 1; /* the tool's bnb_4bit_use_double_quant */
 		if (fits_as(&m4, d, b, &peak)) {
 			SAY("set load_in_4bit: true (peak %.2f GiB)", gib(peak));
 			return;
 		}
-		and4 = "set load_in_4bit: true and ";
-	} else {
-		m4 = *m0;
 	}
-	bk_mem_bake c = *b;
-	for (int r = 32; r >= 1; r /= 2)
-		if (r < b->r && b->r > 1) {
-			c.r = r;
-			if (fits_as(&m4, d, &c, &peak)) {
-				SAY("%s%slower lora_r to %d (peak %.2f GiB)", o ? ", or " : "", and4, r,
-				    gib(peak));
-				break;
+	for (int ch = 0; ch < CH_N; ch++) {
+		int v[16], n = change_values(ch, b, v, 16);
+		for (int with4 = 0; with4 <= can4; with4++) {
+			int found = 0;
+			for (int i = 0; i < n && !found; i++) {
+				bk_mem_bake c = *b;
+				change_set(ch, &c, v[i]);
+				if (!fits_as(with4 ? &m4 : m0, d, &c, &peak))
+					continue;
+				char what[64];
+				change_say(ch, v[i], what, sizeof what);
+				SAY("%s%s%s (peak %.2f GiB)", o ? ", or " : "",
+				    with4 ? "set load_in_4bit: true and " : "", what, gib(peak));
+				found = 1;
 			}
+			if (found)
+				break;
 		}
-	c = *b;
-	if (!b->optim8) {
-		c.optim8 = 1;
-		if (fits_as(&m4, d, &c, &peak))
-			SAY("%s%sset optim: adamw_8bit (peak %.2f GiB)", o ? ", or " : "", and4,
-			    gib(peak));
 	}
-	c = *b;
-	if (!b->paired)
-		for (int n = b->max_new / 2; n >= 16; n /= 2) {
-			c.max_new = n;
-			if (fits_as(&m4, d, &c, &peak)) {
-				SAY("%s%slower trajectory_length to %d (peak %.2f GiB)", o ? ", or " : "",
-				    and4, n, gib(peak));
-				break;
-			}
-		}
-	c = *b;
-	if (b->top_k <= 0 || b->top_k > 16) /* exact KL or the full field: a top-k one */
-		for (int k = b->top_k <= 0 || b->top_k > 256 ? 256 : b->top_k / 2; k >= 16; k /= 2) {
-			c.top_k = k;
-			if (fits_as(&m4, d, &c, &peak)) {
-				SAY("%s%sset teacher_top_k: %d (peak %.2f GiB)", o ? ", or " : "", and4, k,
-				    gib(peak));
-				break;
-			}
-		}
 #undef SAY
 }
 
