@@ -21,6 +21,7 @@ static const struct {
 } supported[] = {
 	{"LlamaForCausalLM", "llama", BK_FAM_LLAMA, 0, 0},
 	{"MistralForCausalLM", "mistral", BK_FAM_LLAMA, 0, 0},
+	{"MinistralForCausalLM", "ministral", BK_FAM_LLAMA, 0, 0},
 	{"Qwen2ForCausalLM", "qwen2", BK_FAM_QWEN2, 0, 0},
 	{"Qwen3ForCausalLM", "qwen3", BK_FAM_QWEN3, 0, 128},
 	{"GemmaForCausalLM", "gemma", BK_FAM_GEMMA, 1, 256},
@@ -29,7 +30,8 @@ static const struct {
 	{"Gemma3ForConditionalGeneration", "gemma3", BK_FAM_GEMMA3, 1, 256},
 };
 #define SUPPORTED_LIST                                                                   \
-	"LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "     \
+	"LlamaForCausalLM, MistralForCausalLM, MinistralForCausalLM, Qwen2ForCausalLM, " \
+	"Qwen3ForCausalLM, "                                                             \
 	"GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "                       \
 	"Gemma3ForConditionalGeneration"
 
@@ -233,8 +235,18 @@ static void parse_family(bk_config *c, json_t *root)
 		/* Mistral: sliding_window on every layer; Llama ignores the key */
 		if (!strcmp(c->model_type, "mistral"))
 			c->sliding_window = get_int(path, root, "sliding_window", 0, 0);
+		/* Ministral (Mistral's layers, transformers' Qwen2 model): layer_types, by
+		 * default every layer in the window (MinistralConfig's 4096; null: none) */
+		if (!strcmp(c->model_type, "ministral"))
+			c->sliding_window = json_is_null(json_object_get(root, "sliding_window"))
+						    ? 0
+						    : get_int(path, root, "sliding_window", 0, 4096);
 		if (c->sliding_window < 0)
 			die("%s: key 'sliding_window' is negative", path);
+		if (!strcmp(c->model_type, "ministral") && get(root, "layer_types")) {
+			parse_layer_types(c, root, 0);
+			break;
+		}
 		c->layer_window = xcalloc((size_t)L, sizeof(int));
 		for (int l = 0; l < L; l++)
 			c->layer_window[l] = c->sliding_window;

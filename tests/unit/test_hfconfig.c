@@ -290,6 +290,24 @@ static void test_families(void)
 	      "gemma-3-12b-it as published: V %d D %d NH %d NKV %d max_pos %d", c->vocab_size,
 	      c->head_dim, c->n_heads, c->n_kv_heads, c->max_pos);
 	bk_config_free(c);
+	/* Ministral (transformers >= 4.57's MinistralForCausalLM): Mistral's layers, the
+	 * window per layer_types (1 full, 3 sliding), else on every layer; null: none */
+#define MINISTRAL "{\"architectures\": [\"MinistralForCausalLM\"], \"model_type\": " \
+		  "\"ministral\", " BASE
+	c = parse(MINISTRAL ", \"num_key_value_heads\": 2, \"head_dim\": 32, "
+		  "\"sliding_window\": 32768, \"layer_types\": [\"full_attention\", "
+		  "\"sliding_attention\"]}");
+	CHECK(c->family == BK_FAM_LLAMA && !c->qkv_bias && !c->qk_norm && c->head_dim == 32 &&
+		      c->n_kv_heads == 2 && c->layer_window[0] == 0 && c->layer_window[1] == 32768,
+	      "ministral: window %d %d", c->layer_window[0], c->layer_window[1]);
+	bk_config_free(c);
+	c = parse(MINISTRAL "}");
+	CHECK(c->layer_window[0] == 4096 && c->layer_window[1] == 4096, "ministral default window");
+	bk_config_free(c);
+	c = parse(MINISTRAL ", \"sliding_window\": null}");
+	CHECK(c->layer_window[0] == 0 && c->layer_window[1] == 0, "ministral: no window");
+	bk_config_free(c);
+#undef MINISTRAL
 	/* a context beyond an int: no limit (HF takes any size) */
 	c = parse("{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", "
 		  "\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
@@ -418,7 +436,8 @@ static void test_refusals(void)
 	} cases[] = {
 		{"gpt2", "{\"architectures\": [\"GPT2LMHeadModel\"], \"model_type\": \"gpt2\"}",
 		 "architecture 'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, "
-		 "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM, "
+		 "MistralForCausalLM, MinistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+		 "GemmaForCausalLM, "
 		 "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration)"},
 		{"phi3", "{\"architectures\": [\"Phi3ForCausalLM\"], \"model_type\": \"phi3\"}",
 		 "architecture 'Phi3ForCausalLM' is not supported"},
