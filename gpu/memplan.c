@@ -646,6 +646,12 @@ static void fit_choose(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_
 		f->fits = -1;
 		return;
 	}
+	/* bk-gen's batch halves down to one prompt's samples (num_trajectories): below that
+	 * its decode runs a prompt's trajectories one after another, several times slower
+	 * than the stages one after another through files (Gemma-7B r 64 on 24 GiB: batch 1) */
+	int gen_floor = b->ntraj > 1 ? b->ntraj : 1;
+	if (gen_floor > b->gen_batch)
+		gen_floor = b->gen_batch > 1 ? b->gen_batch : 1;
 	for (int seq = b->paired; seq <= 1; seq++) {
 		f->sequential = seq;
 		f->grad_ckpt = b->grad_ckpt;
@@ -667,8 +673,8 @@ static void fit_choose(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_
 				f->grad_ckpt = 1;
 			else if (f->grad_ckpt == 1 && b->can_seg && step_top && seg_len(m->L) > 1)
 				f->grad_ckpt = seg_len(m->L); /* the same result, before a split */
-			else if (gen_counts && f->gen_batch > 1)
-				f->gen_batch = (f->gen_batch + 1) / 2;
+			else if (gen_counts && f->gen_batch > gen_floor)
+				f->gen_batch = max2((size_t)gen_floor, (size_t)(f->gen_batch + 1) / 2);
 			else if (f->batch > 1 && strcmp(top->stage, "bk-gen")) {
 				int nb = smaller_divisor(f->batch);
 				f->grad_accum = f->grad_accum * (f->batch / nb);

@@ -287,6 +287,15 @@ static void test_fit(void)
 	bk_mem_fit_bake(&m, &d, &b, &f);
 	CHECK(f.fits == 1 && f.grad_ckpt && f.gen_batch == 32 && !f.sequential,
 	      "then bk-gen's batch halves: %d (%s)", f.gen_batch, f.chose);
+	/* never below one prompt's samples (num_trajectories 4): then micro-batches, then one
+	 * after another */
+	int low = 64;
+	for (size_t g = ck - 1; g > ck / 2; g -= ck / 64) {
+		b.gpu = g;
+		bk_mem_fit_bake(&m, &d, &b, &f);
+		low = f.gen_batch < low ? f.gen_batch : low;
+	}
+	CHECK(low == 4, "bk-gen's batch down to %d (num_trajectories 4)", low);
 	/* weights that dominate, a GPU for one copy: one after another, the largest alone */
 	bk_mem_model wm = {.H = 512, .I = 1376, .L = 4, .NH = 8, .NKV = 4, .D = 64, .V = 32000};
 	b.gpu = (size_t)1 << 40;
