@@ -173,8 +173,8 @@ typedef struct {
  * what makes them fit side by side: gradient checkpointing, checkpoints in segments
  * of about sqrt(L) layers (the same result; grad_ckpt = K), a smaller bk-gen batch
  * (its KV cache; halved down to num_trajectories, one prompt's samples), micro-batches
- * split into accumulation steps (the same steps and loss); failing that the same choices with the stages one after another.  Side by
- * side they must leave 1 GiB of a GPU of 8 GiB or more (what several processes hold
+ * split into accumulation steps (the same steps and loss); failing that the same
+ * choices with the stages one after another.  Side by side they must leave 1 GiB of a GPU of 8 GiB or more (what several processes hold
  * beyond their plans); one after another, the largest stage may take the GPU.
  * A bake that cannot fit gets a one-line refusal naming the config fields whose change
  * alone makes it fit, with the value and the peak it gives (load_in_4bit, lora_r, optim,
