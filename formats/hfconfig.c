@@ -21,6 +21,7 @@ static const struct {
 } supported[] = {
 	{"LlamaForCausalLM", "llama", BK_FAM_LLAMA, 0, 0},
 	{"MistralForCausalLM", "mistral", BK_FAM_LLAMA, 0, 0},
+	{"MinistralForCausalLM", "ministral", BK_FAM_LLAMA, 0, 0},
 	{"Qwen2ForCausalLM", "qwen2", BK_FAM_QWEN2, 0, 0},
 	{"Qwen3ForCausalLM", "qwen3", BK_FAM_QWEN3, 0, 128},
 	{"GemmaForCausalLM", "gemma", BK_FAM_GEMMA, 1, 256},
@@ -29,7 +30,8 @@ static const struct {
 	{"Gemma3ForConditionalGeneration", "gemma3", BK_FAM_GEMMA3, 1, 256},
 };
 #define SUPPORTED_LIST                                                                   \
-	"LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "     \
+	"LlamaForCausalLM, MistralForCausalLM, MinistralForCausalLM, Qwen2ForCausalLM, " \
+	"Qwen3ForCausalLM, "                                                             \
 	"GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "                       \
 	"Gemma3ForConditionalGeneration"
 
@@ -54,6 +56,20 @@ static int get_int(const char *path, json_t *o, const char *key, int required, i
 	if (x < INT_MIN || x > INT_MAX)
 		die("%s: key '%s' is out of range (%lld)", path, key, (long long)x);
 	return (int)x;
+}
+
+/* a positive count where HF takes any size: beyond INT_MAX means no limit to us
+ * (max_position_embeddings of 10^12, as tokenizer_config.json's model_max_length has) */
+static int get_pos_int_clamped(const char *path, json_t *o, const char *key, int required,
+			       int dflt)
+{
+	json_t *v = get(o, key);
+	if (v && json_is_integer(v) && json_integer_value(v) > INT_MAX)
+		return INT_MAX;
+	int x = get_int(path, o, key, required, dflt);
+	if (x <= 0)
+		die("%s: key '%s' must be positive (got %d)", path, key, x);
+	return x;
 }
 
 static int get_pos_int(const char *path, json_t *o, const char *key, int required, int dflt)
@@ -219,8 +235,18 @@ static void parse_family(bk_config *c, json_t *root)
 		/* Mistral: sliding_window on every layer; Llama ignores the key */
 		if (!strcmp(c->model_type, "mistral"))
 			c->sliding_window = get_int(path, root, "sliding_window", 0, 0);
+		/* Ministral (Mistral's layers, transformers' Qwen2 model): layer_types, by
+		 * default every layer in the window (MinistralConfig's 4096; null: none) */
+		if (!strcmp(c->model_type, "ministral"))
+			c->sliding_window = json_is_null(json_object_get(root, "sliding_window"))
+						    ? 0
+						    : get_int(path, root, "sliding_window", 0, 4096);
 		if (c->sliding_window < 0)
 			die("%s: key 'sliding_window' is negative", path);
+		if (!strcmp(c->model_type, "ministral") && get(root, "layer_types")) {
+			parse_layer_types(c, root, 0);
+			break;
+		}
 		c->layer_window = xcalloc((size_t)L, sizeof(int));
 		for (int l = 0; l < L; l++)
 			c->layer_window[l] = c->sliding_window;
@@ -345,8 +371,9 @@ bk_config *bk_config_parse(const char *name, const char *text, size_t len)
 		    json_is_string(mt) ? json_string_value(mt) : "missing or not a string",
 		    json_is_string(mt) ? "'" : "", supported[k].model_type, arch);
 	if (get(top, "quantization_config"))
-		die("%s: key 'quantization_config': quantized checkpoints are not supported",
-		    path);
+		die("%s: key 'quantization_config': quantized checkpoints are not supported (take "
+		    "the unquantized model: load_in_4bit: true quantizes it at load as "
+		    "bitsandbytes does)", path);
 	/* the text model's keys: Gemma3ForConditionalGeneration nests them in text_config */
 	json_t *root = top;
 	if (!strcmp(arch, "Gemma3ForConditionalGeneration")) {
@@ -367,11 +394,15 @@ bk_config *bk_config_parse(const char *name, const char *text, size_t len)
 		c->model_type = xstrdup(supported[k].model_type);
 	}
 
-	c->hidden_size = get_pos_int(path, root, "hidden_size", 1, 0);
-	c->intermediate_size = get_pos_int(path, root, "intermediate_size", 1, 0);
-	c->n_layers = get_pos_int(path, root, "num_hidden_layers", 1, 0);
-	c->n_heads = get_pos_int(path, root, "num_attention_heads", 1, 0);
-	c->n_kv_heads = get_pos_int(path, root, "num_key_value_heads", 0, c->n_heads);
+	/* Gemma-3: a key left out takes Gemma3TextConfig's default, as in transformers; the
+	 * published multimodal configs (gemma-3-4b/12b/27b-it) leave out of text_config what
+	 * equals it (vocab_size 262208, the heads of the 4B); other families need the shape */
+	int g3 = c->family == BK_FAM_GEMMA3;
+	c->hidden_size = get_pos_int(path, root, "hidden_size", !g3, 2304);
+	c->intermediate_size = get_pos_int(path, root, "intermediate_size", !g3, 9216);
+	c->n_layers = get_pos_int(path, root, "num_hidden_layers", !g3, 26);
+	c->n_heads = get_pos_int(path, root, "num_attention_heads", !g3, 8);
+	c->n_kv_heads = get_pos_int(path, root, "num_key_value_heads", 0, g3 ? 4 : c->n_heads);
 	if (c->n_heads % c->n_kv_heads)
 		die("%s: key 'num_key_value_heads' (%d) does not divide num_attention_heads "
 		    "(%d)",
@@ -385,9 +416,9 @@ bk_config *bk_config_parse(const char *name, const char *text, size_t len)
 	if (c->head_dim % 2)
 		die("%s: key 'head_dim' is odd (%d); RoPE needs an even head size", path,
 		    c->head_dim);
-	c->vocab_size = get_pos_int(path, root, "vocab_size", 1, 0);
-	c->max_pos = get_pos_int(path, root, "max_position_embeddings",
-				 c->family == BK_FAM_LLAMA, 8192);
+	c->vocab_size = get_pos_int(path, root, "vocab_size", !g3, 262208);
+	c->max_pos = get_pos_int_clamped(path, root, "max_position_embeddings",
+				 c->family == BK_FAM_LLAMA, g3 ? 131072 : 8192);
 	double eps = get_num(path, root, "rms_norm_eps", c->family == BK_FAM_LLAMA, 1e-6);
 	if (!(eps > 0) || eps > 1)
 		die("%s: key 'rms_norm_eps' must be in (0, 1] (got %g)", path, eps);

@@ -3,11 +3,14 @@
  * inverse frequencies (default, linear and llama3 scaling).  Supported (both the
  * transformers 4 and 5 layouts, e.g. rope_scaling / rope_parameters):
  *   LlamaForCausalLM (Llama 1-3.x, SmolLM2, TinyLlama), MistralForCausalLM (its
- *   sliding_window on every layer), Qwen2ForCausalLM (q/k/v bias; sliding window only
+ *   sliding_window on every layer), MinistralForCausalLM (Mistral's layers, the window
+ *   per layer_types), Qwen2ForCausalLM (q/k/v bias; sliding window only
  *   with use_sliding_window), Qwen3ForCausalLM (q_norm/k_norm, explicit head_dim),
  *   GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (gemma3_text) and the text
  *   tower of Gemma3ForConditionalGeneration (nested text_config; vision tensors
  *   ignored).  Every other architecture or option is refused, naming it.
+ *   Gemma-3's keys default to Gemma3TextConfig's (vocab_size 262208, 8 heads, 4 KV
+ *   heads, ...), as the published multimodal configs leave them out of text_config.
  *
  * Sliding-window layers are applied for real by the model (layer_window). */
 #ifndef BK_HFCONFIG_H
@@ -20,7 +23,7 @@
 typedef enum { BK_ROPE_DEFAULT, BK_ROPE_LLAMA3, BK_ROPE_LINEAR } bk_rope_type;
 
 typedef enum {
-	BK_FAM_LLAMA, /* Llama, Mistral */
+	BK_FAM_LLAMA, /* Llama, Mistral, Ministral */
 	BK_FAM_QWEN2,
 	BK_FAM_QWEN3,
 	BK_FAM_GEMMA,

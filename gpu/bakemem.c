@@ -71,6 +71,7 @@ void bk_bake_mem_shape(bk_mem_bake *b, const bk_bake_plan *p, const bk_bake_caps
 	b->grad_ckpt = p->grad_checkpoint;
 	b->can_ckpt = caps->grad_checkpoint;
 	b->can_seg = caps->grad_ckpt_every;
+	b->can_q4 = caps->load_4bit;
 	b->targets = targets_of(p->target_modules);
 	b->max_t = max_t;
 	b->max_s = max_s;

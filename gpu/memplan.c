@@ -633,8 +633,9 @@ static size_t room(const bk_mem_bake *b, int sequential)
 	return sequential || b->gpu < 8 * g ? b->gpu : b->gpu - g;
 }
 
-void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
-		     bk_mem_fit *f)
+/* the choices of bk_mem_fit_bake, without the refusal */
+static void fit_choose(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
+		       bk_mem_fit *f)
 {
 	memset(f, 0, sizeof *f);
 	f->grad_ckpt = b->grad_ckpt;
@@ -647,6 +648,12 @@ void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_ba
 		f->fits = -1;
 		return;
 	}
+	/* bk-gen's batch halves down to one prompt's samples (num_trajectories): below that
+	 * its decode runs a prompt's trajectories one after another, several times slower
+	 * than the stages one after another through files (Gemma-7B r 64 on 24 GiB: batch 1) */
+	int gen_floor = b->ntraj > 1 ? b->ntraj : 1;
+	if (gen_floor > b->gen_batch)
+		gen_floor = b->gen_batch > 1 ? b->gen_batch : 1;
 	for (int seq = b->paired; seq <= 1; seq++) {
 		f->sequential = seq;
 		f->grad_ckpt = b->grad_ckpt;
@@ -668,8 +675,8 @@ void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_ba
 				f->grad_ckpt = 1;
 			else if (f->grad_ckpt == 1 && b->can_seg && step_top && seg_len(m->L) > 1)
 				f->grad_ckpt = seg_len(m->L); /* the same result, before a split */
-			else if (gen_counts && f->gen_batch > 1)
-				f->gen_batch = (f->gen_batch + 1) / 2;
+			else if (gen_counts && f->gen_batch > gen_floor)
+				f->gen_batch = max2((size_t)gen_floor, (size_t)(f->gen_batch + 1) / 2);
 			else if (f->batch > 1 && strcmp(top->stage, "bk-gen")) {
 				int nb = smaller_divisor(f->batch);
 				f->grad_accum = f->grad_accum * (f->batch / nb);
@@ -703,34 +710,146 @@ void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_ba
 		    b->shared ? "one shared copy of the weights" : "each loads its own copy of the weights",
 		    gib(side_by_side(f, b->shared)));
 #undef SAY
+}
+
+/* whether the bake fits with one field changed (the choices made again) */
+static int fits_as(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
+		   size_t *peak)
+{
+	bk_mem_fit *g = malloc(sizeof *g);
+	if (!g)
+		die("out of memory");
+	fit_choose(m, d, b, g);
+	int ok = g->fits == 1;
+	*peak = g->peak;
+	free(g);
+	return ok;
+}
+
+/* the changes of the tool's config a refusal may name: the field, its candidate values
+ * for a bake (best first: the least change), how it is set, how it is said */
+enum { CH_R, CH_OPTIM8, CH_TRAJ, CH_TOPK, CH_N };
+
+static int change_values(int ch, const bk_mem_bake *b, int *v, int cap)
+{
+	int n = 0;
+	switch (ch) {
+	case CH_R: { /* powers of two below lora_r */
+		int r0 = 1;
+		while (r0 * 2 < b->r)
+			r0 *= 2;
+		for (int r = r0; r >= 1 && r < b->r && n < cap; r /= 2)
+			v[n++] = r;
+		break;
+	}
+	case CH_OPTIM8:
+		if (!b->optim8)
+			v[n++] = 1;
+		break;
+	case CH_TRAJ: /* halved, down to 16 (paired data: the responses are the data's) */
+		for (int t = b->max_new / 2; !b->paired && t >= 16 && n < cap; t /= 2)
+			v[n++] = t;
+		break;
+	default: /* a smaller top-k, or one for the exact KL or the full field */
+		if (b->top_k <= 0 || b->top_k > 16)
+			for (int k = b->top_k <= 0 || b->top_k > 256 ? 256 : b->top_k / 2;
+			     k >= 16 && n < cap; k /= 2)
+				v[n++] = k;
+	}
+	return n;
+}
+
+static void change_set(int ch, bk_mem_bake *c, int v)
+{
+	if (ch == CH_R)
+		c->r = v;
+	else if (ch == CH_OPTIM8)
+		c->optim8 = v;
+	else if (ch == CH_TRAJ)
+		c->max_new = v;
+	else
+		c->top_k = v;
+}
+
+static int change_say(int ch, int v, char *buf, size_t cap)
+{
+	static const char *const fmt[CH_N] = {"lower lora_r to %d", "set optim: adamw_8bit",
+					      "lower trajectory_length to %d",
+					      "set teacher_top_k: %d"};
+	return snprintf(buf, cap, fmt[ch], v);
+}
+
+/* the fields of the tool's config whose change alone makes the bake fit, each with the
+ * value that does and the peak it gives, ", or "-joined into buf ("" for none): 4-bit
+ * base linears (load_in_4bit, when the stages can and the model is not already), else
+ * each of a lower lora_r (a power of two), the 8-bit AdamW, a shorter trajectory_length
+ * (halved), a smaller teacher_top_k, alone, or failing that with load_in_4bit */
+static void suggest(const bk_mem_model *m0, const bk_mem_dev *d, const bk_mem_bake *b,
+		    char *buf, size_t cap)
+{
+	size_t o = 0, peak;
+	buf[0] = 0;
+#define SAY(...) (o += (size_t)snprintf(buf + o, o < cap ? cap - o : 0, __VA_ARGS__))
+	bk_mem_model m4 = *m0;
+	int can4 = !m0->q4 && b->can_q4;
+	if (can4) {
+		m4.q4 = 1;
+		m4.q4_double_quant = 1; /* the tool's bnb_4bit_use_double_quant */
+		if (fits_as(&m4, d, b, &peak)) {
+			SAY("set load_in_4bit: true (peak %.2f GiB)", gib(peak));
+			return;
+		}
+	}
+	for (int ch = 0; ch < CH_N; ch++) {
+		int v[16], n = change_values(ch, b, v, 16);
+		for (int with4 = 0; with4 <= can4; with4++) {
+			int found = 0;
+			for (int i = 0; i < n && !found; i++) {
+				bk_mem_bake c = *b;
+				change_set(ch, &c, v[i]);
+				if (!fits_as(with4 ? &m4 : m0, d, &c, &peak))
+					continue;
+				char what[64];
+				change_say(ch, v[i], what, sizeof what);
+				SAY("%s%s%s (peak %.2f GiB)", o ? ", or " : "",
+				    with4 ? "set load_in_4bit: true and " : "", what, gib(peak));
+				found = 1;
+			}
+			if (found)
+				break;
+		}
+	}
+#undef SAY
+}
+
+void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
+		     bk_mem_fit *f)
+{
+	fit_choose(m, d, b, f);
 	if (f->fits)
 		return;
 	const bk_mem_stage *top = &f->st[0];
 	for (int i = 1; i < f->n_st; i++)
 		if (f->st[i].peak > top->peak)
 			top = &f->st[i];
+	char what[512];
+	suggest(m, d, b, what, sizeof what);
+	const char *fields = what[0] ? "" : "no one change of load_in_4bit, lora_r, optim, "
+					    "trajectory_length or teacher_top_k makes it fit";
 	if (top->weights >= b->gpu) {
 		snprintf(f->refuse, sizeof f->refuse,
-			 "the model's weights alone take %.1f GiB of the GPU's %.1f GiB; use a GPU "
-			 "with more memory or a smaller model", gib(top->weights), gib(b->gpu));
+			 "the model's weights alone take %.1f GiB of the GPU's %.1f GiB; %s%s%s "
+			 "use a GPU with more memory or a smaller model", gib(top->weights),
+			 gib(b->gpu), what, fields, what[0] ? ", or" : ":");
 		return;
 	}
-	char what[160];
-	if (!strcmp(top->stage, "bk-step"))
-		snprintf(what, sizeof what, "lower lora_r (now %d) or trajectory_length (now %d)%s",
-			 b->r, b->max_new, b->optim8 ? "" : ", set optim: adamw_8bit");
-	else if (!strcmp(top->stage, "bk-gen"))
-		snprintf(what, sizeof what, "shorten trajectory_length (now %d) or the prompts "
-			 "(now up to %d tokens)", b->max_new, b->max_t);
-	else
-		snprintf(what, sizeof what, "lower top_k (now %d) or trajectory_length (now %d)",
-			 b->top_k, b->max_new);
 	snprintf(f->refuse, sizeof f->refuse,
-		 "%s alone needs %.1f GiB of the GPU's %.1f GiB (%.1f GiB of weights)%s%s%s; %s, "
-		 "or use a GPU with more memory", top->stage, gib(top->peak), gib(b->gpu),
+		 "%s alone needs %.2f GiB of the GPU's %.2f GiB (%.1f GiB of weights)%s%s%s; %s%s%s "
+		 "use a GPU with more memory", top->stage, gib(top->peak), gib(b->gpu),
 		 gib(top->weights), f->grad_ckpt ? " with gradient checkpointing" : "",
 		 f->batch < b->batch ? " and micro-batches of " : "",
-		 f->batch < b->batch ? (f->batch == 1 ? "1 prompt" : "fewer prompts") : "", what);
+		 f->batch < b->batch ? (f->batch == 1 ? "1 prompt" : "fewer prompts") : "", what,
+		 fields, what[0] ? ", or" : ":");
 }
 
 void bk_mem_fit_print(const bk_mem_fit *f, const bk_mem_bake *b, void *file)

@@ -141,6 +141,7 @@ typedef struct {
 	int ntraj, max_new;     /* trajectories per prompt, their longest */
 	int r, optim8, grad_ckpt, can_ckpt; /* bk-step; can_ckpt: it has the flag */
 	int can_seg;            /* bk-step has --grad-checkpoint-every */
+	int can_q4;             /* the stages have --load-in-4bit: a refusal may suggest it */
 	int top_k;              /* bk-teach's top-k (0: full); < 0: exact, no bk-teach */
 	int gen_scores;         /* bk-gen scores with top_k (bakeplan.h bk_bake_gen_scores):
 				 * no bk-teach */
@@ -168,13 +169,17 @@ typedef struct {
 	char refuse[1024];      /* why it cannot fit and what to change (fits == 0) */
 } bk_mem_fit;
 
-/* Plans the stages for the bake's shape and, with a GPU size, chooses in this order
- * what makes them fit side by side: gradient checkpointing, checkpoints in segments
- * of about sqrt(L) layers (the same result; grad_ckpt = K), a smaller bk-gen batch
- * (its KV cache), micro-batches split into accumulation steps (the same steps and
- * loss); failing that the same choices with the stages one after another.  Side by
- * side they must leave 1 GiB of a GPU of 8 GiB or more (what several processes hold
- * beyond their plans); one after another, the largest stage may take the GPU. */
+/* Plans the stages for the bake's shape and, with a GPU size, chooses in this order what
+ * makes them fit side by side: gradient checkpointing, checkpoints in segments of about
+ * sqrt(L) layers (the same result; grad_ckpt = K), a smaller bk-gen batch (its KV cache;
+ * halved down to num_trajectories, one prompt's samples), micro-batches split into
+ * accumulation steps (the same steps and loss); failing that the same choices with the
+ * stages one after another.  Side by side they must leave 1 GiB of a GPU of 8 GiB or more
+ * (what several processes hold beyond their plans); one after another, the largest stage
+ * may take the GPU. A bake that cannot fit gets a one-line refusal naming the config
+ * fields whose change alone makes it fit, with the value and the peak it gives
+ * (load_in_4bit, lora_r, optim, trajectory_length, teacher_top_k), each checked by
+ * planning the bake so changed. */
 void bk_mem_fit_bake(const bk_mem_model *m, const bk_mem_dev *d, const bk_mem_bake *b,
 		     bk_mem_fit *f);
 /* the plan of each stage, the pipe, the choices and the last line

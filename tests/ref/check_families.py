@@ -149,7 +149,7 @@ def lin_init(model, gemma, seed):
 
 def family_table():
     from transformers import (Gemma2Config, Gemma3Config, Gemma3TextConfig, GemmaConfig, LlamaConfig,
-                              MistralConfig, Qwen2Config, Qwen3Config, SiglipVisionConfig)
+                              MinistralConfig, MistralConfig, Qwen2Config, Qwen3Config, SiglipVisionConfig)
     common = dict(max_position_embeddings=2048, rms_norm_eps=1e-6)
     g3_text = dict(vocab_size=262144, hidden_size=40, intermediate_size=72, num_hidden_layers=4,
                    num_attention_heads=2, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=24,
@@ -167,6 +167,12 @@ def family_table():
             vocab_size=32000, hidden_size=40, intermediate_size=72, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=10, sliding_window=None, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **common)),
+        # Ministral (MinistralForCausalLM): Mistral's layers, the window per layer_types
+        "ministral": dict(tok="mistral", cls="MinistralForCausalLM", seed=40, gemma=False, stop=[2], cfg=lambda: MinistralConfig(
+            vocab_size=32000, hidden_size=40, intermediate_size=72, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, sliding_window=5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+            layer_types=["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 100000000.0}, **common)),
         "qwen2": dict(tok="qwen2.5", cls="Qwen2ForCausalLM", seed=33, gemma=False, stop=[151645, 151643], cfg=lambda: Qwen2Config(
             vocab_size=151936, hidden_size=56, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, use_sliding_window=False, sliding_window=4, max_window_layers=1, tie_word_embeddings=True,
@@ -217,7 +223,8 @@ def build_model(fam, d32, d16, args):
 def v4_rope(c):
     """c (a config dict) with transformers 5's rope_parameters and layer_types written
     the transformers 4 way: rope_theta, rope_scaling, rope_local_base_freq (Gemma 3),
-    sliding_window_pattern (Gemma 3) and no layer_types (Gemma 2, Qwen2: implied)."""
+    sliding_window_pattern (Gemma 3) and no layer_types (Gemma 2, Qwen2: implied; Ministral,
+    added in transformers 4.57, keeps them)."""
     rp = c.pop("rope_parameters", None)
     if rp and "full_attention" in rp:  # Gemma 3: one set per layer type
         full, local = rp["full_attention"], rp["sliding_attention"]
@@ -228,7 +235,10 @@ def v4_rope(c):
         c["rope_theta"] = rp["rope_theta"]
     if rp and rp.get("rope_type", "default") != "default":
         c["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
-    lt = c.pop("layer_types", None)
+    if c.get("model_type") == "ministral":  # transformers 4.57's Ministral has layer_types
+        lt = None
+    else:
+        lt = c.pop("layer_types", None)
     if lt and c.get("model_type") == "gemma3_text":
         k = lt.index("full_attention") + 1
         assert all((t == "full_attention") == ((i + 1) % k == 0) for i, t in enumerate(lt)), lt

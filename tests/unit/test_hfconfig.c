@@ -19,6 +19,7 @@
 #include <math.h>
 #include <ftw.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -275,6 +276,54 @@ static void test_families(void)
 		      !strcmp(c->model_type, "gemma3_text"),
 	      "gemma3 conditional generation");
 	bk_config_free(c);
+	/* gemma-3-12b-it's config as published: text_config leaves out what equals
+	 * Gemma3TextConfig's defaults (vocab_size 262208, head_dim 256, the context), and
+	 * the 4B's also its heads (8, 4 KV) */
+	c = parse("{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": "
+		  "\"gemma3\", \"text_config\": {\"hidden_size\": 3840, \"intermediate_size\": "
+		  "15360, \"model_type\": \"gemma3_text\", \"num_attention_heads\": 16, "
+		  "\"num_hidden_layers\": 48, \"num_key_value_heads\": 8, \"rope_scaling\": "
+		  "{\"factor\": 8.0, \"rope_type\": \"linear\"}, \"sliding_window\": 1024}}");
+	CHECK(c->vocab_size == 262208 && c->head_dim == 256 && c->n_heads == 16 &&
+		      c->n_kv_heads == 8 && c->max_pos == 131072 && c->tie_word_embeddings &&
+		      c->query_pre_attn_scalar == 256 && c->rope_factor == 8,
+	      "gemma-3-12b-it as published: V %d D %d NH %d NKV %d max_pos %d", c->vocab_size,
+	      c->head_dim, c->n_heads, c->n_kv_heads, c->max_pos);
+	bk_config_free(c);
+	/* Ministral (transformers >= 4.57's MinistralForCausalLM): Mistral's layers, the
+	 * window per layer_types (1 full, 3 sliding), else on every layer; null: none */
+#define MINISTRAL "{\"architectures\": [\"MinistralForCausalLM\"], \"model_type\": " \
+		  "\"ministral\", " BASE
+	c = parse(MINISTRAL ", \"num_key_value_heads\": 2, \"head_dim\": 32, "
+		  "\"sliding_window\": 32768, \"layer_types\": [\"full_attention\", "
+		  "\"sliding_attention\"]}");
+	CHECK(c->family == BK_FAM_LLAMA && !c->qkv_bias && !c->qk_norm && c->head_dim == 32 &&
+		      c->n_kv_heads == 2 && c->layer_window[0] == 0 && c->layer_window[1] == 32768,
+	      "ministral: window %d %d", c->layer_window[0], c->layer_window[1]);
+	bk_config_free(c);
+	c = parse(MINISTRAL "}");
+	CHECK(c->layer_window[0] == 4096 && c->layer_window[1] == 4096, "ministral default window");
+	bk_config_free(c);
+	c = parse(MINISTRAL ", \"sliding_window\": null}");
+	CHECK(c->layer_window[0] == 0 && c->layer_window[1] == 0, "ministral: no window");
+	bk_config_free(c);
+#undef MINISTRAL
+	/* a context beyond an int: no limit (HF takes any size) */
+	c = parse("{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", "
+		  "\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+		  "\"num_attention_heads\": 4, \"vocab_size\": 100, \"rms_norm_eps\": 1e-6, "
+		  "\"max_position_embeddings\": 1000000000000}");
+	CHECK(c->max_pos == INT_MAX && !bk_config_check_len(c, 1L << 30, "x", (char[64]){0}, 64),
+	      "max_position_embeddings 10^12: %d", c->max_pos);
+	bk_config_free(c);
+	c = parse("{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": "
+		  "\"gemma3\", \"text_config\": {\"hidden_size\": 2560, \"intermediate_size\": "
+		  "10240, \"model_type\": \"gemma3_text\", \"num_hidden_layers\": 34, "
+		  "\"sliding_window\": 1024}}");
+	CHECK(c->vocab_size == 262208 && c->n_heads == 8 && c->n_kv_heads == 4 &&
+		      c->n_layers == 34,
+	      "gemma3 text defaults: NH %d NKV %d", c->n_heads, c->n_kv_heads);
+	bk_config_free(c);
 	/* Gemma (1): no sandwich, no window, head_dim 256 */
 	c = parse("{\"architectures\": [\"GemmaForCausalLM\"], \"model_type\": \"gemma\", " BASE
 		  ", \"hidden_act\": \"gelu_pytorch_tanh\"}");
@@ -387,7 +436,8 @@ static void test_refusals(void)
 	} cases[] = {
 		{"gpt2", "{\"architectures\": [\"GPT2LMHeadModel\"], \"model_type\": \"gpt2\"}",
 		 "architecture 'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, "
-		 "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM, "
+		 "MistralForCausalLM, MinistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+		 "GemmaForCausalLM, "
 		 "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration)"},
 		{"phi3", "{\"architectures\": [\"Phi3ForCausalLM\"], \"model_type\": \"phi3\"}",
 		 "architecture 'Phi3ForCausalLM' is not supported"},

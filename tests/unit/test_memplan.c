@@ -288,6 +288,15 @@ static void test_fit(void)
 	bk_mem_fit_bake(&m, &d, &b, &f);
 	CHECK(f.fits == 1 && f.grad_ckpt && f.gen_batch == 32 && !f.sequential,
 	      "then bk-gen's batch halves: %d (%s)", f.gen_batch, f.chose);
+	/* never below one prompt's samples (num_trajectories 4): then micro-batches, then one
+	 * after another */
+	int low = 64;
+	for (size_t g = ck - 1; g > ck / 2; g -= ck / 64) {
+		b.gpu = g;
+		bk_mem_fit_bake(&m, &d, &b, &f);
+		low = f.gen_batch < low ? f.gen_batch : low;
+	}
+	CHECK(low == 4, "bk-gen's batch down to %d (num_trajectories 4)", low);
 	/* weights that dominate, a GPU for one copy: one after another, the largest alone */
 	bk_mem_model wm = {.H = 512, .I = 1376, .L = 4, .NH = 8, .NKV = 4, .D = 64, .V = 32000};
 	b.gpu = (size_t)1 << 40;
@@ -309,6 +318,27 @@ static void test_fit(void)
 	b.gpu = w / 2;
 	bk_mem_fit_bake(&wm, &d, &b, &f);
 	CHECK(f.fits == 0 && strstr(f.refuse, "weights alone"), "refusal: %s", f.refuse);
+	/* a refusal names the change that fits, checked: paired data (bk-teach, then
+	 * bk-step), lora_r 256 on a GPU the size of lora_r 128's plan; nothing else to
+	 * choose (one prompt a micro-batch, no checkpointing) */
+	bk_mem_bake pb = {.batch = 1, .grad_accum = 1, .ntraj = 1, .max_new = 64, .r = 128,
+			  .top_k = 16, .targets = 0x7f, .max_t = 40, .max_s = 20,
+			  .teach_budget = 4096, .gen_batch = 1, .paired = 1, .max_resp = 64,
+			  .optim8 = 1};
+	bk_mem_fit_bake(&wm, &d, &pb, &f);
+	size_t p128 = f.peak;
+	pb.r = 256;
+	pb.gpu = p128;
+	bk_mem_fit_bake(&wm, &d, &pb, &f);
+	char want[64];
+	snprintf(want, sizeof want, "lower lora_r to 128 (peak %.2f GiB)",
+		 (double)p128 / (1u << 30));
+	CHECK(f.fits == 0 && strstr(f.refuse, want) && !strstr(f.refuse, "load_in_4bit"),
+	      "lora_r 256: %s", f.refuse);
+	pb.can_q4 = 1; /* the host twin expands 4 bits: no smaller */
+	bk_mem_fit_bake(&wm, &d, &pb, &f);
+	CHECK(f.fits == 0 && strstr(f.refuse, want) && !strstr(f.refuse, "load_in_4bit"),
+	      "lora_r 256, can_q4: %s", f.refuse);
 	/* one shared copy of the weights (gpu/wshare.h): side by side they count once, and a
 	 * GPU for the stages with one copy fits them side by side */
 	b.gpu = 0;
