@@ -232,9 +232,12 @@ static void parse_family(bk_config *c, json_t *root)
 	c->sliding_window = 0;
 	switch (f) {
 	case BK_FAM_LLAMA:
-		/* Mistral: sliding_window on every layer; Llama ignores the key */
+		/* Mistral: sliding_window on every layer (MistralConfig's 4096 when the key is
+		 * missing; null: none); Llama ignores the key */
 		if (!strcmp(c->model_type, "mistral"))
-			c->sliding_window = get_int(path, root, "sliding_window", 0, 0);
+			c->sliding_window = json_is_null(json_object_get(root, "sliding_window"))
+						    ? 0
+						    : get_int(path, root, "sliding_window", 0, 4096);
 		/* Ministral (Mistral's layers, transformers' Qwen2 model): layer_types, by
 		 * default every layer in the window (MinistralConfig's 4096; null: none) */
 		if (!strcmp(c->model_type, "ministral"))
@@ -417,8 +420,12 @@ bk_config *bk_config_parse(const char *name, const char *text, size_t len)
 		die("%s: key 'head_dim' is odd (%d); RoPE needs an even head size", path,
 		    c->head_dim);
 	c->vocab_size = get_pos_int(path, root, "vocab_size", !g3, 262208);
+	/* a missing key: the default of transformers' config class (Qwen2Config and
+	 * Qwen3Config 32768, Gemma3TextConfig 131072, GemmaConfig and Gemma2Config 8192) */
+	int qwen = c->family == BK_FAM_QWEN2 || c->family == BK_FAM_QWEN3;
 	c->max_pos = get_pos_int_clamped(path, root, "max_position_embeddings",
-				 c->family == BK_FAM_LLAMA, g3 ? 131072 : 8192);
+					 c->family == BK_FAM_LLAMA,
+					 g3 ? 131072 : qwen ? 32768 : 8192);
 	double eps = get_num(path, root, "rms_norm_eps", c->family == BK_FAM_LLAMA, 1e-6);
 	if (!(eps > 0) || eps > 1)
 		die("%s: key 'rms_norm_eps' must be in (0, 1] (got %g)", path, eps);

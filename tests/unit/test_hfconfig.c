@@ -532,6 +532,30 @@ static void test_refusals(void)
 		      c->layer_window[0] == 4096 && c->layer_window[1] == 4096,
 	      "mistral: the window on every layer; above max_pos it does not limit");
 	bk_config_free(c);
+	/* HF's defaults for missing keys: MistralConfig's window 4096 (null: none),
+	 * Qwen2Config's and Qwen3Config's 32768 positions */
+	text = "{\"architectures\": [\"MistralForCausalLM\"], \"model_type\": \"mistral\", " BASE "}";
+	c = bk_config_parse("x/config.json", text, strlen(text));
+	CHECK(c->sliding_window == 4096 && c->layer_window[1] == 4096,
+	      "mistral without sliding_window: 4096 (got %d)", c->sliding_window);
+	bk_config_free(c);
+	text = "{\"architectures\": [\"MistralForCausalLM\"], \"model_type\": \"mistral\", " BASE
+	       ", \"sliding_window\": null}";
+	c = bk_config_parse("x/config.json", text, strlen(text));
+	CHECK(c->sliding_window == 0 && c->layer_window[0] == 0, "mistral, sliding_window null: none");
+	bk_config_free(c);
+	for (int q = 0; q < 2; q++) {
+		const char *arch = q ? "Qwen3ForCausalLM" : "Qwen2ForCausalLM";
+		char buf[512];
+		snprintf(buf, sizeof buf,
+			 "{\"architectures\": [\"%s\"], \"model_type\": \"qwen%d\", \"hidden_size\": "
+			 "64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+			 "\"num_attention_heads\": 4, \"vocab_size\": 100}", arch, q ? 3 : 2);
+		c = bk_config_parse("x/config.json", buf, strlen(buf));
+		CHECK(c->max_pos == 32768, "%s without max_position_embeddings: 32768 (got %d)",
+		      arch, c->max_pos);
+		bk_config_free(c);
+	}
 	test_families();
 }
 
