@@ -232,15 +232,10 @@ static void parse_family(bk_config *c, json_t *root)
 	c->sliding_window = 0;
 	switch (f) {
 	case BK_FAM_LLAMA:
-		/* Mistral: sliding_window on every layer (MistralConfig's 4096 when the key is
-		 * missing; null: none); Llama ignores the key */
-		if (!strcmp(c->model_type, "mistral"))
-			c->sliding_window = json_is_null(json_object_get(root, "sliding_window"))
-						    ? 0
-						    : get_int(path, root, "sliding_window", 0, 4096);
-		/* Ministral (Mistral's layers, transformers' Qwen2 model): layer_types, by
-		 * default every layer in the window (MinistralConfig's 4096; null: none) */
-		if (!strcmp(c->model_type, "ministral"))
+		/* Mistral and Ministral: sliding_window (MistralConfig's and MinistralConfig's
+		 * 4096 when the key is missing; null: none), on every layer, or Ministral's
+		 * per layer_types; Llama ignores the key */
+		if (!strcmp(c->model_type, "mistral") || !strcmp(c->model_type, "ministral"))
 			c->sliding_window = json_is_null(json_object_get(root, "sliding_window"))
 						    ? 0
 						    : get_int(path, root, "sliding_window", 0, 4096);
