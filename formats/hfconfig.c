@@ -112,10 +112,72 @@ static int token_id(const char *path, const char *key, json_t *v)
 	return (int)json_integer_value(v);
 }
 
+/* YaRN's get_mscale (transformers' _compute_yarn_parameters), in double */
+static double yarn_mscale(double scale, double mscale)
+{
+	if (scale <= 1)
+		return 1.0;
+	double a = 0.1 * mscale;
+	a *= log(scale);
+	return a + 1.0;
+}
+
+/* original_max_position_embeddings of llama3 / yarn: a top-level key wins (transformers'
+ * standardize_rope_params, the Phi-3 exception), then the parameter set's own, then
+ * max_position_embeddings */
+static int rope_original_max(const bk_config *c, json_t *root, json_t *params, int required)
+{
+	const char *k = "original_max_position_embeddings";
+	if (get(root, k))
+		return get_pos_int(c->path, root, k, 1, 0);
+	return get_pos_int(c->path, params, k, required, c->max_pos);
+}
+
+/* YaRN (transformers 5's _compute_yarn_parameters): the factor (null: max_position_
+ * embeddings / original), the attention factor (given, or from mscale and mscale_all_dim,
+ * or from the factor), beta_fast/beta_slow (absent, null or 0: 32 and 1), truncate */
+static void parse_yarn(bk_config *c, json_t *root, json_t *params, const char *key)
+{
+	const char *path = c->path;
+	c->rope_type = BK_ROPE_YARN;
+	c->rope_original_max_pos = rope_original_max(c, root, params, 0);
+	if (!json_object_get(params, "factor"))
+		die("%s: key '%s': yarn needs a 'factor'", path, key);
+	c->rope_factor = get_num(path, params, "factor", 0,
+				 (double)c->max_pos / c->rope_original_max_pos);
+	if (!(c->rope_factor >= 1) || !isfinite(c->rope_factor))
+		die("%s: key '%s': yarn needs a finite factor >= 1 (got %g)", path, key,
+		    c->rope_factor);
+	double af;
+	if (get(params, "attention_factor")) {
+		af = get_num(path, params, "attention_factor", 1, 0);
+		if (!(af > 0) || !isfinite(af))
+			die("%s: key '%s': 'attention_factor' must be a finite number above 0", path,
+			    key);
+	} else {
+		double ms = get_num(path, params, "mscale", 0, 0),
+		       msa = get_num(path, params, "mscale_all_dim", 0, 0);
+		af = ms != 0 && msa != 0 ? yarn_mscale(c->rope_factor, ms) /
+						   yarn_mscale(c->rope_factor, msa)
+					 : yarn_mscale(c->rope_factor, 1);
+	}
+	c->rope_attention_factor = af;
+	double bf = get_num(path, params, "beta_fast", 0, 0),
+	       bs = get_num(path, params, "beta_slow", 0, 0);
+	c->rope_beta_fast = bf != 0 ? bf : 32;
+	c->rope_beta_slow = bs != 0 ? bs : 1;
+	c->rope_truncate = get_bool(path, params, "truncate", 1);
+	if (!isfinite(c->rope_beta_fast) || !isfinite(c->rope_beta_slow) ||
+	    !(c->rope_beta_fast > 0) || !(c->rope_beta_slow > 0))
+		die("%s: key '%s': yarn's beta_fast and beta_slow must be finite and above 0",
+		    path, key);
+}
+
 /* One RoPE parameter set (rope_scaling / rope_parameters or one of its per-layer-type
  * entries) named key: theta (if it holds one), type and scaling into c's full-layer
  * fields, or only the theta (local != 0: Gemma-3's sliding layers, default type). */
-static void parse_rope_params(bk_config *c, json_t *params, const char *key, int local)
+static void parse_rope_params(bk_config *c, json_t *root, json_t *params, const char *key,
+			      int local)
 {
 	const char *path = c->path;
 	if (!json_is_object(params))
@@ -139,23 +201,26 @@ static void parse_rope_params(bk_config *c, json_t *params, const char *key, int
 		die("%s: key '%s': rope type '%s' on the sliding layers is not supported "
 		    "(supported: default)",
 		    path, key, type);
-	if (!strcmp(type, "linear") && c->family == BK_FAM_GEMMA3) {
-		c->rope_type = BK_ROPE_LINEAR;
+	if (!strcmp(type, "linear") || !strcmp(type, "dynamic")) {
+		c->rope_type = type[0] == 'l' ? BK_ROPE_LINEAR : BK_ROPE_DYNAMIC;
 		c->rope_factor = get_num(path, params, "factor", 1, 0);
 		if (!(c->rope_factor >= 1) || !isfinite(c->rope_factor))
-			die("%s: key '%s': linear rope needs a finite factor >= 1", path, key);
+			die("%s: key '%s': %s rope needs a finite factor >= 1", path, key, type);
+		return;
+	}
+	if (!strcmp(type, "yarn") && c->family != BK_FAM_GEMMA3) {
+		parse_yarn(c, root, params, key);
 		return;
 	}
 	if (strcmp(type, "llama3"))
 		die("%s: key '%s': rope type '%s' is not supported (supported: default, "
-		    "llama3%s)",
-		    path, key, type, c->family == BK_FAM_GEMMA3 ? ", linear" : "");
+		    "linear, dynamic, llama3%s)",
+		    path, key, type, c->family == BK_FAM_GEMMA3 ? "" : ", yarn");
 	c->rope_type = BK_ROPE_LLAMA3;
 	c->rope_factor = get_num(path, params, "factor", 1, 0);
 	c->rope_low_freq_factor = get_num(path, params, "low_freq_factor", 1, 0);
 	c->rope_high_freq_factor = get_num(path, params, "high_freq_factor", 1, 0);
-	c->rope_original_max_pos =
-		get_pos_int(path, params, "original_max_position_embeddings", 1, 0);
+	c->rope_original_max_pos = rope_original_max(c, root, params, 1);
 	if (!(c->rope_factor > 0) || !(c->rope_low_freq_factor > 0) ||
 	    !(c->rope_high_freq_factor > c->rope_low_freq_factor))
 		die("%s: key '%s': llama3 needs factor > 0 and 0 < low_freq_factor < "
@@ -169,6 +234,7 @@ static void parse_rope(bk_config *c, json_t *root)
 	int g3 = c->family == BK_FAM_GEMMA3;
 	c->rope_theta = get_num(path, root, "rope_theta", 0, g3 ? 1000000.0 : 10000.0);
 	c->rope_type = BK_ROPE_DEFAULT;
+	c->rope_attention_factor = 1;
 	if (g3)
 		c->rope_local_theta = get_num(path, root, "rope_local_base_freq", 0, 10000.0);
 	/* transformers 5 keeps theta and scaling in rope_parameters (Gemma-3: one set per
@@ -178,13 +244,13 @@ static void parse_rope(bk_config *c, json_t *root)
 						      get(params, "sliding_attention"))) {
 		json_t *f = get(params, "full_attention"), *sl = get(params, "sliding_attention");
 		if (f)
-			parse_rope_params(c, f, "rope_parameters.full_attention", 0);
+			parse_rope_params(c, root, f, "rope_parameters.full_attention", 0);
 		if (sl)
-			parse_rope_params(c, sl, "rope_parameters.sliding_attention", 1);
+			parse_rope_params(c, root, sl, "rope_parameters.sliding_attention", 1);
 	} else if (params) {
-		parse_rope_params(c, params, "rope_parameters", 0);
+		parse_rope_params(c, root, params, "rope_parameters", 0);
 	} else if ((params = get(root, "rope_scaling"))) {
-		parse_rope_params(c, params, "rope_scaling", 0);
+		parse_rope_params(c, root, params, "rope_scaling", 0);
 	}
 	if (!(c->rope_theta > 1) || !isfinite(c->rope_theta))
 		die("%s: key 'rope_theta' must be a finite number above 1", path);
@@ -485,7 +551,10 @@ int bk_config_max_seq(const bk_config *c) { return c->max_pos; }
 float bk_config_attn_scale(const bk_config *c)
 {
 	double d = c->query_pre_attn_scalar > 0 ? c->query_pre_attn_scalar : c->head_dim;
-	return (float)(1.0 / sqrt(d)); /* Python: x ** -0.5 in double, used as fp32 */
+	double s = 1.0 / sqrt(d); /* Python: x ** -0.5 in double, used as fp32 */
+	if (c->rope_attention_factor != 1) /* yarn: (a q).(a k) s = q.k (s a^2) */
+		s *= c->rope_attention_factor * c->rope_attention_factor;
+	return (float)s;
 }
 
 float bk_config_embed_scale(const bk_config *c, int dtype)
@@ -677,6 +746,34 @@ static void inv_default(int dim, double theta, float *out)
 		out[i] = 1.0f / powf(base, (float)(2 * i) / (float)dim);
 }
 
+/* _compute_yarn_parameters, op by op: the correction range in double (Python floats),
+ * the frequencies in fp32 (torch tensors; a Python number meeting an fp32 tensor is
+ * rounded to fp32 first) */
+static void inv_yarn(const bk_config *c, float *out)
+{
+	int dim = c->head_dim;
+	double base = c->rope_theta, omax = c->rope_original_max_pos;
+	/* find_correction_dim: (dim * log(max / (rot * 2 * pi))) / (2 * log(base)) */
+	double lo = (dim * log(omax / (c->rope_beta_fast * 2 * M_PI))) / (2 * log(base));
+	double hi = (dim * log(omax / (c->rope_beta_slow * 2 * M_PI))) / (2 * log(base));
+	if (c->rope_truncate)
+		lo = floor(lo), hi = ceil(hi);
+	lo = lo > 0 ? lo : 0;
+	hi = hi < dim - 1 ? hi : dim - 1;
+	if (lo == hi) /* linear_ramp_factor: a singularity avoided */
+		hi += 0.001;
+	float flo = (float)lo, span = (float)(hi - lo), factor = (float)c->rope_factor;
+	for (int i = 0; i < dim / 2; i++) {
+		float pos = powf((float)base, (float)(2 * i) / (float)dim);
+		float extra = 1.0f / pos, inter = 1.0f / (factor * pos);
+		float ramp = ((float)i - flo) / span;
+		ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+		float ef = 1.0f - ramp;
+		float a = inter * (1.0f - ef), b = extra * ef;
+		out[i] = a + b;
+	}
+}
+
 int bk_rope_inv_freq_local(const bk_config *c, float *out)
 {
 	if (!(c->rope_local_theta > 0))
@@ -689,8 +786,12 @@ void bk_rope_inv_freq(const bk_config *c, float *out)
 {
 	int dim = c->head_dim;
 	inv_default(dim, c->rope_theta, out);
-	if (c->rope_type == BK_ROPE_DEFAULT)
+	if (c->rope_type == BK_ROPE_DEFAULT || c->rope_type == BK_ROPE_DYNAMIC)
 		return;
+	if (c->rope_type == BK_ROPE_YARN) {
+		inv_yarn(c, out);
+		return;
+	}
 	if (c->rope_type == BK_ROPE_LINEAR) { /* _compute_linear_scaling_rope_parameters */
 		float factor = (float)c->rope_factor;
 		for (int i = 0; i < dim / 2; i++)

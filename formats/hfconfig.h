@@ -20,7 +20,15 @@
 
 #define BK_MAX_EOS 8
 
-typedef enum { BK_ROPE_DEFAULT, BK_ROPE_LLAMA3, BK_ROPE_LINEAR } bk_rope_type;
+/* dynamic: transformers' dynamic NTK rescales only past max_position_embeddings, which
+ * bk_config_check_len refuses, so its frequencies are the default ones here */
+typedef enum {
+	BK_ROPE_DEFAULT,
+	BK_ROPE_LLAMA3,
+	BK_ROPE_LINEAR,
+	BK_ROPE_DYNAMIC,
+	BK_ROPE_YARN,
+} bk_rope_type;
 
 typedef enum {
 	BK_FAM_LLAMA, /* Llama, Mistral, Ministral */
@@ -55,9 +63,14 @@ typedef struct {
 	int *layer_window;  /* [n_layers]: 0 = full attention, else sliding_window */
 	/* RoPE of the full-attention layers (all layers unless rope_local_theta > 0) */
 	bk_rope_type rope_type;
-	/* llama3 scaling (BK_ROPE_LLAMA3); factor also for BK_ROPE_LINEAR */
+	/* llama3 scaling (BK_ROPE_LLAMA3); factor also for linear, dynamic and yarn,
+	 * original_max_pos also for yarn */
 	double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
 	int rope_original_max_pos;
+	/* yarn: the correction range's rotations and its truncation; the attention factor
+	 * that multiplies cos and sin (1 for every other type; bk_config_attn_scale) */
+	double rope_beta_fast, rope_beta_slow, rope_attention_factor;
+	int rope_truncate;
 	/* Gemma-3: the sliding layers use default RoPE with this base; 0 = as full */
 	double rope_local_theta;
 	/* family deltas */
@@ -85,7 +98,9 @@ void bk_config_free(bk_config *c);
  * applied, not a limit). */
 int bk_config_max_seq(const bk_config *c);
 
-/* The attention scale: query_pre_attn_scalar^-0.5 or head_dim^-0.5, in fp32. */
+/* The attention scale: query_pre_attn_scalar^-0.5 or head_dim^-0.5, in fp32, times the
+ * square of yarn's attention factor (HF multiplies cos and sin by it, so q and k after
+ * RoPE, so their product by its square: folded into the scale here). */
 float bk_config_attn_scale(const bk_config *c);
 /* The embedding multiplier: 1, or (Gemma) sqrt(hidden_size) rounded to dtype, the dtype
  * of the computation's hidden states (BK_DT_BF16 / F16 / F32), as HF's
@@ -119,8 +134,9 @@ const char *bk_config_check_len(const bk_config *c, long n, const char *what, ch
 void bk_config_check_st(const bk_config *c, const bk_st *st);
 
 /* RoPE inverse frequencies, out: head_dim/2 floats, computed in fp32 in the same order
- * of operations as transformers' default, linear and _compute_llama3_parameters, of
- * the full-attention layers. */
+ * of operations as transformers' default, linear, dynamic (below max_position_
+ * embeddings: the default), _compute_llama3_parameters and _compute_yarn_parameters,
+ * of the full-attention layers. */
 void bk_rope_inv_freq(const bk_config *c, float *out);
 /* The same for the sliding layers when rope_local_theta > 0 (returns 1), else 0. */
 int bk_rope_inv_freq_local(const bk_config *c, float *out);

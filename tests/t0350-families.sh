@@ -40,11 +40,11 @@ test_expect_success 'an unsupported architecture is refused by every tool, namin
 '
 
 test_expect_success 'an unsupported option of a supported family is refused, naming the key' '
-	config_dir yarn "{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\",
+	config_dir longrope "{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\",
 		\"hidden_size\": 8, \"intermediate_size\": 8, \"num_hidden_layers\": 1,
 		\"num_attention_heads\": 1, \"vocab_size\": 10,
-		\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}" &&
-	check_refused yarn "rope_scaling.: rope type .yarn. is not supported" &&
+		\"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 4}}" &&
+	check_refused longrope "rope_scaling.: rope type .longrope. is not supported" &&
 	config_dir softcap "{\"architectures\": [\"Gemma2ForCausalLM\"], \"model_type\": \"gemma2\",
 		\"hidden_size\": 8, \"intermediate_size\": 8, \"num_hidden_layers\": 2,
 		\"num_attention_heads\": 1, \"vocab_size\": 10, \"final_logit_softcapping\": -1}" &&

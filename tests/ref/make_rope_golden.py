@@ -5,8 +5,9 @@ tests/unit/test_hfconfig.c (bk_rope_inv_freq). Run by hand from the repository r
     python3 tests/ref/make_rope_golden.py   # writes tests/golden/rope/inv_freq.json
 
 Each case names a config.json; transformers loads it and its own rope init function
-(default, or llama3 through _compute_llama3_parameters) gives the fp32 values, written
-as Python floats (exact for fp32). Not run by `make test`.
+(default, or the rope type's: linear, dynamic, llama3, yarn) gives the fp32 values,
+written as Python floats (exact for fp32), and the attention factor HF multiplies cos
+and sin by (yarn's; 1.0 for the others). Not run by `make test`.
 """
 import json
 import os
@@ -24,6 +25,12 @@ CASES = [
     "tests/data/hf-configs/Mistral-7B-Instruct-v0.2/config.json",
     "tests/data/hf-configs/SmolLM2-135M-Instruct/config.json",
     "models/stories260K/config.json",
+    "tests/data/ckpt/qwen2.5-yarn-card/config.json",
+    "tests/data/ckpt/qwen3-yarn-tf5/config.json",
+    "tests/data/ckpt/llama-yarn-mscale/config.json",
+    "tests/data/ckpt/mistral-yarn-attnfactor/config.json",
+    "tests/data/ckpt/llama-linear/config.json",
+    "tests/data/ckpt/smollm2-dynamic/config.json",
 ]
 OUT = "tests/golden/rope/inv_freq.json"
 
@@ -35,9 +42,9 @@ def inv_freq(path):
         fn = LlamaRotaryEmbedding.compute_default_rope_parameters
     else:
         fn = ROPE_INIT_FUNCTIONS[rope_type]
-    inv, _ = fn(cfg)
+    inv, attention_factor = fn(cfg)
     assert inv.dtype == torch.float32
-    return rope_type, [float(x) for x in inv.tolist()]
+    return rope_type, [float(x) for x in inv.tolist()], float(attention_factor)
 
 
 def main():
@@ -45,8 +52,9 @@ def main():
         sys.exit("run from the repository root")
     cases = []
     for path in CASES:
-        rope_type, vals = inv_freq(path)
-        cases.append({"config": path, "rope_type": rope_type, "inv_freq": vals})
+        rope_type, vals, af = inv_freq(path)
+        cases.append({"config": path, "rope_type": rope_type, "attention_factor": af,
+                      "inv_freq": vals})
         print(f"{path}: {rope_type}, {len(vals)} values")
     doc = {
         "format": "bakery-rope-golden",

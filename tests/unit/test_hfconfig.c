@@ -472,13 +472,29 @@ static void test_refusals(void)
 		{"gelu", LLAMA ", \"hidden_act\": \"gelu\"}", "'hidden_act' is gelu"},
 		{"attention_bias", LLAMA ", \"attention_bias\": true}", "'attention_bias'"},
 		{"mlp_bias", LLAMA ", \"mlp_bias\": true}", "'mlp_bias'"},
-		{"yarn", LLAMA ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}}",
-		 "key 'rope_scaling': rope type 'yarn' is not supported"},
-		{"linear", LLAMA ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2}}",
-		 "rope type 'linear'"},
+		{"longrope", LLAMA ", \"rope_scaling\": {\"type\": \"longrope\", \"factor\": 4.0}}",
+		 "key 'rope_scaling': rope type 'longrope' is not supported (supported: default, "
+		 "linear, dynamic, llama3, yarn)"},
+		{"gemma3 yarn", GEMMA3 ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 2}}",
+		 "key 'rope_scaling': rope type 'yarn' is not supported (supported: default, linear, "
+		 "dynamic, llama3)"},
+		{"yarn without factor", LLAMA ", \"rope_scaling\": {\"type\": \"yarn\"}}",
+		 "key 'rope_scaling': yarn needs a 'factor'"},
+		{"yarn factor below 1",
+		 LLAMA ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 0.5}}",
+		 "yarn needs a finite factor >= 1 (got 0.5)"},
+		{"yarn attention factor",
+		 LLAMA ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 2, "
+		       "\"attention_factor\": 0}}",
+		 "'attention_factor' must be a finite number above 0"},
+		{"yarn truncate", LLAMA ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 2, "
+				    "\"truncate\": 1}}",
+		 "key 'truncate' is not a boolean"},
+		{"linear factor", LLAMA ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 0.5}}",
+		 "key 'rope_scaling': linear rope needs a finite factor >= 1"},
 		{"dynamic tf5",
 		 LLAMA ", \"rope_parameters\": {\"rope_type\": \"dynamic\", \"rope_theta\": 1e4}}",
-		 "key 'rope_parameters': rope type 'dynamic'"},
+		 "key 'factor' is missing"},
 		{"llama3 incomplete",
 		 LLAMA ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}",
 		 "'low_freq_factor' is missing"},
@@ -664,7 +680,7 @@ static void test_rope(void)
 	json_t *cases = json_object_get(g, "cases");
 	size_t i;
 	json_t *cs;
-	int n_llama3 = 0, n_medium = 0, total_inexact = 0, total = 0;
+	int n_llama3 = 0, n_medium = 0, total_inexact = 0, total = 0, n_yarn = 0, n_ramp = 0;
 	json_array_foreach(cases, i, cs) {
 		const char *path = json_string_value(json_object_get(cs, "config"));
 		json_t *vals = json_object_get(cs, "inv_freq");
@@ -695,6 +711,25 @@ static void test_rope(void)
 		      "from transformers, by up to %d ulp", path, inexact, n, max_ulp);
 		total_inexact += inexact;
 		total += (int)n;
+		/* the factor HF multiplies cos and sin by (yarn's, else 1), a Python float:
+		 * folded into the attention scale as its square */
+		double af = json_number_value(json_object_get(cs, "attention_factor"));
+		CHECK(af > 0 && fabs(c->rope_attention_factor - af) <= 1e-15 * af,
+		      "%s: attention factor %.17g, transformers %.17g", path,
+		      c->rope_attention_factor, af);
+		double d = c->query_pre_attn_scalar > 0 ? c->query_pre_attn_scalar : c->head_dim;
+		CHECK(bk_config_attn_scale(c) == (float)(1.0 / sqrt(d) * af * af),
+		      "%s: attention scale %.9g, want %.9g", path, bk_config_attn_scale(c),
+		      (float)(1.0 / sqrt(d) * af * af));
+		if (c->rope_type == BK_ROPE_YARN) {
+			n_yarn++;
+			/* the ramp's band exercised: values neither extrapolated nor interpolated */
+			for (size_t j = 0; j < n; j++) {
+				float p = powf((float)c->rope_theta, (float)(2 * j) / (float)c->head_dim);
+				if (out[j] != 1.0f / p && out[j] != 1.0f / ((float)c->rope_factor * p))
+					n_ramp++;
+			}
+		}
 		if (c->rope_type == BK_ROPE_LLAMA3) {
 			n_llama3++;
 			/* the smoothed band was exercised: values neither inv nor inv/factor */
@@ -710,9 +745,10 @@ static void test_rope(void)
 	}
 	if (bk_verbose)
 		fprintf(stderr, "  rope: %d of %d values differ by 1 ulp\n", total_inexact, total);
-	CHECK(json_array_size(cases) >= 6 && n_llama3 == 2 && n_medium > 0,
-	      "%zu cases, %d llama3, %d smoothed values", json_array_size(cases), n_llama3,
-	      n_medium);
+	CHECK(json_array_size(cases) >= 12 && n_llama3 == 2 && n_medium > 0 && n_yarn == 4 &&
+		      n_ramp > 0,
+	      "%zu cases, %d llama3, %d smoothed values, %d yarn, %d ramp values",
+	      json_array_size(cases), n_llama3, n_medium, n_yarn, n_ramp);
 	json_decref(g);
 }
 
