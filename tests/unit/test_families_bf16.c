@@ -15,6 +15,7 @@
 #include "gpu/load.h"
 #include "gpu/model.h"
 #include "tests/harness.h"
+#include "tests/unit/hf_logp.h"
 
 #define FIX "tests/golden/families/gemma2-bf16"
 
@@ -37,51 +38,17 @@ int main(void)
 
 	bk_loaded_model lm = bk_model_load(&bk_ops_host, FIX "/model");
 	bk_model *m = lm.model;
-	const bk_ops *ops = m->ops;
 	CHECK(m->cfg.V == V && m->cfg.H == 40, "fixture model: V %d H %d", m->cfg.V, m->cfg.H);
 	/* the scale of HF's fp32 computation, not sqrt(40) rounded to bf16 (6.3125) */
 	CHECK(m->cfg.embed_scale == (float)sqrt(40.0), "embed scale %.9g, want sqrt(40) = %.9g",
 	      m->cfg.embed_scale, (float)sqrt(40.0));
 	CHECK(m->cfg.window != NULL, "Gemma-2 has a sliding window on layer 0");
 
-	int32_t *ids = xmalloc((size_t)T * sizeof *ids), *pos = xmalloc((size_t)T * sizeof *pos);
-	int32_t cu[2] = {0, T};
-	for (int t = 0; t < T; t++)
-		ids[t] = (int32_t)json_integer_value(json_array_get(jids, (size_t)t)), pos[t] = t;
-	bk_batch b = {.T = T, .S = 1, .ids = ids, .pos = pos, .cu_seqlens = cu};
-	bk_acts *acts = bk_acts_create(m, T, 0);
-	float *dhid = ops->alloc((size_t)T * m->cfg.H * sizeof(float));
-	float *dlog = ops->alloc((size_t)T * V * sizeof(float));
-	float *logits = xmalloc((size_t)T * V * sizeof(float));
-	bk_model_forward(m, NULL, &b, NULL, acts, dhid);
-	bk_model_logits(m, dhid, dlog, T);
-	ops->download(logits, dlog, (size_t)T * V * sizeof(float));
-	double worst = 0;
-	for (int t = 0; t < T; t++) {
-		const float *row = logits + (size_t)t * V;
-		double mx = row[0], s = 0;
-		for (int v = 1; v < V; v++)
-			mx = row[v] > mx ? row[v] : mx;
-		for (int v = 0; v < V; v++)
-			s += exp(row[v] - mx);
-		double lse = mx + log(s);
-		json_t *ref = json_array_get(jlogp, (size_t)t);
-		CHECK((int)json_array_size(ref) == V, "logp row %d has %zu values", t, json_array_size(ref));
-		for (int v = 0; v < V && v < (int)json_array_size(ref); v++) {
-			double d = fabs(row[v] - lse - json_number_value(json_array_get(ref, (size_t)v)));
-			worst = d > worst ? d : worst;
-		}
-	}
+	double worst = hf_logp_worst(m, jids, jlogp, "gemma2-bf16");
 	printf("gemma2-bf16: max |logp - HF fp32 log_softmax| = %.3g over %d x %d (bound 2e-4)\n",
 	       worst, T, V);
 	CHECK(worst < 2e-4, "bf16 Gemma-2 log-probs %.3g from HF's (bound 2e-4)", worst);
 
-	free(logits);
-	ops->free(dlog);
-	ops->free(dhid);
-	bk_acts_free(m, acts);
-	free(ids);
-	free(pos);
 	bk_model_unload(&lm);
 	json_decref(doc);
 	return bk_test_done("test_families_bf16");

@@ -15,6 +15,7 @@
 #include "gpu/load.h"
 #include "gpu/model.h"
 #include "tests/harness.h"
+#include "tests/unit/hf_logp.h"
 
 #define DIR "tests/golden/rope/scaling"
 
@@ -41,7 +42,6 @@ static void check_case(const char *name, bk_rope_type want_type)
 	snprintf(path, sizeof path, DIR "/%s/model", name);
 	bk_loaded_model lm = bk_model_load(&bk_ops_host, path);
 	bk_model *m = lm.model;
-	const bk_ops *ops = m->ops;
 	CHECK(lm.cfg->rope_type == want_type, "%s: rope type %d, want %d", name,
 	      (int)lm.cfg->rope_type, (int)want_type);
 	CHECK(fabs(lm.cfg->rope_attention_factor - hf_af) <= 1e-15 * hf_af,
@@ -50,45 +50,11 @@ static void check_case(const char *name, bk_rope_type want_type)
 	CHECK(m->cfg.V == V && T <= bk_config_max_seq(lm.cfg), "%s: V %d, %d positions", name,
 	      m->cfg.V, bk_config_max_seq(lm.cfg));
 
-	int32_t *ids = xmalloc((size_t)T * sizeof *ids), *pos = xmalloc((size_t)T * sizeof *pos);
-	int32_t cu[2] = {0, T};
-	for (int t = 0; t < T; t++)
-		ids[t] = (int32_t)json_integer_value(json_array_get(jids, (size_t)t)), pos[t] = t;
-	bk_batch b = {.T = T, .S = 1, .ids = ids, .pos = pos, .cu_seqlens = cu};
-	bk_acts *acts = bk_acts_create(m, T, 0);
-	float *dhid = ops->alloc((size_t)T * m->cfg.H * sizeof(float));
-	float *dlog = ops->alloc((size_t)T * V * sizeof(float));
-	float *logits = xmalloc((size_t)T * V * sizeof(float));
-	bk_model_forward(m, NULL, &b, NULL, acts, dhid);
-	bk_model_logits(m, dhid, dlog, T);
-	ops->download(logits, dlog, (size_t)T * V * sizeof(float));
-	double worst = 0;
-	for (int t = 0; t < T; t++) {
-		const float *row = logits + (size_t)t * V;
-		double mx = row[0], s = 0;
-		for (int v = 1; v < V; v++)
-			mx = row[v] > mx ? row[v] : mx;
-		for (int v = 0; v < V; v++)
-			s += exp(row[v] - mx);
-		double lse = mx + log(s);
-		json_t *ref = json_array_get(jlogp, (size_t)t);
-		CHECK((int)json_array_size(ref) == V, "%s: logp row %d has %zu values", name, t,
-		      json_array_size(ref));
-		for (int v = 0; v < V && v < (int)json_array_size(ref); v++) {
-			double d = fabs(row[v] - lse - json_number_value(json_array_get(ref, (size_t)v)));
-			worst = d > worst ? d : worst;
-		}
-	}
+	double worst = hf_logp_worst(m, jids, jlogp, name);
 	printf("%s: max |logp - HF fp32 log_softmax| = %.3g over %d x %d (bound 2e-5)\n", name,
 	       worst, T, V);
 	CHECK(worst < 2e-5, "%s: log-probs %.3g from HF's (bound 2e-5)", name, worst);
 
-	free(logits);
-	ops->free(dlog);
-	ops->free(dhid);
-	bk_acts_free(m, acts);
-	free(ids);
-	free(pos);
 	bk_model_unload(&lm);
 	json_decref(doc);
 }
