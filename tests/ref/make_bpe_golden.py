@@ -406,6 +406,15 @@ VARIANTS = {
         "cases": ["Hello world", " already spaced", "a12b 345", "<|im_start|>user\nhi<|im_end|>",
                   "x<|endoftext|>y", "\u00e9t\u00e9 2024"],
     },
+    # Tekken with a space put before every piece of the Split that has none (ByteLevel's
+    # add_prefix_space): the ids show where the regex cut, which BPE alone often hides
+    "tekken": {
+        "added_tokens": [],
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": TEKKEN_RE}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": False}]},
+        "cases": TEKKEN + tekken_random(500, seed=4321),
+    },
     "qwen": {
         "added_tokens": [
             {"id": 151669, "content": "Caf\u00e9!", "single_word": False, "lstrip": False,
