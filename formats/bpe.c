@@ -1,7 +1,8 @@
 /* bpe.c - HF tokenizer.json BPE (see bpe.h), written from the behaviour of HF tokenizers
- * 0.23 and checked against it by tests/unit/test_bpe.c.  Not a regex engine: the three
- * pre-tokenizer regexes in use are hand-written matchers over the Unicode 16 tables of
- * formats/unicode_tables.c (Oniguruma's \p{L}, \p{N}; \s = the 25 White_Space points).
+ * 0.23 and checked against it by tests/unit/test_bpe.c.  Not a regex engine: the four
+ * pre-tokenizer regexes in use (Qwen2, Llama-3, GPT-2, Mistral's Tekken) are hand-written
+ * matchers over the Unicode 16 tables of formats/unicode_tables.c (Oniguruma's \p{L},
+ * \p{N}, \p{Lu} .. \p{M}; \s = the 25 White_Space points).
  *
  * Encoding one string, as HF does it:
  *  1. added tokens with normalized=false are split out of the raw text (leftmost-longest,
@@ -32,9 +33,17 @@
 
 /* ---- character classes (Unicode 16) ---- */
 
-enum { C_L = 1, C_N = 2, C_WS = 4 };
+/* C_UP, C_LO: Tekken's [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] and [\p{Ll}\p{Lm}\p{Lo}\p{M}] */
+enum { C_L = 1, C_N = 2, C_WS = 4, C_UP = 8, C_LO = 16 };
 static uint8_t *cls_tab; /* 0x110000 entries, built once, never freed */
 static pthread_once_t cls_once = PTHREAD_ONCE_INIT;
+
+static void cls_set(const uint32_t (*r)[2], size_t n, uint8_t bits)
+{
+	for (size_t i = 0; i < n; i++)
+		for (uint32_t c = r[i][0]; c <= r[i][1]; c++)
+			cls_tab[c] |= bits;
+}
 
 static void cls_init(void)
 {
@@ -43,12 +52,14 @@ static void cls_init(void)
 					 {0x2028, 0x2029}, {0x202f, 0x202f}, {0x205f, 0x205f},
 					 {0x3000, 0x3000}};
 	cls_tab = xcalloc(0x110000, 1);
-	for (size_t i = 0; i < bk_uni_letter_n; i++)
-		for (uint32_t c = bk_uni_letter[i][0]; c <= bk_uni_letter[i][1]; c++)
-			cls_tab[c] |= C_L;
-	for (size_t i = 0; i < bk_uni_number_n; i++)
-		for (uint32_t c = bk_uni_number[i][0]; c <= bk_uni_number[i][1]; c++)
-			cls_tab[c] |= C_N;
+	cls_set(bk_uni_letter, bk_uni_letter_n, C_L);
+	cls_set(bk_uni_number, bk_uni_number_n, C_N);
+	cls_set(bk_uni_lu, bk_uni_lu_n, C_UP);
+	cls_set(bk_uni_lt, bk_uni_lt_n, C_UP);
+	cls_set(bk_uni_ll, bk_uni_ll_n, C_LO);
+	cls_set(bk_uni_lm, bk_uni_lm_n, C_UP | C_LO);
+	cls_set(bk_uni_lo, bk_uni_lo_n, C_UP | C_LO);
+	cls_set(bk_uni_mark, bk_uni_mark_n, C_UP | C_LO);
 	for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)
 		for (uint32_t c = ws[i][0]; c <= ws[i][1]; c++)
 			cls_tab[c] |= C_WS;
@@ -221,7 +232,7 @@ struct norm {
 	size_t alen, blen;
 };
 
-enum pre_kind { P_SPLIT_QWEN, P_SPLIT_LLAMA3, P_BYTELEVEL, P_DIGITS, P_METASPACE, P_SPLIT_STR };
+enum pre_kind { P_SPLIT_QWEN, P_SPLIT_LLAMA3, P_SPLIT_TEKKEN, P_BYTELEVEL, P_DIGITS, P_METASPACE, P_SPLIT_STR };
 enum prepend_scheme { PS_ALWAYS, PS_FIRST, PS_NEVER };
 struct pre {
 	enum pre_kind kind;
@@ -396,6 +407,11 @@ static const char *const qwen_re =
 	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char *const llama3_re =
 	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/* Mistral's Tekken (Mistral-Nemo, Ministral, Pixtral): the tekken.json "pattern" */
+static const char *const tekken_re =
+	"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"
+	"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|"
+	"\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char *const gpt2_re =
 	"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
@@ -439,10 +455,13 @@ static void load_pre(bk_bpe *b, json_t *p, prevec *out)
 			s.kind = P_SPLIT_QWEN;
 		else if (!strcmp(re, llama3_re))
 			s.kind = P_SPLIT_LLAMA3;
+		else if (!strcmp(re, tekken_re))
+			s.kind = P_SPLIT_TEKKEN;
 		else if (!strcmp(re, gpt2_re))
 			s.kind = P_BYTELEVEL; /* GPT-2's regex alone: ByteLevel's split, no alphabet */
 		else
-			die("%s: pre-tokenizer regex '%s' is not one of the supported (Qwen2, Llama-3, GPT-2)",
+			die("%s: pre-tokenizer regex '%s' is not one of the supported (Qwen2, Llama-3, "
+			    "GPT-2, Tekken)",
 			    path_of, re);
 		s.use_regex = 1;
 	} else if (!strcmp(type, "ByteLevel")) {
@@ -1103,6 +1122,24 @@ static inline uint32_t fold(uint32_t c)
 	return c;
 }
 
+/* \s*[\r\n]+|\s+(?!\S)|\s+ at i, a white space character (Qwen2, Llama-3, Tekken). */
+static size_t match_ws(const uint32_t *c, const uint8_t *k, size_t i, size_t n)
+{
+	size_t j = i + 1, last_nl = SIZE_MAX;
+	if (c[i] == '\r' || c[i] == '\n')
+		last_nl = i;
+	while (j < n && (k[j] & C_WS)) {
+		if (c[j] == '\r' || c[j] == '\n')
+			last_nl = j;
+		j++;
+	}
+	if (last_nl != SIZE_MAX)
+		return last_nl + 1;
+	if (j == n || j - i == 1)
+		return j;
+	return j - 1;
+}
+
 /* End (code point index) of the match of the Qwen2 / Llama-3 regex at i (ndig: 1 or 3). */
 static size_t match_qwen(const uint32_t *c, const uint8_t *k, size_t i, size_t n, size_t ndig)
 {
@@ -1143,20 +1180,71 @@ static size_t match_qwen(const uint32_t *c, const uint8_t *k, size_t i, size_t n
 			j++;
 		return j;
 	}
-	/* whitespace (the only class left) */
-	size_t j = i + 1, last_nl = SIZE_MAX;
-	if (c[i] == '\r' || c[i] == '\n')
-		last_nl = i;
-	while (j < n && (k[j] & C_WS)) {
-		if (c[j] == '\r' || c[j] == '\n')
-			last_nl = j;
-		j++;
+	return match_ws(c, k, i, n); /* whitespace: the only class left */
+}
+
+/* Tekken's [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+ at s (0: no match).
+ * The first class is taken greedily, then given back one at a time until the second
+ * class can start: after the longest run u of the first, a character only of the second
+ * (Ll) extends the match over the second class; else the match ends just after the last
+ * character in [s, u) that is of both (Lm Lo M), if there is one. */
+static size_t tekken_upper_lower(const uint8_t *k, size_t s, size_t n)
+{
+	size_t u = s;
+	while (u < n && (k[u] & C_UP))
+		u++;
+	if (u < n && (k[u] & C_LO)) {
+		while (u < n && (k[u] & C_LO))
+			u++;
+		return u;
 	}
-	if (last_nl != SIZE_MAX)
-		return last_nl + 1;
-	if (j == n || j - i == 1)
+	for (size_t j = u; j > s; j--)
+		if (k[j - 1] & C_LO)
+			return j;
+	return 0;
+}
+
+/* Tekken's [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]* at s (0: no match). */
+static size_t tekken_upper_then(const uint8_t *k, size_t s, size_t n)
+{
+	size_t u = s;
+	while (u < n && (k[u] & C_UP))
+		u++;
+	if (u == s)
+		return 0;
+	while (u < n && (k[u] & C_LO))
+		u++;
+	return u;
+}
+
+/* End of the match of Mistral's Tekken regex at i, its alternatives in Oniguruma's order
+ * (each with its optional prefix first taken, then not):
+ *   P?[Up]*[Lo]+ | P?[Up]+[Lo]* | \p{N} | ' '?O+[\r\n/]* | \s*[\r\n]+ | \s+(?!\S) | \s+
+ * where P = [^\r\n\p{L}\p{N}] (marks and white space included) and O = [^\s\p{L}\p{N}]. */
+static size_t match_tekken(const uint32_t *c, const uint8_t *k, size_t i, size_t n)
+{
+	int pre = !(k[i] & (C_L | C_N)) && c[i] != '\r' && c[i] != '\n';
+	size_t e;
+	if (pre && i + 1 < n && (e = tekken_upper_lower(k, i + 1, n)))
+		return e;
+	if ((e = tekken_upper_lower(k, i, n)))
+		return e;
+	if (pre && i + 1 < n && (e = tekken_upper_then(k, i + 1, n)))
+		return e;
+	if ((e = tekken_upper_then(k, i, n)))
+		return e;
+	if (k[i] & C_N)
+		return i + 1;
+	size_t p = i + (c[i] == ' ' && i + 1 < n && is_other(k[i + 1]));
+	if (is_other(k[p])) {
+		size_t j = p + 1;
+		while (j < n && is_other(k[j]))
+			j++;
+		while (j < n && (c[j] == '\r' || c[j] == '\n' || c[j] == '/'))
+			j++;
 		return j;
-	return j - 1;
+	}
+	return match_ws(c, k, i, n);
 }
 
 /* GPT-2's regex (ByteLevel's own). */
@@ -1312,8 +1400,9 @@ static void pre_step(struct ctx *c, const struct pre *p, const char *buf, cvec *
 			continue;
 		}
 		while (i < n) {
-			size_t j = p->kind == P_SPLIT_QWEN	 ? match_qwen(cp, k, i, n, 1)
+			size_t j = p->kind == P_SPLIT_QWEN     ? match_qwen(cp, k, i, n, 1)
 				   : p->kind == P_SPLIT_LLAMA3 ? match_qwen(cp, k, i, n, 3)
+				   : p->kind == P_SPLIT_TEKKEN ? match_tekken(cp, k, i, n)
 							       : match_gpt2(cp, k, i, n);
 			bk_vec_push(&c->sp2, ((span){base + off[i], off[j] - off[i]}));
 			i = j;

@@ -1,6 +1,6 @@
 /* bpe.h - the BPE tokenizer of an HF tokenizer.json, exact to HF `tokenizers`: byte-level
- * BPE (GPT-2, Llama-3, Qwen2/2.5/3, SmolLM2) and SentencePiece-style BPE (Llama-2,
- * TinyLlama: Prepend/Replace normalizers or Metaspace, byte fallback).  Not a general
+ * BPE (GPT-2, Llama-3, Qwen2/2.5/3, SmolLM2, Mistral's Tekken) and SentencePiece-style BPE
+ * (Llama-2, TinyLlama: Prepend/Replace normalizers or Metaspace, byte fallback).  Not a general
  * tokenizer.json engine: an unsupported component dies naming it (formats/tokenizer.h
  * is the interface the tools use). */
 #ifndef BK_BPE_H

@@ -13,7 +13,8 @@
  *
  * The templates beyond those: chatml with a default system prompt (qwen2, qwen2.5,
  * smollm2), qwen3 (think blocks, enable_thinking), Llama-3.0/3.1/3.2 (headers; the
- * date line of 3.1/3.2). */
+ * date line of 3.1/3.2), Mistral's V3-Tekken (Mistral-Nemo: [INST] and [/INST] are
+ * special tokens, no spaces around the text). */
 #include "formats/template.h"
 
 #include "common/files.h"
@@ -44,6 +45,7 @@ static const struct {
 	[BK_TMPL_LLAMA3] = {"llama3", PREPEND_NEVER},
 	[BK_TMPL_LLAMA31] = {"llama3.1", PREPEND_NEVER},
 	[BK_TMPL_LLAMA32] = {"llama3.2", PREPEND_NEVER},
+	[BK_TMPL_MISTRAL_TEKKEN] = {"mistral-v3-tekken", PREPEND_NEVER},
 };
 
 /* the default system prompts, as the real templates write them */
@@ -136,7 +138,7 @@ const char *bk_template_name(int tmpl)
 const char *bk_template_names(void)
 {
 	return "raw, llama2, zephyr, mistral, mistral-v0.1, chatml, gemma, qwen2, qwen2.5, smollm2, "
-	       "qwen3, llama3, llama3.1, llama3.2";
+	       "qwen3, llama3, llama3.1, llama3.2, mistral-v3-tekken";
 }
 
 /* ---- detection ---- */
@@ -201,6 +203,12 @@ static int detect_text(const char *dir, const char *t)
 	}
 	if (strstr(t, "<<SYS>>"))
 		return BK_TMPL_LLAMA2;
+	if (strstr(t, "[SYSTEM_PROMPT]")) /* Mistral V7 (Mistral-Small-2501 ...): not written here */
+		die("%s: chat template with [SYSTEM_PROMPT] blocks (Mistral V7) is not one bakery knows; name one (%s)",
+		    dir, bk_template_names());
+	/* "[INST]" closing a string literal: V3-Tekken, no space after it */
+	if (strstr(t, "\"[INST]\"") || strstr(t, "'[INST]'"))
+		return BK_TMPL_MISTRAL_TEKKEN;
 	if (strstr(t, "[INST]"))
 		return strstr(t, "eos_token + ' '") ? BK_TMPL_MISTRAL_V01 : BK_TMPL_MISTRAL;
 	if (strstr(t, "<|system|>") || strstr(t, "<|assistant|>"))
@@ -262,7 +270,7 @@ int bk_template_detect(const char *model_dir)
 /* ---- special tokens ---- */
 
 struct specials {
-	int32_t bos, eos, im_start, im_end, sot, eot, sh, eh;
+	int32_t bos, eos, im_start, im_end, sot, eot, sh, eh, inst, einst;
 };
 
 static int32_t need_piece(int tmpl, const bk_tok *tok, const char *piece)
@@ -295,7 +303,7 @@ static int is_llama3(int tmpl)
 
 static struct specials specials_of(int tmpl, const bk_tok *tok)
 {
-	struct specials s = {-1, -1, -1, -1, -1, -1, -1, -1};
+	struct specials s = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
 	BUG_ON(tmpl < 0 || tmpl >= BK_TMPL_COUNT);
 	switch (tmpl) {
 	case BK_TMPL_RAW:
@@ -311,6 +319,12 @@ static struct specials specials_of(int tmpl, const bk_tok *tok)
 		break;
 	case BK_TMPL_ZEPHYR:
 		s.eos = need_id(tmpl, tok, bk_tok_eos(tok), "eos");
+		break;
+	case BK_TMPL_MISTRAL_TEKKEN:
+		s.bos = need_id(tmpl, tok, bk_tok_bos(tok), "bos");
+		s.eos = need_id(tmpl, tok, bk_tok_eos(tok), "eos");
+		s.inst = need_piece(tmpl, tok, "[INST]");
+		s.einst = need_piece(tmpl, tok, "[/INST]");
 		break;
 	case BK_TMPL_CHATML:
 	case BK_TMPL_QWEN2:
@@ -583,6 +597,14 @@ void bk_template_prompt(int tmpl, const bk_tok *tok, const char *system, const c
 		put_text(&b, " [/INST]");
 		free(content);
 		break;
+	case BK_TMPL_MISTRAL_TEKKEN:
+		content = fold_system(system, user);
+		put_id(&b, sp.bos);
+		put_id(&b, sp.inst);
+		put_text(&b, content);
+		put_id(&b, sp.einst);
+		free(content);
+		break;
 	case BK_TMPL_CHATML:
 	case BK_TMPL_QWEN2:
 	case BK_TMPL_QWEN25:
@@ -655,7 +677,8 @@ void bk_template_prompt(int tmpl, const bk_tok *tok, const char *system, const c
 void bk_template_response(int tmpl, const bk_tok *tok, const char *response, bk_ids *out)
 {
 	struct specials sp = specials_of(tmpl, tok);
-	/* every prompt above ends in text, which the response continues */
+	/* every prompt above ends in text, which the response continues (mistral-v3-tekken:
+	 * in [/INST], a special token: the response is a segment of its own either way) */
 	struct builder b = builder_new(tmpl, tok, out, 1);
 	switch (tmpl) {
 	case BK_TMPL_RAW:
@@ -676,6 +699,7 @@ void bk_template_response(int tmpl, const bk_tok *tok, const char *response, bk_
 		put_text(&b, "\n");
 		break;
 	case BK_TMPL_MISTRAL:
+	case BK_TMPL_MISTRAL_TEKKEN:
 		put_text(&b, response);
 		put_id(&b, sp.eos);
 		break;

@@ -10,5 +10,18 @@ extern const uint32_t bk_uni_letter[][2]; /* \p{L}: inclusive [first, last] rang
 extern const size_t bk_uni_letter_n;
 extern const uint32_t bk_uni_number[][2]; /* \p{N} */
 extern const size_t bk_uni_number_n;
+/* the general categories of L one by one, and M (Mn Mc Me): Tekken's classes */
+extern const uint32_t bk_uni_lu[][2];
+extern const size_t bk_uni_lu_n;
+extern const uint32_t bk_uni_ll[][2];
+extern const size_t bk_uni_ll_n;
+extern const uint32_t bk_uni_lt[][2];
+extern const size_t bk_uni_lt_n;
+extern const uint32_t bk_uni_lm[][2];
+extern const size_t bk_uni_lm_n;
+extern const uint32_t bk_uni_lo[][2];
+extern const size_t bk_uni_lo_n;
+extern const uint32_t bk_uni_mark[][2];
+extern const size_t bk_uni_mark_n;
 
 #endif

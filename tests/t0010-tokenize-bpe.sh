@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bk-tokenize on tokenizer.json model directories (Qwen3, Qwen2.5, SmolLM2, Llama-3.1/3.2,
-# TinyLlama with both tokenizer files): t_prompt and s_prompt equal to HF's
+# Mistral-Nemo, TinyLlama with both tokenizer files): t_prompt and s_prompt equal to HF's
 # apply_chat_template ids (tests/golden/templates, from tests/ref/make_chat_golden.py).
 . "$(dirname "$0")/lib.sh"
 G="$ROOT/tests/golden"
@@ -60,6 +60,24 @@ test_expect_success 'Llama-3.1 and 3.2: date header; --date recorded in the head
 	bk-tokenize --model l32 --date "05 Mar 2025" --prompt hi | bk-dump --header | head -1 |
 		jq -e ".provenance[0].template_date == \"05 Mar 2025\"" &&
 	test_must_fail bk-tokenize --model l32 --date "2025-03-05" --prompt hi
+'
+
+test_expect_success 'Mistral-Nemo (Tekken regex): mistral-v3-tekken detected, ids equal HF' '
+	model_dir nemo tekken "$DATA/templates/mistral-nemo-tokenizer_config.json" \
+		"$DATA/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja" &&
+	bk-tokenize --model nemo --prompt hi | bk-dump --header | head -1 |
+		jq -e ".provenance[0].template == \"mistral-v3-tekken\"" &&
+	check_golden nemo mistral-v3-tekken
+'
+
+# HF apply_chat_template lengths of basic_shape_yaml's prompts with Nemo's template and
+# tokenizer: 40 44 41 39 with the system prompt, 8 12 9 7 without
+test_expect_success 'Mistral-Nemo: bk-bake --dry-run plans it, prompts measured as HF' '
+	cp "$G/memplan/Mistral-Nemo-Instruct-2407/config.json" nemo/ &&
+	basic_shape_yaml nemo 16 "load_in_4bit: true" | sed /teacher_top_k/d >nemo.yaml &&
+	bk-bake --dry-run --gpu-memory 24GiB nemo.yaml >plan &&
+	grep -q "prompts up to 44 tokens (teacher), 12 (student)" plan &&
+	grep -q "^fits: yes" plan
 '
 
 test_expect_success 'TinyLlama: tokenizer.json and tokenizer.model give the same ids' '

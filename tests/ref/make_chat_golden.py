@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 # make_chat_golden.py - writes tests/golden/templates/{qwen2.5,qwen3,qwen3-nothink,smollm2,
-# llama3,llama3.1,llama3.2}.json: the ids HF transformers' apply_chat_template(...,
-# tokenize=True, add_generation_prompt=True) gives with the real chat templates and the
-# byte-level BPE fixtures of tests/golden/bpe (tests/ref/make_bpe_golden.py), for
-# tests/unit/test_template.c.  Run from the repo root:  python3 tests/ref/make_chat_golden.py
+# llama3,llama3.1,llama3.2,mistral-v3-tekken}.json: the ids HF transformers'
+# apply_chat_template(..., tokenize=True, add_generation_prompt=True) gives with the real
+# chat templates and the byte-level BPE fixtures of tests/golden/bpe
+# (tests/ref/make_bpe_golden.py), for tests/unit/test_template.c.  Run from the repo root:
+# python3 tests/ref/make_chat_golden.py [NAME...] (NAMEs: only those goldens)
 # (pip: transformers tokenizers jinja2 sentencepiece).  Same cases and conventions as
 # make_template_golden.py, plus cases of its own (think blocks, leading newlines).
 import json
@@ -51,6 +52,8 @@ def hf(tokenizer_xz, config_path, template):
 
 
 def make(name, tmpl, tok_xz, config_path, template, kwargs, note, skip=()):
+    if sys.argv[1:] and name not in sys.argv[1:]:  # only the goldens named on the command line
+        return
     t = hf(tok_xz, config_path, template)
     cases = []
     for cname, system, user, response in CASES + EXTRA:
@@ -122,6 +125,9 @@ def main():
          "Llama-3.1-8B-Instruct (default date)")
     make("llama3.2", "llama3.2", l3, l3c, rd(f"{TPL}/meta-llama-Llama-3.2-3B-Instruct.jinja"),
          {"date_string": "05 Mar 2025"}, "Llama-3.2-3B-Instruct, date_string='05 Mar 2025'")
+    make("mistral-v3-tekken", "mistral-v3-tekken", f"{BPE}/tekken.tokenizer.json.xz",
+         f"{TPL}/mistral-nemo-tokenizer_config.json",
+         rd(f"{TPL}/mistralai-Mistral-Nemo-Instruct-2407.jinja"), {}, "Mistral-Nemo-Instruct-2407")
 
 
 if __name__ == "__main__":

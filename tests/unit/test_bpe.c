@@ -1,8 +1,9 @@
 /* test_bpe.c - the BPE of tokenizer.json (formats/bpe.c through formats/tokenizer.h)
  * against HF tokenizers' ids on real vocabularies (tests/golden/bpe/NAME.json, written by
  * tests/ref/make_bpe_golden.py): Qwen2/2.5/3, Llama-3, GPT-2, SmolLM2 and their variants
- * with added-token flags; decode; the SentencePiece-style file of TinyLlama against its
- * tokenizer.model; refusals of what is not supported. */
+ * with added-token flags, Mistral's Tekken (Mistral-Nemo; 300 random strings among its
+ * cases); decode; the SentencePiece-style file of TinyLlama against its tokenizer.model;
+ * refusals of what is not supported. */
 #include "formats/bakeout.h"
 #include "formats/tokenizer.h"
 #include "tests/harness.h"
@@ -257,6 +258,7 @@ int main(void)
 	test_golden("gpt-2", 46, NULL);
 	test_golden("smollm2", 0, "SmolLM2-135M-Instruct");
 	test_golden("llama-spm", 0, "TinyLlama-1.1B-Chat-v1.0");
+	test_golden("tekken", 0, NULL);
 	/* Gemma: Replace normalizer, Split(" ") pre-tokenizer */
 	test_golden("spm-gemma", 0, NULL);
 	test_spm_prompt_tokens();

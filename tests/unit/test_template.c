@@ -17,7 +17,7 @@
 static const char *goldens[] = {"llama2",  "zephyr",        "mistral-v0.1", "mistral-v0.2",
 				"chatml",  "gemma",         "qwen2.5",      "qwen3",
 				"qwen3-nothink", "smollm2", "llama3",       "llama3.1",
-				"llama3.2"};
+				"llama3.2", "mistral-v3-tekken"};
 
 /* A golden's tokenizer: a tokenizer.model, or a compressed tokenizer.json of
  * tests/golden/bpe unpacked (with the golden's tokenizer_config.json) into a temporary
@@ -208,6 +208,7 @@ static void test_detect(void)
 		{"google-gemma-2-2b-it.jinja", "gemma"},
 		{"Qwen-Qwen2.5-7B-Instruct.jinja", "qwen2.5"},
 		{"Qwen-Qwen3-0.6B.jinja", "qwen3"},
+		{"mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral-v3-tekken"},
 	};
 	for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
 		char *path = xasprintf("tests/data/templates/%s", texts[i].file);
@@ -277,6 +278,12 @@ static void test_refusals(const bk_tok *llama)
 	st = bk_run_child(detect_unknown, dir, err, sizeof err);
 	CHECK(st == BK_EXIT_FAIL && strstr(err, "You are Bob.") && count_lines(err) == 1,
 	      "unknown default system prompt: exit %d: %s", st, err);
+	/* Mistral V7's [SYSTEM_PROMPT] blocks are not written here: refused, not "mistral" */
+	json = "{\"chat_template\": \"{{ bos_token }}[SYSTEM_PROMPT]{{ s }}[/SYSTEM_PROMPT][INST]{{ u }}[/INST]\"}";
+	bk_write_file_atomic(cfg, json, strlen(json));
+	st = bk_run_child(detect_unknown, dir, err, sizeof err);
+	CHECK(st == BK_EXIT_FAIL && strstr(err, "[SYSTEM_PROMPT]") && count_lines(err) == 1,
+	      "Mistral V7 template: exit %d: %s", st, err);
 	/* a list of named templates */
 	json = "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"x\"},"
 	       " {\"name\": \"default\", \"template\": \"<|im_start|>\"}]}";
