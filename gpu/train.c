@@ -106,9 +106,7 @@ void bk_trainer_free(bk_trainer *t)
 	if (!t)
 		return;
 	const bk_ops *ops = t->m->ops;
-	ops->free(t->hid);
-	ops->free(t->dhid);
-	bk_acts_free(t->m, t->acts);
+	bk_acts_free(t->m, t->acts); /* hid, dhid with them */
 	bk_lora_free(t->m, t->lora);
 	bk_lora_free(t->m, t->grads);
 	ops->free(t->opt.m), ops->free(t->opt.v), ops->free(t->opt.qm), ops->free(t->opt.qv);
@@ -125,14 +123,12 @@ void bk_trainer_reserve(bk_trainer *t, int max_T)
 {
 	if (max_T <= t->acts_T)
 		return;
-	const bk_ops *ops = t->m->ops;
 	bk_acts_free(t->m, t->acts);
-	ops->free(t->hid);
-	ops->free(t->dhid);
 	t->acts = bk_acts_create_ckpt(t->m, max_T, t->o.r, t->o.grad_checkpoint);
-	size_t bytes = (size_t)max_T * t->m->cfg.H * sizeof(float);
-	t->hid = bk_alloc(ops, bytes, "hidden, d hidden");
-	t->dhid = bk_alloc(ops, bytes, "hidden, d hidden");
+	/* one buffer, the acts' own: the hidden states are gathered into rows right after
+	 * each forward, and the backward reads their gradient before anything else writes
+	 * there (gpu/model.h bk_acts_hidden) */
+	t->hid = t->dhid = bk_acts_hidden(t->acts);
 	t->acts_T = max_T;
 }
 

@@ -89,7 +89,8 @@ typedef struct bk_trainer {
 	} opt;
 	bk_acts *acts;
 	int acts_T;            /* tokens the acts (and hid/dhid) hold */
-	float *hid, *dhid;     /* [acts_T,H] device: final hidden states, their gradient */
+	float *hid, *dhid;     /* [acts_T,H] device: final hidden states, their gradient; one
+			        * buffer, the acts' (bk_acts_hidden), not allocated here */
 	int64_t step;          /* invariant 1 */
 	int n_micro;           /* invariant 2 */
 	/* data-parallel ranks (gpu/steprun.c): this rank's micro-batch k of a step is

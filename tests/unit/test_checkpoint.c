@@ -7,7 +7,8 @@
  *     second backward of the same forward, and
  *     for a teacher forward with a shared prefix (its K/V built on checkpointed acts);
  * (b) the activation memory: bk_acts_bytes without checkpointing minus with it is
- *     exactly (L-1) layers' saved activations and dgate, dup, and is printed;
+ *     exactly (L-1) layers' saved activations and dgate, dup (invariant 10), ln2
+ *     (invariant 12), dln, datt, dq, dk, dv (invariant 11), and is printed;
  * (c) bk-step's trainer with grad_checkpoint: 3 steps of a bake give the same adapter,
  *     bit for bit.
  * (a) and (c) also for checkpoints in segments of 2, 3 and L layers (gpu/model.c
@@ -142,13 +143,20 @@ static void test_bytes(void)
 		/* one layer's saved activations (model.c's design note) */
 		size_t layer = (size_t)T * (3 * H + 2 * QD + 2 * KVD + 3 * I + BK_LORA_NMOD * R + 2) +
 			       (size_t)c->NH * T;
-		/* and dgate, dup: the checkpointed GLU backward runs in place (invariant 10) */
-		size_t want = ((size_t)(c->L - 1) * layer + 2 * (size_t)T * I) * sizeof(float);
+		/* and dgate, dup: the checkpointed GLU backward runs in place (invariant 10);
+		 * dln, datt and dq/dk/dv live in slot buffers where they fit (invariant 11),
+		 * ln2 in ln1 (invariant 12) */
+		size_t ws = 2 * I + H;
+		ws += I >= H ? H : 0;
+		ws += I >= QD ? QD : 0;
+		ws += I >= QD + 2 * KVD ? QD + 2 * KVD : 0;
+		CHECK(ws == 2 * I + 2 * H + 2 * QD + 2 * KVD, "stories260K: every alias fits");
+		size_t want = ((size_t)(c->L - 1) * layer + (size_t)T * ws) * sizeof(float);
 		fprintf(stderr, "activation bytes, T = %d, r = %d, L = %d: %zu without, %zu with "
 			"--grad-checkpoint (saving %zu bytes, %.1f%%)\n", T, R, c->L, b0, b1,
 			b0 - b1, 100.0 * (double)(b0 - b1) / (double)b0);
 		CHECK(b1 < b0 && b0 - b1 == want, "T %d: saving %zu bytes, expected (L-1) layers "
-		      "+ dgate, dup = %zu", T, b0 - b1, want);
+		      "+ dgate, dup, ln2, dln, datt, dq, dk, dv = %zu", T, b0 - b1, want);
 		bk_acts_free(M, a0);
 		bk_acts_free(M, a1);
 	}
