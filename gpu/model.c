@@ -44,8 +44,10 @@
  * layer's activations are still there from the forward), then runs the layer's
  * backward as without checkpointing.  The rerun issues the same ops on the same inputs
  * with the same dropout keys, so activations and gradients are the same bits.  Cost:
- * L-1 more layer forwards per backward; saving: L-1 of the L layers' activations
- * (bk_acts_bytes tells what the acts allocated).
+ * L-1 more layer forwards per backward (and with fp32 acts one rmsnorm per layer,
+ * invariant 12); saving: L-1 of the L layers' activations, and with fp32 acts most of
+ * the backward's workspace (invariants 10-12; bk_acts_bytes tells what the acts
+ * allocated).
  *
  * Invariants:
  *  1. acts are sized once for max_T tokens and rank max_r; a step allocates nothing.
