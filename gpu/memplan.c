@@ -339,8 +339,9 @@ void bk_mem_plan_step(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev *
 	/* the trainer's hidden states and their gradient: the acts' tmp (bk_acts_hidden) */
 	/* gpu/train.c loss_reserve: the rows of the largest micro-batch */
 	size_t cap = N, per = o->k > 0 ? (size_t)o->k : o->k == 0 ? V : 0;
+	/* hrows, trows, drows: in the acts' dh (bk_acts_spare) when 3 H <= I */
 	add(s, BK_MEM_BUF, "loss rows", "gpu/train.c loss_reserve: rows, hrows, trows, "
-	    "drows, tk_rest", cap * 4 * 2 + 3 * cap * H * 4);
+	    "drows, tk_rest", cap * 4 * 2 + (3 * H <= (size_t)m->I ? 0 : 3 * cap * H * 4));
 	add(s, BK_MEM_BUF, "teacher fields", "gpu/train.c loss_reserve: tk_ids, tk_logp",
 	    cap * per * 8);
 	if (!d->cuda) {

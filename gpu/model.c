@@ -103,10 +103,12 @@
  *     rmsnorm_forward from resid[l], so the same bits, rstd1 rewritten with its own
  *     value) right before the q/k/v backward, when ln2 is dead.  Cost: one rmsnorm per
  *     layer per backward.
- * The acts' tmp [T,H] is free from the end of a forward (which may write its out_hidden
- * there) until the backward's first layer rerun, after the final norm's backward has
- * read d_hidden: bk_acts_hidden gives it to the trainer for its hidden states and their
- * gradient (gpu/train.c), in every mode.
+ * 13. Between a forward and the backward two buffers are free, in every mode: tmp [T,H]
+ *     from the end of a forward (which may write its out_hidden there) until the
+ *     backward's first layer rerun, after the final norm's backward has read d_hidden
+ *     (bk_acts_hidden: the trainer's hidden states and their gradient); and, on
+ *     training acts, dh [T,I], which no forward writes, until the first layer's
+ *     backward (bk_acts_spare: the trainer's loss rows, gpu/train.c).
  */
 #include "gpu/model.h"
 
@@ -531,6 +533,12 @@ bk_acts *bk_acts_create_fwd(const bk_model *m, int max_T, int max_r)
 size_t bk_acts_bytes(const bk_acts *a) { return a->bytes; }
 
 float *bk_acts_hidden(bk_acts *a) { return a->tmp; }
+
+float *bk_acts_spare(const bk_model *m, bk_acts *a, size_t *n)
+{
+	*n = a->dh ? (size_t)a->max_T * m->cfg.I : 0;
+	return a->dh;
+}
 
 void bk_acts_free(const bk_model *m, bk_acts *a)
 {

@@ -104,7 +104,9 @@ typedef struct bk_trainer {
 	/* device scratch of the loss (ops.h), grown as needed: cap_rows_d rows, cap_tk_d
 	 * teacher numbers; the hidden rows never leave the device */
 	int32_t *rows_d, *tk_ids_d;          /* [N] [N,K] */
-	float *hrows_d, *trows_d, *drows_d;  /* [N,H] student, teacher, dLoss/d rows */
+	float *hrows_d, *trows_d, *drows_d;  /* [N,H] student, teacher, dLoss/d rows; with
+					      * rows_in_acts in the acts (bk_acts_spare) */
+	int rows_in_acts;                    /* 3 H <= I: [acts_T,H] each fit the spare */
 	float *tk_logp_d, *tk_rest_d;        /* [N,K|V] [N] */
 	size_t cap_rows_d, cap_tk_d;
 } bk_trainer;

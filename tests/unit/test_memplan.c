@@ -98,6 +98,14 @@ static void test_golden(void)
 	bk_mem_plan_step(&s, &tiny, &host, &so);
 	CHECK(s.weights == 6816 && s.other == 23692 && s.peak == 30508,
 	      "step: weights %zu other %zu peak %zu", s.weights, s.other, s.peak);
+	CHECK(item(&s, "loss rows") == 520, "loss rows %zu", item(&s, "loss rows"));
+	/* with I >= 3 H the [N,H] rows live in the acts' dh (gpu/train.c rows_in_acts):
+	 * rows and tk_rest only, 5 x 4 x 2 */
+	bk_mem_model wide = tiny;
+	wide.I = 24;
+	bk_mem_plan_step(&s, &wide, &host, &so);
+	CHECK(item(&s, "loss rows") == 40, "loss rows with I = 3H: %zu", item(&s, "loss rows"));
+	bk_mem_plan_step(&s, &tiny, &host, &so);
 	so.optim8 = 1; /* codes 2 x 512, absmax: every LoRA tensor is one 256-block: 14 per
 			* layer, 28 blocks, 2 x 28 x 4 = 224 */
 	bk_mem_plan_step(&s, &tiny, &host, &so);
@@ -512,7 +520,7 @@ static void test_measured(void)
 	bk_mem_dev d = bk_mem_dev_host();
 	peak_bytes = cur_bytes = 0;
 	bk_loaded_model lm = bk_model_load(&cops, "models/stories260K");
-	for (int which = 0; which < 3; which++) {
+	for (int which = 0; which < 4; which++) {
 		if (which) /* the stage's own peak over the weights (bk-step's: the load's too) */
 			peak_bytes = cur_bytes;
 		bk_mem_stage s;
