@@ -205,27 +205,32 @@ size_t bk_mem_acts_bytes(const bk_mem_model *m, int ab, int max_T, int max_r, in
 	size_t T = max_T, L = m->L, H = m->H, I = m->I, R = max_r > 0 ? max_r : 1;
 	size_t QD = (size_t)m->NH * m->D, KVD = (size_t)m->NKV * m->D, W = widest(m);
 	size_t NS = mode ? 1 : L, A = (size_t)ab;
-	int fwd = mode == 2, act = ab != 4;
+	int fwd = mode == 2, act = ab != 4, reuse = mode == 1 && !act; /* invariants 10-12 */
 	size_t b = (3 * T + 1) * 4;
 	b += (fwd ? 2 : resid_slots(m->L, mode == 1 ? seg : 1)) * T * H * 4; /* resid */
 	b += NS * T * H * 4;                      /* resid2 */
-	b += 2 * NS * T * H * A;                  /* ln1, ln2 */
+	b += (reuse ? 1 : 2) * NS * T * H * A;    /* ln1, ln2 (one with reuse: invariant 12) */
 	b += 2 * NS * T * 4 + T * 4;              /* rstd1, rstd2, rstdf */
 	b += 2 * NS * T * QD * A + 2 * NS * T * KVD * A; /* q, att, k, v */
 	b += NS * m->NH * T * 4;                  /* lse */
 	b += 3 * NS * T * I * A;                  /* gate, up, hmlp */
 	b += NS * NMOD * T * R * 4;               /* xa */
 	b += T * H * 4 + T * (W + R) * 4;         /* tmp, scratch */
-	if (!fwd)
-		b += 2 * T * H * 4 + T * QD * 4 + T * I * 4; /* dres, dln, datt, dh */
-	if (!fwd || act)
+	/* with reuse, dln, datt, dq/dk/dv and dqr/dkr live in slot buffers where they fit
+	 * (invariant 11) */
+	if (!fwd) {
+		b += T * H * 4 + T * I * 4; /* dres, dh */
+		b += reuse && I >= H ? 0 : T * H * 4; /* dln */
+		b += reuse && I >= QD ? 0 : T * QD * 4; /* datt */
+	}
+	if ((!fwd && !(reuse && I >= QD + 2 * KVD)) || act)
 		b += T * QD * 4 + 2 * T * KVD * 4; /* dq, dk, dv */
 	if (act || mode == 0)
 		b += 2 * T * I * 4; /* dgate, dup (in place otherwise: model.c invariant 10) */
 	if (m->qk_norm) {
 		b += NS * T * (QD + KVD) * 4 + NS * T * (size_t)(m->NH + m->NKV) * 4;
-		if (!fwd)
-			b += T * (QD + KVD) * 4;
+		if (!fwd && !(reuse && I >= QD + KVD))
+			b += T * (QD + KVD) * 4; /* dqr, dkr */
 	}
 	if (m->sandwich) {
 		b += 2 * NS * T * H * 4 + 2 * NS * T * 4;
@@ -331,12 +336,12 @@ void bk_mem_plan_step(bk_mem_stage *s, const bk_mem_model *m, const bk_mem_dev *
 	    "gpu/model.c bk_acts_create_ckpt (gpu/train.c bk_trainer_reserve)",
 	    bk_mem_acts_bytes(m, d->act_bytes, o->max_T, o->r, o->grad_checkpoint ? 1 : 0,
 			      o->grad_checkpoint));
-	add(s, BK_MEM_BUF, "hidden, d hidden", "gpu/train.c bk_trainer_reserve: hid, dhid",
-	    2 * T * H * 4);
+	/* the trainer's hidden states and their gradient: the acts' tmp (bk_acts_hidden) */
 	/* gpu/train.c loss_reserve: the rows of the largest micro-batch */
 	size_t cap = N, per = o->k > 0 ? (size_t)o->k : o->k == 0 ? V : 0;
+	/* hrows, trows, drows: in the acts' dh (bk_acts_spare) when 3 H <= I */
 	add(s, BK_MEM_BUF, "loss rows", "gpu/train.c loss_reserve: rows, hrows, trows, "
-	    "drows, tk_rest", cap * 4 * 2 + 3 * cap * H * 4);
+	    "drows, tk_rest", cap * 4 * 2 + (3 * H <= (size_t)m->I ? 0 : 3 * cap * H * 4));
 	add(s, BK_MEM_BUF, "teacher fields", "gpu/train.c loss_reserve: tk_ids, tk_logp",
 	    cap * per * 8);
 	if (!d->cuda) {

@@ -44,8 +44,10 @@
  * layer's activations are still there from the forward), then runs the layer's
  * backward as without checkpointing.  The rerun issues the same ops on the same inputs
  * with the same dropout keys, so activations and gradients are the same bits.  Cost:
- * L-1 more layer forwards per backward; saving: L-1 of the L layers' activations
- * (bk_acts_bytes tells what the acts allocated).
+ * L-1 more layer forwards per backward (and with fp32 acts one rmsnorm per layer,
+ * invariant 12); saving: L-1 of the L layers' activations, and with fp32 acts most of
+ * the backward's workspace (invariants 10-12; bk_acts_bytes tells what the acts
+ * allocated).
  *
  * Invariants:
  *  1. acts are sized once for max_T tokens and rank max_r; a step allocates nothing.
@@ -87,6 +89,26 @@
  *     slot then no longer holds a forward (slot_layer = -1), so a second backward of
  *     the same forward reruns every layer and adds the same gradient again.  Without
  *     checkpointing the slots are the forward's record and are never written.
+ * 11. In the same mode (checkpointing, fp32 activations: a->reuse) the backward's
+ *     workspaces live in slot buffers that are dead while they are alive, each only
+ *     where it fits (I >= its width; else it has its own buffer): datt [T,QD] in dh (dh
+ *     dies with the GLU backward, datt is born at the o_proj backward); dln [T,H] in the
+ *     slot's hmlp (dead after the down_proj backward); dq, dk, dv [T,QD+2KVD] one after
+ *     the other in the slot's gate and, with qk_norm, dqr, dkr [T,QD+KVD] in its up
+ *     (dgate and dup, invariant 10, die with the gate/up backward).  Nothing of them
+ *     outlives a layer's backward (only dres does), so the next layer's rerun may write
+ *     the slot.  bk_acts_free frees the owners only (a->alias).
+ * 12. In that mode ln1 and ln2 share one buffer: the forward's ln2 overwrites ln1 once
+ *     the q/k/v projections have read it, and the backward recomputes ln1 (the forward's
+ *     rmsnorm_forward from resid[l], so the same bits, rstd1 rewritten with its own
+ *     value) right before the q/k/v backward, when ln2 is dead.  Cost: one rmsnorm per
+ *     layer per backward.
+ * 13. Between a forward and the backward two buffers are free, in every mode: tmp [T,H]
+ *     from the end of a forward (which may write its out_hidden there) until the
+ *     backward's first layer rerun, after the final norm's backward has read d_hidden
+ *     (bk_acts_hidden: the trainer's hidden states and their gradient); and, on
+ *     training acts, dh [T,I], which no forward writes, until the first layer's
+ *     backward (bk_acts_spare: the trainer's loss rows, gpu/train.c).
  */
 #include "gpu/model.h"
 
@@ -145,7 +167,12 @@ struct bk_acts {
 	float *dgate, *dup, *dh; /* [T,I] */
 	float *dqr, *dkr;     /* [T,NH*D], [T,NKV*D] (qk_norm) */
 	float *dtmp;          /* [T,H] (sandwich) */
+	int reuse;            /* checkpointing with fp32 acts: invariants 10-12 */
+	unsigned alias;       /* ALIAS_* bits: workspaces living in other buffers (inv. 11, 12) */
 };
+
+/* the bk_acts buffers that, when their bit is set in a->alias, point into another one */
+enum { ALIAS_DATT = 1, ALIAS_DLN = 2, ALIAS_DQKV = 4, ALIAS_DQKR = 8, ALIAS_LN2 = 16 };
 
 /* ---- model ---- */
 
@@ -407,6 +434,7 @@ static bk_acts *acts_create(const bk_model *m, int max_T, int max_r, int mode, i
 	a->seg = mode == 1 && seg > 1 ? (seg < (int)L ? seg : (int)L) : 1;
 	a->seg_valid = -1;
 	a->act_bytes = m->act_bytes;
+	a->reuse = mode == 1 && !act; /* invariants 10-12 */
 	a->ids = bk_alloc(ops, T * sizeof(int32_t), "activations");
 	a->pos = bk_alloc(ops, T * sizeof(int32_t), "activations");
 	a->cu = bk_alloc(ops, (T + 1) * sizeof(int32_t), "activations");
@@ -414,7 +442,10 @@ static bk_acts *acts_create(const bk_model *m, int max_T, int max_r, int mode, i
 	a->resid = aalloc(ops, a, (fwd ? 2 : resid_slots((int)L, a->seg)) * T * H);
 	a->resid2 = aalloc(ops, a, NS * T * H);
 	a->ln1 = aalloc_act(ops, a, NS * T * H);
-	a->ln2 = aalloc_act(ops, a, NS * T * H);
+	if (a->reuse) /* ln1 recomputed before the q/k/v backward (invariant 12) */
+		a->ln2 = a->ln1, a->alias |= ALIAS_LN2;
+	else
+		a->ln2 = aalloc_act(ops, a, NS * T * H);
 	a->rstd1 = aalloc(ops, a, NS * T);
 	a->rstd2 = aalloc(ops, a, NS * T);
 	a->rstdf = aalloc(ops, a, T);
@@ -433,11 +464,22 @@ static bk_acts *acts_create(const bk_model *m, int max_T, int max_r, int mode, i
 	 * gate/up into dq/dk/dv and dgate/dup (invariant 7) */
 	if (!fwd) {
 		a->dres = aalloc(ops, a, T * H);
-		a->dln = aalloc(ops, a, T * H);
-		a->datt = aalloc(ops, a, T * QD);
+		if (a->reuse && I >= H) /* in the slot's hmlp (invariant 11) */
+			a->dln = a->hmlp, a->alias |= ALIAS_DLN;
+		else
+			a->dln = aalloc(ops, a, T * H);
 		a->dh = aalloc(ops, a, T * I);
+		if (a->reuse && I >= QD) /* in dh (invariant 11) */
+			a->datt = a->dh, a->alias |= ALIAS_DATT;
+		else
+			a->datt = aalloc(ops, a, T * QD);
 	}
-	if (!fwd || act) {
+	if (!fwd && a->reuse && I >= QD + 2 * KVD) { /* in the slot's gate (invariant 11) */
+		a->dq = a->gate;
+		a->dk = a->dq + T * QD;
+		a->dv = a->dk + T * KVD;
+		a->alias |= ALIAS_DQKV;
+	} else if (!fwd || act) {
 		a->dq = aalloc(ops, a, T * QD);
 		a->dk = aalloc(ops, a, T * KVD);
 		a->dv = aalloc(ops, a, T * KVD);
@@ -451,7 +493,11 @@ static bk_acts *acts_create(const bk_model *m, int max_T, int max_r, int mode, i
 		a->kraw = aalloc(ops, a, NS * T * KVD);
 		a->rstdq = aalloc(ops, a, NS * T * c->NH);
 		a->rstdk = aalloc(ops, a, NS * T * c->NKV);
-		if (!fwd) {
+		if (!fwd && a->reuse && I >= QD + KVD) { /* in the slot's up (invariant 11) */
+			a->dqr = a->up;
+			a->dkr = a->dqr + T * QD;
+			a->alias |= ALIAS_DQKR;
+		} else if (!fwd) {
 			a->dqr = aalloc(ops, a, T * QD);
 			a->dkr = aalloc(ops, a, T * KVD);
 		}
@@ -486,10 +532,29 @@ bk_acts *bk_acts_create_fwd(const bk_model *m, int max_T, int max_r)
 
 size_t bk_acts_bytes(const bk_acts *a) { return a->bytes; }
 
+float *bk_acts_hidden(bk_acts *a) { return a->tmp; }
+
+float *bk_acts_spare(const bk_model *m, bk_acts *a, size_t *n)
+{
+	*n = a->dh ? (size_t)a->max_T * m->cfg.I : 0;
+	return a->dh;
+}
+
 void bk_acts_free(const bk_model *m, bk_acts *a)
 {
 	if (!a)
 		return;
+	/* the aliases point into buffers freed below (invariants 11, 12) */
+	if (a->alias & ALIAS_LN2)
+		a->ln2 = NULL;
+	if (a->alias & ALIAS_DLN)
+		a->dln = NULL;
+	if (a->alias & ALIAS_DATT)
+		a->datt = NULL;
+	if (a->alias & ALIAS_DQKV)
+		a->dq = a->dk = a->dv = NULL;
+	if (a->alias & ALIAS_DQKR)
+		a->dqr = a->dkr = NULL;
 	void *bufs[] = { a->ids, a->pos, a->cu, a->resid, a->resid2, a->ln1, a->ln2,
 			 a->rstd1, a->rstd2, a->rstdf, a->q, a->k, a->v, a->att, a->lse,
 			 a->gate, a->up, a->hmlp, a->xa, a->tmp, a->scratch, a->dres, a->dln,
@@ -952,6 +1017,8 @@ static void layer_backward(const bk_model *m, const bk_lora *lora, bk_lora *grad
 		ops->rmsnorm_backward(a->dkr, a->dk, s.kraw, w->k_norm, s.rstdk, T * c->NKV, c->D);
 		dq = a->dqr, dk = a->dkr;
 	}
+	if (a->alias & ALIAS_LN2) /* ln2 is dead: ln1 again, the same bits (invariant 12) */
+		ops->rmsnorm_forward(s.ln1, s.rstd1, x, w->attn_norm, T, c->H, c->rms_eps);
 	ops->zero(a->dln, fT * H);
 	linear_bwd(m, lora, grads, a, l, BK_LORA_Q, 3, a->dln,
 		   (const float *const[]){ dq, dk, a->dv }, s.ln1, T);

@@ -196,6 +196,15 @@ void bk_acts_free(const bk_model *m, bk_acts *a);
 /* device bytes the acts allocated (saved activations, batch arrays, workspace): the
  * model's peak activation memory, as nothing is allocated per step */
 size_t bk_acts_bytes(const bk_acts *a);
+/* the acts' [max_T,H] fp32 branch buffer, which no step uses from the end of a
+ * bk_model_forward until the backward's first layer rerun (gpu/model.c invariant 13):
+ * it may be the forward's out_hidden and the backward's d_hidden, and hold them in
+ * between, but a forward on these acts overwrites it */
+float *bk_acts_hidden(bk_acts *a);
+/* the *n = max_T * I fp32 numbers (NULL, 0 on acts for a forward only) that no
+ * forward writes and the backward uses only from its first layer on (invariant 13):
+ * free to hold anything from before a forward until the bk_model_backward after it */
+float *bk_acts_spare(const bk_model *m, bk_acts *a, size_t *n);
 
 /* zeroed A and B; dropout p in [0,1) */
 bk_lora *bk_lora_create(const bk_model *m, int r, float alpha, float dropout,

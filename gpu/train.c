@@ -97,6 +97,7 @@ bk_trainer *bk_trainer_create(const bk_model *m, const bk_train_opts *o)
 	t->lora = bk_lora_create(m, o->r, o->alpha, o->dropout, o->targets);
 	bk_lora_init_peft(m, t->lora, o->seed);
 	t->grads = bk_lora_create_like(m, t->lora);
+	t->rows_in_acts = 3 * (int64_t)m->cfg.H <= m->cfg.I; /* gpu/memplan.c the same */
 	optim_create(t);
 	return t;
 }
@@ -106,17 +107,16 @@ void bk_trainer_free(bk_trainer *t)
 	if (!t)
 		return;
 	const bk_ops *ops = t->m->ops;
-	ops->free(t->hid);
-	ops->free(t->dhid);
-	bk_acts_free(t->m, t->acts);
+	bk_acts_free(t->m, t->acts); /* hid, dhid with them */
 	bk_lora_free(t->m, t->lora);
 	bk_lora_free(t->m, t->grads);
 	ops->free(t->opt.m), ops->free(t->opt.v), ops->free(t->opt.qm), ops->free(t->opt.qv);
 	ops->free(t->opt.am), ops->free(t->opt.av);
 	free(t->opt.tensors);
 	free(t->ids), free(t->pos), free(t->cu), free(t->sample_of), free(t->rows);
-	ops->free(t->rows_d), ops->free(t->hrows_d), ops->free(t->trows_d);
-	ops->free(t->drows_d), ops->free(t->tk_rest_d);
+	ops->free(t->rows_d), ops->free(t->tk_rest_d);
+	if (!t->rows_in_acts)
+		ops->free(t->hrows_d), ops->free(t->trows_d), ops->free(t->drows_d);
 	ops->free(t->tk_ids_d), ops->free(t->tk_logp_d);
 	free(t);
 }
@@ -125,14 +125,19 @@ void bk_trainer_reserve(bk_trainer *t, int max_T)
 {
 	if (max_T <= t->acts_T)
 		return;
-	const bk_ops *ops = t->m->ops;
 	bk_acts_free(t->m, t->acts);
-	ops->free(t->hid);
-	ops->free(t->dhid);
 	t->acts = bk_acts_create_ckpt(t->m, max_T, t->o.r, t->o.grad_checkpoint);
-	size_t bytes = (size_t)max_T * t->m->cfg.H * sizeof(float);
-	t->hid = bk_alloc(ops, bytes, "hidden, d hidden");
-	t->dhid = bk_alloc(ops, bytes, "hidden, d hidden");
+	/* one buffer, the acts' own: the hidden states are gathered into rows right after
+	 * each forward, and the backward reads their gradient before anything else writes
+	 * there (gpu/model.h bk_acts_hidden) */
+	t->hid = t->dhid = bk_acts_hidden(t->acts);
+	if (t->rows_in_acts) { /* the loss rows in the acts' spare [max_T,I] (3 H <= I) */
+		size_t n, rows = (size_t)max_T * t->m->cfg.H;
+		t->hrows_d = bk_acts_spare(t->m, t->acts, &n);
+		BUG_ON(!t->hrows_d || n < 3 * rows);
+		t->trows_d = t->hrows_d + rows;
+		t->drows_d = t->trows_d + rows;
+	}
 	t->acts_T = max_T;
 }
 
@@ -176,19 +181,24 @@ static int pack(bk_trainer *t, const bk_train_sample *s, const int *idx, int ns,
 
 /* device scratch of the loss for N rows and tk teacher numbers (ids or log-probs), sized
  * to the largest micro-batch so far and no more (like the activations): a new largest
- * one frees and reallocates; the memory plan counts exactly these bytes */
+ * one frees and reallocates; the memory plan counts exactly these bytes.  With
+ * rows_in_acts the [N,H] rows are not allocated here but live in the acts' spare
+ * (bk_trainer_reserve): N <= the student's tokens <= acts_T, and the rows are dead
+ * before the backward's first layer (gather after a forward, loss, scatter into dhid) */
 static void loss_reserve(bk_trainer *t, int N, size_t tk)
 {
 	const bk_ops *ops = t->m->ops;
 	size_t H = (size_t)t->m->cfg.H;
 	if ((size_t)N > t->cap_rows_d) {
 		size_t cap = (size_t)N;
-		ops->free(t->rows_d), ops->free(t->hrows_d), ops->free(t->trows_d);
-		ops->free(t->drows_d), ops->free(t->tk_rest_d);
+		ops->free(t->rows_d), ops->free(t->tk_rest_d);
 		t->rows_d = bk_alloc(ops, cap * sizeof(int32_t), "loss rows");
-		t->hrows_d = bk_alloc(ops, cap * H * sizeof(float), "loss rows");
-		t->trows_d = bk_alloc(ops, cap * H * sizeof(float), "loss rows");
-		t->drows_d = bk_alloc(ops, cap * H * sizeof(float), "loss rows");
+		if (!t->rows_in_acts) {
+			ops->free(t->hrows_d), ops->free(t->trows_d), ops->free(t->drows_d);
+			t->hrows_d = bk_alloc(ops, cap * H * sizeof(float), "loss rows");
+			t->trows_d = bk_alloc(ops, cap * H * sizeof(float), "loss rows");
+			t->drows_d = bk_alloc(ops, cap * H * sizeof(float), "loss rows");
+		}
 		t->tk_rest_d = bk_alloc(ops, cap * sizeof(float), "loss rows");
 		t->cap_rows_d = cap;
 	}

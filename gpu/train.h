@@ -89,7 +89,8 @@ typedef struct bk_trainer {
 	} opt;
 	bk_acts *acts;
 	int acts_T;            /* tokens the acts (and hid/dhid) hold */
-	float *hid, *dhid;     /* [acts_T,H] device: final hidden states, their gradient */
+	float *hid, *dhid;     /* [acts_T,H] device: final hidden states, their gradient; one
+			        * buffer, the acts' (bk_acts_hidden), not allocated here */
 	int64_t step;          /* invariant 1 */
 	int n_micro;           /* invariant 2 */
 	/* data-parallel ranks (gpu/steprun.c): this rank's micro-batch k of a step is
@@ -103,7 +104,9 @@ typedef struct bk_trainer {
 	/* device scratch of the loss (ops.h), grown as needed: cap_rows_d rows, cap_tk_d
 	 * teacher numbers; the hidden rows never leave the device */
 	int32_t *rows_d, *tk_ids_d;          /* [N] [N,K] */
-	float *hrows_d, *trows_d, *drows_d;  /* [N,H] student, teacher, dLoss/d rows */
+	float *hrows_d, *trows_d, *drows_d;  /* [N,H] student, teacher, dLoss/d rows; with
+					      * rows_in_acts in the acts (bk_acts_spare) */
+	int rows_in_acts;                    /* 3 H <= I: [acts_T,H] each fit the spare */
 	float *tk_logp_d, *tk_rest_d;        /* [N,K|V] [N] */
 	size_t cap_rows_d, cap_tk_d;
 } bk_trainer;

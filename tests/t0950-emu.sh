@@ -93,6 +93,22 @@ test_expect_success 'bk-step cuda: gradient checkpointing (also in segments: the
 '
 fi
 
+# intermediate 3 x hidden: the loss rows live in the acts (gpu/train.c rows_in_acts)
+test_expect_success 'bk-step cuda vs cpu on a Llama with I = 3H (loss rows in the acts), checkpointed the same bits, fp32 and bf16 activations' '
+	"$EMU_BUILD/bench/make_model" wide 64 2 4 2 192 512 "$M/tokenizer.model" f32 3 >/dev/null &&
+	bk-tokenize --model wide --system "$SYS" "$DATA/pipe/stories.txt" 2>/dev/null |
+	bk-gen --model wide --device cpu --num-trajectories 2 --max-new-tokens 24 --seed 1 2>/dev/null |
+	bk-lens -q --max-tokens 256 --seed 1 -o w.bk &&
+	step wcpu cpu wide w.bk --lora-dropout 0.1 --max-steps 3 &&
+	step wcuda cuda wide w.bk --lora-dropout 0.1 --max-steps 3 && same wcpu wcuda &&
+	step wcudack cuda wide w.bk --lora-dropout 0.1 --max-steps 3 --grad-checkpoint &&
+	cmp o-wcuda/final/adapter_model.safetensors o-wcudack/final/adapter_model.safetensors &&
+	(export BK_ACT=bf16; step wcudab cuda wide w.bk --lora-dropout 0.1 --max-steps 3 &&
+		step wcudabck cuda wide w.bk --lora-dropout 0.1 --max-steps 3 --grad-checkpoint-every 2) &&
+	same wcpu wcudab 0.01 &&
+	cmp o-wcudab/final/adapter_model.safetensors o-wcudabck/final/adapter_model.safetensors
+'
+
 # the teacher streams of the emulated GPU, then 2 steps on each (exact KL from log-probs,
 # top-k KL under BK_LOSS v1 and v2)
 test_expect_success 'bk-teach cuda vs cpu on stories260K (top-k 8, BK_LOSS v1 and v2; full log-probs)' '

@@ -1,7 +1,8 @@
 /* memplan_stages.h - the stage workloads whose measured peak both memory-plan tests hold
  * to their plans: test_memplan.c (g) on the host twin with every allocation counted, and
  * test_memplan_cuda.c with the CUDA ops' own accounting.  mp_stage(which, ...) runs stage
- * which (0 bk-step in exact mode, 1 bk-teach, 2 bk-gen) at a small shape on the model lm
+ * which (0 bk-step in exact mode, 1 bk-teach, 2 bk-gen, 3 bk-step with gradient
+ * checkpointing: gpu/model.c invariants 10-12) at a small shape on the model lm
  * (models/stories260K), bk-gen with the generation ops gops, and fills s with the plan of
  * that stage on device d (gpu/memplan.c); returns bk-teach's activation tokens (acts_T),
  * 0 for the other stages.  Header-only (static), for those two tests. */
@@ -28,9 +29,11 @@ static int mp_stage(int which, const bk_loaded_model *lm, const bk_gen_ops *gops
 	p2[13] = 7, p3[12] = 9;
 	bk_mem_model mm = bk_mem_model_of(lm->cfg);
 	int acts_T = 0;
-	if (which == 0) { /* bk-step, exact mode: 3 samples, teacher prompts longer than the student's */
+	if (which == 0 || which == 3) { /* bk-step, exact mode: 3 samples, teacher prompts
+					 * longer than the student's; 3: with checkpointing */
 		bk_train_opts o = {.r = 4, .alpha = 8, .targets = BK_LORA_ALL, .lr = 1e-3,
-				   .temperature = 1, .seed = 1, .vocab_chunk = 100};
+				   .temperature = 1, .seed = 1, .vocab_chunk = 100,
+				   .grad_checkpoint = which == 3};
 		bk_trainer *t = bk_trainer_create(lm->model, &o);
 		bk_train_sample sm[3] = {{ids, ids, ids + 40, 6, 15, 9, NULL},
 					 {ids + 3, ids, ids + 20, 10, 20, 12, NULL},
@@ -43,7 +46,7 @@ static int mp_stage(int which, const bk_loaded_model *lm, const bk_gen_ops *gops
 		/* tokens: teacher 15+9 + 20+12 + 9+7 = 72, student 6+9 + 10+12 + 4+7 = 48; rows
 		 * 28; the teacher runs in chunks of at most 48 tokens: {24}, {32, 16} */
 		bk_mem_step so = {.r = 4, .targets = BK_LORA_ALL, .max_T = 48, .rows = 28, .k = -1,
-				  .vocab_chunk = 100};
+				  .vocab_chunk = 100, .grad_checkpoint = which == 3};
 		bk_mem_plan_step(s, &mm, d, &so);
 	} else if (which == 1) { /* bk-teach: two forwards (the budget splits them), a prefix, top-8 */
 		bk_teach_seq sq[3] = {{p1, 14, ids + 40, 10}, {p2, 14, ids + 20, 16},

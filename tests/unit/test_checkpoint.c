@@ -7,11 +7,15 @@
  *     second backward of the same forward, and
  *     for a teacher forward with a shared prefix (its K/V built on checkpointed acts);
  * (b) the activation memory: bk_acts_bytes without checkpointing minus with it is
- *     exactly (L-1) layers' saved activations and dgate, dup, and is printed;
+ *     exactly (L-1) layers' saved activations and dgate, dup (invariant 10), ln2
+ *     (invariant 12), dln, datt, dq, dk, dv (invariant 11), and is printed;
  * (c) bk-step's trainer with grad_checkpoint: 3 steps of a bake give the same adapter,
  *     bit for bit.
  * (a) and (c) also for checkpoints in segments of 2, 3 and L layers (gpu/model.c
- * invariant 9: stories260K has 5 layers, so the last segment is a partial one). */
+ * invariant 9: stories260K has 5 layers, so the last segment is a partial one).
+ * (d) the trainer's loss rows in the acts' spare (invariant 13) on a model that has
+ *     room for them: the same bits as in their own buffers. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -142,23 +146,32 @@ static void test_bytes(void)
 		/* one layer's saved activations (model.c's design note) */
 		size_t layer = (size_t)T * (3 * H + 2 * QD + 2 * KVD + 3 * I + BK_LORA_NMOD * R + 2) +
 			       (size_t)c->NH * T;
-		/* and dgate, dup: the checkpointed GLU backward runs in place (invariant 10) */
-		size_t want = ((size_t)(c->L - 1) * layer + 2 * (size_t)T * I) * sizeof(float);
+		/* and dgate, dup: the checkpointed GLU backward runs in place (invariant 10);
+		 * dln, datt and dq/dk/dv live in slot buffers where they fit (invariant 11),
+		 * ln2 in ln1 (invariant 12) */
+		size_t ws = 2 * I + H;
+		ws += I >= H ? H : 0;
+		ws += I >= QD ? QD : 0;
+		ws += I >= QD + 2 * KVD ? QD + 2 * KVD : 0;
+		CHECK(ws == 2 * I + 2 * H + 2 * QD + 2 * KVD, "stories260K: every alias fits");
+		size_t want = ((size_t)(c->L - 1) * layer + (size_t)T * ws) * sizeof(float);
 		fprintf(stderr, "activation bytes, T = %d, r = %d, L = %d: %zu without, %zu with "
 			"--grad-checkpoint (saving %zu bytes, %.1f%%)\n", T, R, c->L, b0, b1,
 			b0 - b1, 100.0 * (double)(b0 - b1) / (double)b0);
 		CHECK(b1 < b0 && b0 - b1 == want, "T %d: saving %zu bytes, expected (L-1) layers "
-		      "+ dgate, dup = %zu", T, b0 - b1, want);
+		      "+ dgate, dup, ln2, dln, datt, dq, dk, dv = %zu", T, b0 - b1, want);
 		bk_acts_free(M, a0);
 		bk_acts_free(M, a1);
 	}
 }
 
-static void test_trainer(int ckpt)
+static int32_t sp[3][8], tp[3][14], rs[3][6];
+
+/* 3 samples of an exact-mode bake: student prompts, teacher prompts with a system
+ * prompt, responses of 6, 5, 4 tokens (ids < 503) */
+static void make_samples(bk_train_sample *s)
 {
 	int32_t sys[6] = {301, 427, 295, 433, 422, 265};
-	int32_t sp[3][8], tp[3][14], rs[3][6];
-	bk_train_sample s[3];
 	for (int i = 0; i < 3; i++) {
 		int nu = 3 + 2 * i;
 		sp[i][0] = tp[i][0] = 1;
@@ -169,6 +182,12 @@ static void test_trainer(int ckpt)
 			rs[i][j] = 3 + (int32_t)bk_rng_below(&rng, 500);
 		s[i] = (bk_train_sample){sp[i], tp[i], rs[i], 1 + nu, 7 + nu, 6 - i, NULL};
 	}
+}
+
+static void test_trainer(int ckpt)
+{
+	bk_train_sample s[3];
+	make_samples(s);
 	bk_train_opts o = {.r = 4, .alpha = 8, .dropout = 0.1f, .targets = BK_LORA_ALL,
 			   .lr = 2e-3, .max_grad_norm = 1.0, .sched = BK_SCHED_CONSTANT,
 			   .temperature = 1, .seed = 11, .vocab_chunk = 100};
@@ -189,6 +208,68 @@ static void test_trainer(int ckpt)
 	bk_trainer_free(t1);
 }
 
+/* (d) a random Llama with I = 3H (stories260K has I < 3H): the trainer keeps the loss's
+ * student, teacher and gradient rows in the acts' spare (gpu/train.c rows_in_acts,
+ * gpu/model.c invariant 13); 3 steps give the same losses and adapter, bit for bit, as
+ * with the rows in their own buffers, without checkpointing, with it, and in segments */
+static void test_rows_in_acts(void)
+{
+	enum { H = 32, I = 96, L = 3, NH = 4, NKV = 2, D = 8, V = 512 };
+	static float inv[D / 2];
+	for (int i = 0; i < D / 2; i++)
+		inv[i] = (float)pow(10000.0, -2.0 * i / D);
+	bk_llama_config c = {.H = H, .I = I, .L = L, .NH = NH, .NKV = NKV, .D = D, .V = V,
+			     .rms_eps = 1e-5f, .inv_freq = inv};
+	size_t n = 2 * (size_t)V * H + H + L * (2 * (size_t)NH * D * H + 2 * (size_t)NKV * D * H +
+						 3 * (size_t)I * H + 2 * H);
+	float *w = xmalloc(n * sizeof(float)), *p = w;
+	for (size_t i = 0; i < n; i++)
+		w[i] = ((float)bk_rng_uniform(&rng) - 0.5f) * 0.4f;
+#define TAKE(k) (p += (k), p - (k))
+	bk_llama_layer_weights lw[L];
+	for (int l = 0; l < L; l++) {
+		lw[l] = (bk_llama_layer_weights){0};
+		lw[l].wq = TAKE((size_t)NH * D * H), lw[l].wk = TAKE((size_t)NKV * D * H);
+		lw[l].wv = TAKE((size_t)NKV * D * H), lw[l].wo = TAKE((size_t)H * NH * D);
+		lw[l].w_gate = TAKE((size_t)I * H), lw[l].w_up = TAKE((size_t)I * H);
+		lw[l].w_down = TAKE((size_t)H * I);
+		lw[l].attn_norm = TAKE(H), lw[l].mlp_norm = TAKE(H);
+	}
+	bk_llama_weights ws = {.embed = TAKE((size_t)V * H), .final_norm = TAKE(H),
+			       .lm_head = TAKE((size_t)V * H), .layers = lw};
+#undef TAKE
+	BUG_ON(p != w + n);
+	bk_model *m = bk_model_create(&bk_ops_host, &c, &ws);
+	bk_train_sample s[3];
+	make_samples(s);
+	int ckpts[3] = {0, 1, 2};
+	for (int k = 0; k < 3; k++) {
+		bk_train_opts o = {.r = 4, .alpha = 8, .dropout = 0.1f, .targets = BK_LORA_ALL,
+				   .lr = 2e-3, .max_grad_norm = 1.0, .sched = BK_SCHED_CONSTANT,
+				   .temperature = 1, .seed = 11, .vocab_chunk = 100,
+				   .grad_checkpoint = ckpts[k]};
+		bk_trainer *t0 = bk_trainer_create(m, &o), *t1 = bk_trainer_create(m, &o);
+		CHECK(t1->rows_in_acts, "I = 3H: the loss rows go in the acts");
+		t0->rows_in_acts = 0; /* before anything is reserved: their own buffers */
+		int same = 1;
+		for (int st = 0; st < 3; st++) {
+			bk_train_micro_info i0, i1;
+			bk_trainer_micro(t0, s, 3, &i0);
+			bk_trainer_micro(t1, s, 3, &i1);
+			same &= i0.loss == i1.loss;
+			bk_trainer_step(t0, NULL);
+			bk_trainer_step(t1, NULL);
+		}
+		CHECK(same && !memcmp(t0->lora->flat, t1->lora->flat, t0->lora->n_flat * 4),
+		      "checkpoint %d: the loss rows in the acts give other losses or another "
+		      "adapter than in their own buffers", ckpts[k]);
+		bk_trainer_free(t0);
+		bk_trainer_free(t1);
+	}
+	bk_model_free(m);
+	free(w);
+}
+
 int main(void)
 {
 	bk_diag_init("test_checkpoint");
@@ -206,6 +287,7 @@ int main(void)
 		test_trainer(ckpts[i]);
 	}
 	test_bytes();
+	test_rows_in_acts();
 	bk_model_unload(&lm);
 	return bk_test_done("test_checkpoint");
 }

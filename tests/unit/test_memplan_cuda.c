@@ -63,7 +63,7 @@ int main(void)
 		       "emulated one\n", why ? why : "none");
 		return bk_test_done("test_memplan_cuda");
 	}
-	for (int which = 0; which < 3; which++) {
+	for (int which = 0; which < 4; which++) {
 		char err[4096];
 		int st = bk_run_child(stage, &which, err, sizeof err);
 		fputs(err, stdout);

@@ -12,7 +12,9 @@
  *     within sqrt(9 L) 4 u relative L2 (cuda_act.cuh's compounding with e_fp32 = 0, u =
  *     2^-8), and not bit-identical to it (the bf16 path was taken);
  *   - the same step with dropout 0.1, against the host twin's with dropout;
- *   - gradient checkpointing in bf16 mode: the same gradients bit for bit;
+ *   - gradient checkpointing in bf16 mode: the same gradients bit for bit; and in fp32
+ *     (the host twin), where the backward's workspaces live in the slot (model.c
+ *     invariants 11, 12: with qk_norm, dqr/dkr in up), the same bits as fp32 without;
  *   - bk_acts_bytes: smaller by exactly 2 bytes per element of the act buffers;
  *   - a shared prefix (bk_model_prefix_build and a forward over it) in bf16 mode against
  *     fp32, within the same bound.
@@ -298,6 +300,14 @@ int main(int argc, char **argv)
 			      "%s: checkpointed bf16 step differs from the plain one", what);
 			printf("%-52s checkpointed: %s\n", what,
 			       !memcmp(c.grads, a.grads, a.n * sizeof(float)) ? "bit-identical" : "DIFFERS");
+			free(c.grads);
+			/* and in fp32, where the backward's workspaces live in the slot and ln2 in
+			 * ln1 (model.c invariants 11, 12; every alias fits these dims): the same
+			 * bits as without checkpointing */
+			step(&bk_ops_host, deltas, drop, 1, &c);
+			CHECK(!memcmp(c.grads, h.grads, h.n * sizeof(float)) &&
+				      !memcmp(c.hidden, h.hidden, sizeof(h.hidden)),
+			      "%s: checkpointed fp32 step differs from the plain one", what);
 			free(h.grads), free(a.grads), free(c.grads);
 		}
 		/* a prefix in bf16 mode: forward over it against fp32 */
