@@ -14,7 +14,8 @@
  * The templates beyond those: chatml with a default system prompt (qwen2, qwen2.5,
  * smollm2), qwen3 (think blocks, enable_thinking), Llama-3.0/3.1/3.2 (headers; the
  * date line of 3.1/3.2), Mistral's V3-Tekken (Mistral-Nemo: [INST] and [/INST] are
- * special tokens, no spaces around the text). */
+ * special tokens, no spaces around the text) and V3 (Mistral-7B-Instruct-v0.3: the
+ * same special tokens, "[INST] " + text + "[/INST]", " " + response|trim + "</s>"). */
 #include "formats/template.h"
 
 #include "common/files.h"
@@ -46,6 +47,8 @@ static const struct {
 	[BK_TMPL_LLAMA31] = {"llama3.1", PREPEND_NEVER},
 	[BK_TMPL_LLAMA32] = {"llama3.2", PREPEND_NEVER},
 	[BK_TMPL_MISTRAL_TEKKEN] = {"mistral-v3-tekken", PREPEND_NEVER},
+	/* legacy=false on the hub; every segment starts with a space, so "always" is the same */
+	[BK_TMPL_MISTRAL_V3] = {"mistral-v3", PREPEND_FIRST},
 };
 
 /* the default system prompts, as the real templates write them */
@@ -138,7 +141,7 @@ const char *bk_template_name(int tmpl)
 const char *bk_template_names(void)
 {
 	return "raw, llama2, zephyr, mistral, mistral-v0.1, chatml, gemma, qwen2, qwen2.5, smollm2, "
-	       "qwen3, llama3, llama3.1, llama3.2, mistral-v3-tekken";
+	       "qwen3, llama3, llama3.1, llama3.2, mistral-v3, mistral-v3-tekken";
 }
 
 /* ---- detection ---- */
@@ -209,6 +212,9 @@ static int detect_text(const char *dir, const char *t)
 	/* "[INST]" closing a string literal: V3-Tekken, no space after it */
 	if (strstr(t, "\"[INST]\"") || strstr(t, "'[INST]'"))
 		return BK_TMPL_MISTRAL_TEKKEN;
+	/* "[/INST]" opening a string literal: V3, no space before it (v0.1/v0.2: ' [/INST]') */
+	if (strstr(t, "\"[/INST]") || strstr(t, "'[/INST]"))
+		return BK_TMPL_MISTRAL_V3;
 	if (strstr(t, "[INST]"))
 		return strstr(t, "eos_token + ' '") ? BK_TMPL_MISTRAL_V01 : BK_TMPL_MISTRAL;
 	if (strstr(t, "<|system|>") || strstr(t, "<|assistant|>"))
@@ -321,6 +327,7 @@ static struct specials specials_of(int tmpl, const bk_tok *tok)
 		s.eos = need_id(tmpl, tok, bk_tok_eos(tok), "eos");
 		break;
 	case BK_TMPL_MISTRAL_TEKKEN:
+	case BK_TMPL_MISTRAL_V3:
 		s.bos = need_id(tmpl, tok, bk_tok_bos(tok), "bos");
 		s.eos = need_id(tmpl, tok, bk_tok_eos(tok), "eos");
 		s.inst = need_piece(tmpl, tok, "[INST]");
@@ -598,9 +605,12 @@ void bk_template_prompt(int tmpl, const bk_tok *tok, const char *system, const c
 		free(content);
 		break;
 	case BK_TMPL_MISTRAL_TEKKEN:
+	case BK_TMPL_MISTRAL_V3:
 		content = fold_system(system, user);
 		put_id(&b, sp.bos);
 		put_id(&b, sp.inst);
+		if (tmpl == BK_TMPL_MISTRAL_V3)
+			put_text(&b, " ");
 		put_text(&b, content);
 		put_id(&b, sp.einst);
 		free(content);
@@ -677,8 +687,9 @@ void bk_template_prompt(int tmpl, const bk_tok *tok, const char *system, const c
 void bk_template_response(int tmpl, const bk_tok *tok, const char *response, bk_ids *out)
 {
 	struct specials sp = specials_of(tmpl, tok);
-	/* every prompt above ends in text, which the response continues (mistral-v3-tekken:
-	 * in [/INST], a special token: the response is a segment of its own either way) */
+	/* every prompt above ends in text, which the response continues (mistral-v3 and
+	 * mistral-v3-tekken: in [/INST], a special token: the response is a segment of its
+	 * own either way) */
 	struct builder b = builder_new(tmpl, tok, out, 1);
 	switch (tmpl) {
 	case BK_TMPL_RAW:
@@ -707,6 +718,11 @@ void bk_template_response(int tmpl, const bk_tok *tok, const char *response, bk_
 		put_text(&b, response);
 		put_id(&b, sp.eos);
 		put_text(&b, " ");
+		break;
+	case BK_TMPL_MISTRAL_V3:
+		put_text(&b, " ");
+		put_stripped(&b, response);
+		put_id(&b, sp.eos);
 		break;
 	case BK_TMPL_CHATML:
 	case BK_TMPL_QWEN2:

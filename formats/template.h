@@ -6,9 +6,12 @@
  * Conventions (tests/golden/templates proves them against HF):
  * - system NULL or "" means no system message; templates with a default system prompt
  *   (qwen2, qwen2.5, smollm2) then insert theirs, as HF does: the student sees it;
- * - mistral, mistral-v3-tekken and gemma take no system role: the system prompt is
- *   folded into the user turn as system + "\n\n" + user (as Mistral v0.3, Mistral-Nemo
- *   and Gemma 3 templates do);
+ * - mistral, mistral-v3, mistral-v3-tekken and gemma take no system role: the system
+ *   prompt is folded into the user turn as system + "\n\n" + user (as Mistral v0.3,
+ *   Mistral-Nemo and Gemma 3 templates do; the hub's v0.3 and Nemo templates fold it
+ *   into the last message only, so HF's render of [system, user, assistant] has no
+ *   system prompt: prompt + response ids here are HF's ids of [user: system + "\n\n" +
+ *   user, assistant=response]);
  * - chatml (the generic template) without a system prompt has no system block;
  * - qwen3: the generation prompt is "<|im_start|>assistant\n" (enable_thinking left
  *   undefined, HF's default), and the response carries the think block an assistant
@@ -52,6 +55,7 @@ enum bk_template_id {
 	BK_TMPL_LLAMA31,     /* Llama-3.1/3.3: date header, fixed default date */
 	BK_TMPL_LLAMA32,     /* Llama-3.2: date header, today's date by default */
 	BK_TMPL_MISTRAL_TEKKEN, /* Mistral-Nemo (V3-Tekken): "<s>[INST]...[/INST]" resp "</s>" */
+	BK_TMPL_MISTRAL_V3,  /* Mistral-7B-Instruct-v0.3 (V3): "<s>[INST] ...[/INST]" " resp" "</s>" */
 	BK_TMPL_COUNT
 };
 

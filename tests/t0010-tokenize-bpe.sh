@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bk-tokenize on tokenizer.json model directories (Qwen3, Qwen2.5, SmolLM2, Llama-3.1/3.2,
-# Mistral-Nemo, TinyLlama with both tokenizer files): t_prompt and s_prompt equal to HF's
-# apply_chat_template ids (tests/golden/templates, from tests/ref/make_chat_golden.py).
+# Mistral-Nemo, TinyLlama with both tokenizer files; Mistral-7B-Instruct-v0.3 with its
+# tokenizer.model): t_prompt and s_prompt equal to HF's apply_chat_template ids
+# (tests/golden/templates, from tests/ref/make_chat_golden.py).
 . "$(dirname "$0")/lib.sh"
 G="$ROOT/tests/golden"
 export XDG_CACHE_HOME="$TEST_TMP/cache"
@@ -78,6 +79,27 @@ test_expect_success 'Mistral-Nemo: bk-bake --dry-run plans it, prompts measured 
 	bk-bake --dry-run --gpu-memory 24GiB nemo.yaml >plan &&
 	grep -q "prompts up to 44 tokens (teacher), 12 (student)" plan &&
 	grep -q "^fits: yes" plan
+'
+
+# Mistral-7B-Instruct-v0.3: the v3 SentencePiece model ([INST] [/INST] control pieces 3, 4)
+# and the hub's template; the responses too: t_prompt + resp equal HF's ids of
+# [user: system + "\n\n" + user, assistant] (the hub's template drops the system prompt
+# from [system, user, assistant])
+test_expect_success 'Mistral-7B-Instruct-v0.3 (tokenizer.model): mistral-v3 detected, ids equal HF' '
+	mkdir v03 && xz -dc "$DATA/templates/mistral-v3-tokenizer.model.xz" >v03/tokenizer.model &&
+	cp "$DATA/templates/mistral-v3-tokenizer_config.json" v03/tokenizer_config.json &&
+	cp "$DATA/templates/mistralai-Mistral-7B-Instruct-v0.3.jinja" v03/chat_template.jinja &&
+	bk-tokenize --model v03 --prompt hi | bk-dump --header | head -1 |
+		jq -e ".provenance[0].template == \"mistral-v3\"" &&
+	check_golden v03 mistral-v3 &&
+	jq "[.cases[] | select(.response != null) | {prompt: .user, response} +
+		(if .system then {system} else {} end)]" "$G/templates/mistral-v3.json" >v03-pairs.json &&
+	bk-tokenize --model v03 v03-pairs.json | bk-dump >v03.jsonl &&
+	jq -c "[.cases[] | select(.response != null) | .full_ids]" "$G/templates/mistral-v3.json" >want_f &&
+	jq -s -c "[.[] | .t_prompt + .resp]" v03.jsonl >got_f && test_cmp want_f got_f &&
+	test $(jq length want_f) -ge 14 &&
+	bk-tokenize --tokenizer v03/tokenizer.model --template mistral-v3 v03-pairs.json | bk-dump >named.jsonl &&
+	test_cmp v03.jsonl named.jsonl
 '
 
 test_expect_success 'TinyLlama: tokenizer.json and tokenizer.model give the same ids' '

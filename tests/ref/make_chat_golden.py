@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # make_chat_golden.py - writes tests/golden/templates/{qwen2.5,qwen3,qwen3-nothink,smollm2,
-# llama3,llama3.1,llama3.2,mistral-v3-tekken}.json: the ids HF transformers'
+# llama3,llama3.1,llama3.2,mistral-v3-tekken,mistral-v3}.json: the ids HF transformers'
 # apply_chat_template(..., tokenize=True, add_generation_prompt=True) gives with the real
 # chat templates and the byte-level BPE fixtures of tests/golden/bpe
 # (tests/ref/make_bpe_golden.py), for tests/unit/test_template.c.  Run from the repo root:
@@ -40,21 +40,33 @@ EXTRA = [
 ]
 
 
-def hf(tokenizer_xz, config_path, template):
+def hf(tokenizer_xz, config_path, template, config_edit=None):
+    """A compressed tokenizer.json, or a compressed SentencePiece model (NAME.model.xz,
+    converted by transformers as AutoTokenizer does for a directory without
+    tokenizer.json), with its tokenizer_config.json (config_edit: keys changed)."""
     d = tempfile.mkdtemp()
-    with open(os.path.join(d, "tokenizer.json"), "wb") as f:
+    out = "tokenizer.model" if tokenizer_xz.endswith(".model.xz") else "tokenizer.json"
+    with open(os.path.join(d, out), "wb") as f:
         f.write(lzma.open(tokenizer_xz).read())
-    shutil.copy(config_path, os.path.join(d, "tokenizer_config.json"))
+    cfg = json.load(open(config_path))
+    cfg.update(config_edit or {})
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f)
     t = AutoTokenizer.from_pretrained(d)
     shutil.rmtree(d)
     t.chat_template = template
     return t
 
 
-def make(name, tmpl, tok_xz, config_path, template, kwargs, note, skip=()):
+def make(name, tmpl, tok_xz, config_path, template, kwargs, note, skip=(), fold_full=False,
+         config_edit=None, write=True):
+    """fold_full: where HF's render of [system, user, assistant] drops the system prompt
+    (Mistral's templates put it into the last user turn only when that turn is the last
+    message), the response is compared with HF's render of [user: system + "\n\n" +
+    user, assistant] (recorded as full_from), and HF's own render kept as hub_full_text."""
     if sys.argv[1:] and name not in sys.argv[1:]:  # only the goldens named on the command line
-        return
-    t = hf(tok_xz, config_path, template)
+        return None
+    t = hf(tok_xz, config_path, template, config_edit)
     cases = []
     for cname, system, user, response in CASES + EXTRA:
         if cname in skip:
@@ -75,6 +87,15 @@ def make(name, tmpl, tok_xz, config_path, template, kwargs, note, skip=()):
                                                            tokenize=True, return_dict=False, **kwargs)]
             c["full_text"] = t.apply_chat_template(fm, add_generation_prompt=False, tokenize=False, **kwargs)
             c["full_ids"] = full
+            if fold_full and system and not c["full_text"].startswith(c["prompt_text"]):
+                assert system not in c["full_text"], (name, cname)  # dropped, not moved
+                c["hub_full_text"] = c["full_text"]
+                fm = messages_for(True, system, user, response)
+                c["full_from"] = "[user: system + '\\n\\n' + user, assistant]: HF drops the system prompt here"
+                c["full_ids"] = full = [int(i) for i in t.apply_chat_template(
+                    fm, add_generation_prompt=False, tokenize=True, return_dict=False, **kwargs)]
+                c["full_text"] = t.apply_chat_template(fm, add_generation_prompt=False, tokenize=False, **kwargs)
+                assert c["full_text"].startswith(c["prompt_text"]), (name, cname)
             if not c["full_text"].startswith(c["prompt_text"]):
                 # enable_thinking=False with reasoning in the response: HF's assistant turn
                 # is not a continuation of its own generation prompt; not comparable
@@ -96,11 +117,14 @@ def make(name, tmpl, tok_xz, config_path, template, kwargs, note, skip=()):
                                   ("date", kwargs.get("date_string"))) if v is not None})
     doc["boundary_merges"] = sum("split_ids" in c for c in cases)
     doc["cases"] = cases
+    if not write:
+        return doc
     path = os.path.join(OUT, name + ".json")
     with open(path, "w") as f:
         json.dump(doc, f, ensure_ascii=False, indent=1)
         f.write("\n")
     print("wrote", path, len(cases), "cases")
+    return doc
 
 
 def main():
@@ -128,6 +152,18 @@ def main():
     make("mistral-v3-tekken", "mistral-v3-tekken", f"{BPE}/tekken.tokenizer.json.xz",
          f"{TPL}/mistral-nemo-tokenizer_config.json",
          rd(f"{TPL}/mistralai-Mistral-Nemo-Instruct-2407.jinja"), {}, "Mistral-Nemo-Instruct-2407")
+    # Mistral-7B-Instruct-v0.3: the v3 SentencePiece model of mistral-common (the hub's
+    # tokenizer.model.v3; [INST] [/INST] control pieces, special tokens in transformers)
+    v3 = (f"{TPL}/mistral-v3-tokenizer.model.xz", f"{TPL}/mistral-v3-tokenizer_config.json",
+          rd(f"{TPL}/mistralai-Mistral-7B-Instruct-v0.3.jinja"), {}, "Mistral-7B-Instruct-v0.3")
+    doc = make("mistral-v3", "mistral-v3", *v3, fold_full=True)
+    if doc:  # every text segment starts with a space: legacy (prepend "always") changes nothing
+        alt = make("mistral-v3", "mistral-v3", *v3, fold_full=True, config_edit={"legacy": True},
+                   write=False)
+        key = lambda d: [[c.get(k) for k in ("prompt_ids", "student_ids", "full_ids")]  # noqa: E731
+                         for c in d["cases"]]
+        assert key(doc) == key(alt), "mistral-v3: legacy=True gives other ids"
+        print("mistral-v3: legacy=True gives the same ids")
 
 
 if __name__ == "__main__":

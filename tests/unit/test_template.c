@@ -17,11 +17,12 @@
 static const char *goldens[] = {"llama2",  "zephyr",        "mistral-v0.1", "mistral-v0.2",
 				"chatml",  "gemma",         "qwen2.5",      "qwen3",
 				"qwen3-nothink", "smollm2", "llama3",       "llama3.1",
-				"llama3.2", "mistral-v3-tekken"};
+				"llama3.2", "mistral-v3-tekken", "mistral-v3"};
 
 /* A golden's tokenizer: a tokenizer.model, or a compressed tokenizer.json of
- * tests/golden/bpe unpacked (with the golden's tokenizer_config.json) into a temporary
- * directory, removed by the caller with rm_dir. */
+ * tests/golden/bpe (or a compressed NAME.model.xz: a tokenizer.model) unpacked (with the
+ * golden's tokenizer_config.json) into a temporary directory, removed by the caller
+ * with rm_dir. */
 static bk_tok *golden_tokenizer(const char *tok, const char *config, char *dir, size_t dirlen)
 {
 	dir[0] = 0;
@@ -31,8 +32,10 @@ static bk_tok *golden_tokenizer(const char *tok, const char *config, char *dir, 
 	const char *tmp = getenv("TMPDIR");
 	snprintf(dir, dirlen, "%s/test_template.XXXXXX", tmp && *tmp ? tmp : "/tmp");
 	CHECK(mkdtemp(dir) != NULL, "mkdtemp %s", dir);
-	char *cmd = xasprintf("xz -dc '%s' > '%s/tokenizer.json' && cp '%s' '%s/tokenizer_config.json'",
-			      tok, dir, config ? config : "/dev/null", dir);
+	const char *file = n > 9 && !strcmp(tok + n - 9, ".model.xz") ? "tokenizer.model"
+								       : "tokenizer.json";
+	char *cmd = xasprintf("xz -dc '%s' > '%s/%s' && cp '%s' '%s/tokenizer_config.json'", tok,
+			      dir, file, config ? config : "/dev/null", dir);
 	CHECK(system(cmd) == 0, "%s", cmd);
 	free(cmd);
 	return bk_tok_open(dir);
@@ -84,7 +87,7 @@ static const char *opt_string(json_t *o, const char *key)
 
 static void test_goldens(void)
 {
-	int n_split = 0;
+	int n_split = 0, n_student = 0;
 	for (size_t g = 0; g < sizeof goldens / sizeof *goldens; g++) {
 		char *path = xasprintf("tests/golden/templates/%s.json", goldens[g]);
 		json_error_t jerr;
@@ -124,6 +127,15 @@ static void test_goldens(void)
 			bk_template_prompt(tmpl, spm, system, user ? user : "", &ids);
 			CHECK(same_ids(spm, ids.v, ids.n, json_object_get(c, "prompt_ids"), what),
 			      "%s: prompt ids differ from HF", what);
+			json_t *student = json_object_get(c, "student_ids");
+			if (student) { /* the same user turn without the system prompt */
+				bk_ids s = {0};
+				bk_template_prompt(tmpl, spm, NULL, user ? user : "", &s);
+				CHECK(same_ids(spm, s.v, s.n, student, what),
+				      "%s: student prompt ids differ from HF", what);
+				free(s.v);
+				n_student++;
+			}
 			json_t *split = json_object_get(c, "split_ids");
 			if (response && split) {
 				/* HF merged across the prompt/response boundary (its prompt is
@@ -158,6 +170,7 @@ static void test_goldens(void)
 	bk_template_set_date(NULL);
 	/* mistral v0.1 and v0.2 "[/INST]" + "], he said." */
 	CHECK(n_split == 2, "%d boundary-merge cases, want 2", n_split);
+	CHECK(n_student >= 115, "%d student prompts compared", n_student);
 }
 
 static void test_detect(void)
@@ -209,6 +222,7 @@ static void test_detect(void)
 		{"Qwen-Qwen2.5-7B-Instruct.jinja", "qwen2.5"},
 		{"Qwen-Qwen3-0.6B.jinja", "qwen3"},
 		{"mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral-v3-tekken"},
+		{"mistralai-Mistral-7B-Instruct-v0.3.jinja", "mistral-v3"},
 	};
 	for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
 		char *path = xasprintf("tests/data/templates/%s", texts[i].file);
@@ -226,6 +240,20 @@ static void test_detect(void)
 	CHECK(bk_template_detect_text("x", "{{ '<|start_header_id|>' + m + '<|end_header_id|>' }}") ==
 		      BK_TMPL_LLAMA3,
 	      "llama3.0");
+	/* Mistral V3 variants: the system prompt put into the last user message by
+	 * (message == user_messages[-1]) instead of loop.last; single quotes; mistral-common's
+	 * chat_templates/v3_spm.jinja ('[INST] ' and '[/INST]' written apart) */
+	static const char *const v3[] = {
+		"{%- if (message == user_messages[-1]) and system_message is defined %}{{- \"[INST] \" + "
+		"system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}",
+		"{{ bos_token }}{% for m in messages %}{{ '[INST] ' + m['content'] + '[/INST]' }}{% endfor %}",
+		"{{- '[INST] ' }}{{- message['content']}}{{- '[/INST]' }}",
+	};
+	for (size_t i = 0; i < sizeof v3 / sizeof *v3; i++) {
+		int t = bk_template_detect_text("x", v3[i]);
+		CHECK(t == BK_TMPL_MISTRAL_V3, "Mistral V3 variant %zu: detected '%s'", i,
+		      bk_template_name(t));
+	}
 	/* a base model without a chat template, and a dir without tokenizer_config.json */
 	CHECK(bk_template_detect("models/stories260K") == BK_TMPL_RAW, "stories260K not raw");
 	CHECK(bk_template_detect("models/llama2-tokenizer") == BK_TMPL_RAW, "llama2-tokenizer");
@@ -253,8 +281,9 @@ static void test_refusals(const bk_tok *llama)
 	char err[4096];
 	static const struct {
 		const char *tmpl, *token;
-	} cases[] = {{"chatml", "'<|im_start|>'"}, {"gemma", "'<start_of_turn>'"}};
-	for (size_t i = 0; i < 2; i++) {
+	} cases[] = {{"chatml", "'<|im_start|>'"}, {"gemma", "'<start_of_turn>'"},
+		     {"mistral-v3", "'[INST]'"}};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		struct refusal r = {bk_template_from_name(cases[i].tmpl), llama};
 		int st = bk_run_child(prompt_child, &r, err, sizeof err);
 		CHECK(st == BK_EXIT_FAIL, "%s on the llama vocabulary: exit %d", cases[i].tmpl, st);
