@@ -60,9 +60,7 @@ static void cls_init(void)
 	cls_set(bk_uni_lm, bk_uni_lm_n, C_UP | C_LO);
 	cls_set(bk_uni_lo, bk_uni_lo_n, C_UP | C_LO);
 	cls_set(bk_uni_mark, bk_uni_mark_n, C_UP | C_LO);
-	for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)
-		for (uint32_t c = ws[i][0]; c <= ws[i][1]; c++)
-			cls_tab[c] |= C_WS;
+	cls_set(ws, sizeof ws / sizeof *ws, C_WS);
 }
 
 #define BAD_CP 0xffffffffu /* an invalid byte: a character of no class */
