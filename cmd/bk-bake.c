@@ -14,6 +14,7 @@
 #include "formats/config_yaml.h"
 #include "formats/inputs.h"
 #include "formats/template.h"
+#include "formats/tokenizer.h"
 #include "formats/hub.h"
 #include "gpu/bakemem.h"
 #include "gpu/device.h"
@@ -220,6 +221,21 @@ static int is_dir(const char *p)
 {
 	struct stat st;
 	return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* the one tokenization the tool does otherwise: said once, not followed (the model was
+ * trained on tokenizer.json's; transformers calls its own a bug) */
+static void tokenizer_note(const char *model)
+{
+	char *pre = bk_tok_hf5_pretokenizer(model);
+	if (pre)
+		fprintf(stderr,
+			"%s: %s: note: tokenized with tokenizer.json's pre-tokenizer (%s), as the "
+			"model was trained; the tool under transformers 5 builds its GPT2Tokenizer "
+			"with ByteLevel alone (transformers PR 44254) and splits some text otherwise "
+			"(white space before a digit: \"\\n\\n1\" is 2 newline tokens there, 1 here)\n",
+			bk_prog, model, pre);
+	free(pre);
 }
 
 /* the bk-step features some fields need, from its usage text */
@@ -516,6 +532,8 @@ int main(int argc, char **argv)
 		     p.model);
 		p.template_name = "raw";
 	}
+	if (is_dir(p.model))
+		tokenizer_note(p.model);
 
 	/* system_prompt_file is checked here, under the user's name for it (NUL bytes,
 	 * UTF-8, empty), before anything is written: its copy is what bk-tokenize reads */
@@ -581,6 +599,7 @@ int main(int argc, char **argv)
 		hub_id = p.model;
 		b.base_name = hub_id;
 		p.model = model_dir;
+		tokenizer_note(p.model);
 	}
 	char *resume_owned;
 	b.resume = bk_bake_resolve_resume(&p, &resume_owned);

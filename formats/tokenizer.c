@@ -106,6 +106,58 @@ static void bpe_specials(bk_tok *t)
 	free(cfg_path);
 }
 
+/* the JSON object of FILE in DIR, or NULL */
+static json_t *load_json_in(const char *dir, const char *file)
+{
+	char *path = bk_path_join(dir, file);
+	json_t *j = bk_file_exists(path) ? json_load_file(path, JSON_DECODE_INT_AS_REAL, NULL)
+					 : NULL;
+	free(path);
+	if (j && !json_is_object(j)) {
+		json_decref(j);
+		j = NULL;
+	}
+	return j;
+}
+
+char *bk_tok_hf5_pretokenizer(const char *dir)
+{
+	json_t *cfg = load_json_in(dir, "tokenizer_config.json");
+	const char *cls = json_string_value(json_object_get(cfg, "tokenizer_class"));
+	int gpt2 = cls && (!strcmp(cls, "GPT2Tokenizer") || !strcmp(cls, "GPT2TokenizerFast"));
+	json_decref(cfg);
+	if (!gpt2)
+		return NULL;
+	json_t *tj = load_json_in(dir, "tokenizer.json");
+	json_t *pt = json_object_get(tj, "pre_tokenizer");
+	const char *type = json_string_value(json_object_get(pt, "type"));
+	json_t *re = json_object_get(pt, "use_regex");
+	char *desc = NULL;
+	/* transformers 5's own: ByteLevel with the GPT-2 regex */
+	if (type && !(!strcmp(type, "ByteLevel") && (!re || json_is_true(re)))) {
+		json_t *list = json_object_get(pt, "pretokenizers");
+		if (!strcmp(type, "Sequence") && json_is_array(list)) {
+			size_t i, len = 0;
+			json_t *e;
+			json_array_foreach(list, i, e) {
+				const char *t = json_string_value(json_object_get(e, "type"));
+				len += strlen(t ? t : "?") + 2;
+			}
+			desc = xcalloc(1, len + 1);
+			json_array_foreach(list, i, e) {
+				const char *t = json_string_value(json_object_get(e, "type"));
+				if (i)
+					strcat(desc, ", ");
+				strcat(desc, t ? t : "?");
+			}
+		} else {
+			desc = xstrdup(strcmp(type, "ByteLevel") ? type : "ByteLevel, use_regex false");
+		}
+	}
+	json_decref(tj);
+	return desc;
+}
+
 /* What HF's slow tokenizers (LlamaTokenizer, GemmaTokenizer) put around one sequence:
  * BOS unless tokenizer_config.json next to the model says add_bos_token: false, EOS
  * when it says add_eos_token: true. */

@@ -52,6 +52,16 @@ void bk_tok_added_ids(const bk_tok *t, const int32_t **prefix, size_t *np,
 /* The text of ids, special tokens dropped (HF's skip_special_tokens=True); malloc'd. */
 char *bk_tok_decode(const bk_tok *t, const int32_t *ids, size_t n);
 
+/* Whether the tool (transformers 5) tokenizes the model directory DIR otherwise than its
+ * tokenizer.json: transformers 5 builds a tokenizer_config.json's GPT2Tokenizer (or
+ * GPT2TokenizerFast) with a ByteLevel pre-tokenizer of its own, dropping tokenizer.json's
+ * (transformers PR 44254); SmolLM2's Digits + ByteLevel then splits white space before a
+ * digit otherwise ("\n\n1": two newline tokens there, one here).  bakery keeps
+ * tokenizer.json's, as the model was trained.  Returns tokenizer.json's pre-tokenizer as
+ * "Digits, ByteLevel" (malloc'd) when it differs so, else NULL (also when a file is
+ * missing or unreadable: bk_tok_open says what is wrong with them). */
+char *bk_tok_hf5_pretokenizer(const char *dir);
+
 int32_t bk_tok_piece_to_id(const bk_tok *t, const char *piece); /* -1: none */
 const char *bk_tok_id_to_piece(const bk_tok *t, int32_t id);     /* NULL: out of range */
 int32_t bk_tok_vocab_size(const bk_tok *t);

@@ -53,6 +53,22 @@ test_expect_success 'SmolLM2 directory: chatml with its default system prompt, d
 	check_golden smol smollm2
 '
 
+# transformers 5 builds tokenizer_class GPT2Tokenizer with ByteLevel alone (not SmolLM2's
+# Digits + ByteLevel): "a\n\n1" is [a, \n, \n, 1] there, [a, \n\n, 1] in tokenizer.json;
+# bakery keeps tokenizer.json's (test_bpe: its ids, from HF tokenizers) and bk-bake says so
+# once; nothing for Qwen2Tokenizer (transformers 5's pre-tokenizer is tokenizer.json's)
+test_expect_success 'SmolLM2: tokenizer.json pre-tokenizer kept, the tool difference noted' '
+	cp "$DATA/hf-configs/SmolLM2-135M-Instruct/config.json" smol/ &&
+	basic_shape_yaml smol 16 >smol.yaml &&
+	bk-bake --dry-run smol.yaml >plan 2>err &&
+	grep "note: tokenized with tokenizer.json.s pre-tokenizer (Digits, ByteLevel)" err &&
+	test $(grep -c "PR 44254" err) = 1 &&
+	cp "$DATA/hf-configs/Qwen3-0.6B/config.json" qwen3/ &&
+	basic_shape_yaml qwen3 16 >q.yaml &&
+	bk-bake --dry-run q.yaml >plan 2>err &&
+	! grep "pre-tokenizer" err
+'
+
 test_expect_success 'Llama-3.1 and 3.2: date header; --date recorded in the header' '
 	model_dir l31 llama-bpe "$DATA/templates/llama3-tokenizer_config.json" "$DATA/templates/meta-llama-Llama-3.1-8B-Instruct.jinja" &&
 	check_golden l31 llama3.1 &&
