@@ -51,7 +51,8 @@ HF_HUB_OFFLINE=1 "$PY" "$ROOT/bench/tool_replay.py" "$CONFIG" "$T/traj.jsonl" \
 	{ tail "$T/tool.log" >&2; exit 1; }
 grep '^step ' "$T/tool.log" | awk '{ print $2, $4, $6, $8 }' >"$T/tool.steps"
 
-echo "tool_replay: $(wc -l <"$T/traj.jsonl") trajectories, $(wc -l <"$T/bk.steps") steps; per step: bk-step loss, the tool's, relative difference; grad norms likewise"
+echo "tool_replay: $(wc -l <"$T/traj.jsonl") trajectories, $(wc -l <"$T/bk.steps") steps; the tool's tokenizer: $([ -n "$flag" ] && echo "transformers 5's own" || echo "tokenizer.json's pre-tokenizer, as bakery")"
+echo "per step: bk-step loss, the tool's, relative difference; grad norms likewise"
 join "$T/bk.steps" "$T/tool.steps" | awk '{
 	dl = ($2 - $5) / $5; dg = ($4 - $7) / $7
 	printf "step %3d loss %.6f %.6f %+.1e  grad_norm %.5f %.5f %+.1e\n", $1, $2, $5, dl, $4, $7, dg
