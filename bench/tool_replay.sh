@@ -34,11 +34,16 @@ cp "$T/bk/final_model/adapter_model.safetensors" "$T/bake-adapter.safetensors"
 # the pipe as the bake ran it (its tokens.bk and order.bk are reused): tee the bk-gen
 # stream, a checkpoint every step
 bk-bake --dry-run "$CONFIG" --seed "$SEED" --output_dir "$T/bk" --overwrite_output_dir true >"$T/plan" 2>/dev/null
+export TRAJ="$T/traj.bk"
+# shellcheck disable=SC2016 # $TRAJ is expanded when pipe.sh runs
 awk '/^bk-lens /,/^    bk-step / { print }' "$T/plan" |
-	sed -e '/^    bk-gen /s,|$,| tee "$T/traj.bk" |,' -e '/^    bk-step /s, >, --save-steps 1 >,' >"$T/pipe.sh"
-grep -q 'tee "$T/traj.bk"' "$T/pipe.sh" && grep -q -- '--save-steps 1 >' "$T/pipe.sh" ||
-	{ echo "tool_replay: no bk-lens | bk-gen | bk-step pipe in bk-bake --dry-run's output ($T/plan)" >&2; exit 1; }
-T=$T bash -o pipefail "$T/pipe.sh" 2>"$T/pipe.log" || { tail "$T/pipe.log" >&2; exit 1; }
+	sed -e '/^    bk-gen /s,|$,| tee "$TRAJ" |,' -e '/^    bk-step /s, >, --save-steps 1 >,' >"$T/pipe.sh"
+# shellcheck disable=SC2016
+if ! grep -q 'tee "$TRAJ"' "$T/pipe.sh" || ! grep -q -- '--save-steps 1 >' "$T/pipe.sh"; then
+	echo "tool_replay: no bk-lens | bk-gen | bk-step pipe in bk-bake --dry-run's output ($T/plan)" >&2
+	exit 1
+fi
+bash -o pipefail "$T/pipe.sh" 2>"$T/pipe.log" || { tail "$T/pipe.log" >&2; exit 1; }
 bk-dump "$T/bk/metrics.bk" | jq -r 'select(.loss != null) | "\(.step) \(.loss) \(.lr) \(.grad_norm)"' >"$T/bk.steps"
 [ "$(awk 'NR == 1 { print ($1 == 1 && $3 == 0) }' "$T/bk.steps")" = 1 ] ||
 	{ echo "tool_replay: step 1 ran at a learning rate above 0: checkpoint-1 is not the initial adapter (give CONFIG warmup)" >&2; exit 1; }
