@@ -223,17 +223,25 @@ static int is_dir(const char *p)
 	return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-/* the one tokenization the tool does otherwise: said once, not followed (the model was
- * trained on tokenizer.json's; transformers calls its own a bug) */
+/* where the tool tokenizes otherwise: said once, not followed (the model was trained on
+ * tokenizer.json's; transformers calls its own a bug) */
 static void tokenizer_note(const char *model)
 {
-	char *pre = bk_tok_hf5_pretokenizer(model);
-	if (pre)
+	int kind;
+	char *pre = bk_tok_hf5_pretokenizer(model, &kind);
+	if (kind == BK_TOK_HF5_BYTELEVEL)
 		fprintf(stderr,
 			"%s: %s: note: tokenized with tokenizer.json's pre-tokenizer (%s), as the "
 			"model was trained; the tool under transformers 5 builds its GPT2Tokenizer "
 			"with ByteLevel alone (transformers PR 44254) and splits some text otherwise "
 			"(white space before a digit: \"\\n\\n1\" is 2 newline tokens there, 1 here)\n",
+			bk_prog, model, pre);
+	else if (kind == BK_TOK_HF5_METASPACE)
+		fprintf(stderr,
+			"%s: %s: note: tokenized with tokenizer.json's pre-tokenizer (%s), as the "
+			"model was trained; the tool under transformers 5 builds its LlamaTokenizer "
+			"with Metaspace over this byte-level vocabulary (transformers PR 48219), "
+			"which gives other ids for nearly every text\n",
 			bk_prog, model, pre);
 	free(pre);
 }

@@ -120,29 +120,47 @@ static json_t *load_json_in(const char *dir, const char *file)
 	return j;
 }
 
-char *bk_tok_hf5_pretokenizer(const char *dir)
+static int is_class(const char *cls, const char *name)
+{
+	size_t n = strlen(name);
+	return cls && !strncmp(cls, name, n) && (!cls[n] || !strcmp(cls + n, "Fast"));
+}
+
+char *bk_tok_hf5_pretokenizer(const char *dir, int *kind)
 {
 	json_t *cfg = load_json_in(dir, "tokenizer_config.json");
 	const char *cls = json_string_value(json_object_get(cfg, "tokenizer_class"));
-	int gpt2 = cls && (!strcmp(cls, "GPT2Tokenizer") || !strcmp(cls, "GPT2TokenizerFast"));
+	*kind = is_class(cls, "GPT2Tokenizer")	  ? BK_TOK_HF5_BYTELEVEL
+		: is_class(cls, "LlamaTokenizer") ? BK_TOK_HF5_METASPACE
+						  : 0;
 	json_decref(cfg);
-	if (!gpt2)
+	if (!*kind)
 		return NULL;
 	json_t *tj = load_json_in(dir, "tokenizer.json");
 	json_t *pt = json_object_get(tj, "pre_tokenizer");
 	const char *type = json_string_value(json_object_get(pt, "type"));
+	json_t *list = json_object_get(pt, "pretokenizers");
+	int seq = type && !strcmp(type, "Sequence") && json_is_array(list);
+	/* the types of the pre-tokenizer, ", "-separated */
+	size_t i, len = 0;
+	json_t *e;
+	int bytelevel = type && !strcmp(type, "ByteLevel");
+	if (seq)
+		json_array_foreach(list, i, e) {
+			const char *t = json_string_value(json_object_get(e, "type"));
+			len += strlen(t ? t : "?") + 2;
+			bytelevel |= t && !strcmp(t, "ByteLevel");
+		}
 	json_t *re = json_object_get(pt, "use_regex");
+	int same = *kind == BK_TOK_HF5_BYTELEVEL
+			   /* transformers 5's own: ByteLevel with the GPT-2 regex */
+			   ? type && !strcmp(type, "ByteLevel") && (!re || json_is_true(re))
+			   /* its Metaspace over a byte-level vocabulary is wrong; over a
+			    * SentencePiece-style one it is (nearly) the file's */
+			   : !bytelevel;
 	char *desc = NULL;
-	/* transformers 5's own: ByteLevel with the GPT-2 regex */
-	if (type && !(!strcmp(type, "ByteLevel") && (!re || json_is_true(re)))) {
-		json_t *list = json_object_get(pt, "pretokenizers");
-		if (!strcmp(type, "Sequence") && json_is_array(list)) {
-			size_t i, len = 0;
-			json_t *e;
-			json_array_foreach(list, i, e) {
-				const char *t = json_string_value(json_object_get(e, "type"));
-				len += strlen(t ? t : "?") + 2;
-			}
+	if (type && !same) {
+		if (seq) {
 			desc = xcalloc(1, len + 1);
 			json_array_foreach(list, i, e) {
 				const char *t = json_string_value(json_object_get(e, "type"));
@@ -151,10 +169,14 @@ char *bk_tok_hf5_pretokenizer(const char *dir)
 				strcat(desc, t ? t : "?");
 			}
 		} else {
-			desc = xstrdup(strcmp(type, "ByteLevel") ? type : "ByteLevel, use_regex false");
+			desc = xstrdup(strcmp(type, "ByteLevel") || !re || json_is_true(re)
+					       ? type
+					       : "ByteLevel, use_regex false");
 		}
 	}
 	json_decref(tj);
+	if (!desc)
+		*kind = 0;
 	return desc;
 }
 

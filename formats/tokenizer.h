@@ -53,14 +53,21 @@ void bk_tok_added_ids(const bk_tok *t, const int32_t **prefix, size_t *np,
 char *bk_tok_decode(const bk_tok *t, const int32_t *ids, size_t n);
 
 /* Whether the tool (transformers 5) tokenizes the model directory DIR otherwise than its
- * tokenizer.json: transformers 5 builds a tokenizer_config.json's GPT2Tokenizer (or
- * GPT2TokenizerFast) with a ByteLevel pre-tokenizer of its own, dropping tokenizer.json's
- * (transformers PR 44254); SmolLM2's Digits + ByteLevel then splits white space before a
- * digit otherwise ("\n\n1": two newline tokens there, one here).  bakery keeps
- * tokenizer.json's, as the model was trained.  Returns tokenizer.json's pre-tokenizer as
- * "Digits, ByteLevel" (malloc'd) when it differs so, else NULL (also when a file is
- * missing or unreadable: bk_tok_open says what is wrong with them). */
-char *bk_tok_hf5_pretokenizer(const char *dir);
+ * tokenizer.json.  transformers 5 builds the tokenizer_class of tokenizer_config.json
+ * with a pre-tokenizer of its own and drops tokenizer.json's (transformers PRs 44254 and
+ * 48219):
+ *   BK_TOK_HF5_BYTELEVEL  GPT2Tokenizer(Fast): ByteLevel alone.  SmolLM2's Digits +
+ *       ByteLevel then splits white space before a digit otherwise ("\n\n1": two newline
+ *       tokens there, one here).
+ *   BK_TOK_HF5_METASPACE  LlamaTokenizer(Fast) over a byte-level tokenizer.json (e.g.
+ *       deepseek-math-7b-rl, per PR 48219): Metaspace, under which nearly every text
+ *       comes out wrong ("Hello world" is not the model's two tokens).
+ * bakery keeps tokenizer.json's, as the model was trained.  Returns tokenizer.json's
+ * pre-tokenizer as "Digits, ByteLevel" (malloc'd) and sets *kind when it differs so, else
+ * NULL and *kind 0 (also when a file is missing or unreadable: bk_tok_open says what is
+ * wrong with them). */
+enum { BK_TOK_HF5_BYTELEVEL = 1, BK_TOK_HF5_METASPACE };
+char *bk_tok_hf5_pretokenizer(const char *dir, int *kind);
 
 int32_t bk_tok_piece_to_id(const bk_tok *t, const char *piece); /* -1: none */
 const char *bk_tok_id_to_piece(const bk_tok *t, int32_t id);     /* NULL: out of range */

@@ -79,6 +79,25 @@ test_expect_success 'Llama-3.1 and 3.2: date header; --date recorded in the head
 	test_must_fail bk-tokenize --model l32 --date "2025-03-05" --prompt hi
 '
 
+# transformers 5 builds tokenizer_class LlamaTokenizerFast with Metaspace, also over a
+# byte-level tokenizer.json (deepseek-math-7b-rl declares that class): nearly every
+# text comes out wrong there; the note says so.  Llama-3.1 itself (PreTrainedTokenizerFast)
+# gets no note.
+test_expect_success 'byte-level tokenizer.json under LlamaTokenizerFast: the tool difference noted' '
+	cp "$G/memplan/Llama-3.1-8B-Instruct/config.json" l31/ &&
+	basic_shape_yaml l31 16 >l31.yaml &&
+	bk-bake --dry-run l31.yaml >plan 2>err &&
+	! grep "pre-tokenizer" err &&
+	cp -r l31 dsl && jq ".tokenizer_class = \"LlamaTokenizerFast\"" l31/tokenizer_config.json >dsl/tokenizer_config.json &&
+	basic_shape_yaml dsl 16 >dsl.yaml &&
+	bk-bake --dry-run dsl.yaml >plan 2>err &&
+	grep "note: tokenized with tokenizer.json.s pre-tokenizer (Split, ByteLevel).*LlamaTokenizer with Metaspace" err &&
+	test $(grep -c "PR 48219" err) = 1 &&
+	bk-tokenize --model l31 --prompt "Hello world" | bk-dump >a.json &&
+	bk-tokenize --model dsl --prompt "Hello world" | bk-dump >b.json &&
+	test_cmp a.json b.json
+'
+
 test_expect_success 'Mistral-Nemo (Tekken regex): mistral-v3-tekken detected, ids equal HF' '
 	model_dir nemo tekken "$DATA/templates/mistral-nemo-tokenizer_config.json" \
 		"$DATA/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja" &&
@@ -125,7 +144,12 @@ test_expect_success 'TinyLlama: tokenizer.json and tokenizer.model give the same
 	xz -dc "$G/bpe/llama-spm.tokenizer.json.xz" >tl/tokenizer.json &&
 	bk-tokenize --model tl --system "You are a dragon." "$DATA/pipe/pairs.json" 2>/dev/null | bk-dump >bpe.jsonl &&
 	test $(wc -l <bpe.jsonl) -ge 4 &&
-	test_cmp spm.jsonl bpe.jsonl
+	test_cmp spm.jsonl bpe.jsonl &&
+	cp "$DATA/hf-configs/TinyLlama-1.1B-Chat-v1.0/config.json" "$DATA/hf-configs/TinyLlama-1.1B-Chat-v1.0/chat_template.jinja" tl/ &&
+	basic_shape_yaml tl 16 >tl.yaml &&
+	bk-bake --dry-run tl.yaml >plan 2>err &&
+	grep -q "^fits:" plan &&
+	! grep "pre-tokenizer" err
 '
 
 test_expect_success 'warm cache on a tokenizer.json: no tokenizer calls; --no-thinking is another key' '
