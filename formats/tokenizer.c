@@ -9,6 +9,7 @@
 #include "formats/spm.h"
 
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -106,12 +107,17 @@ static void bpe_specials(bk_tok *t)
 	free(cfg_path);
 }
 
-/* the JSON object of FILE in DIR, or NULL */
+/* the JSON object of FILE in DIR, or NULL (missing, unreadable, not an object) */
 static json_t *load_json_in(const char *dir, const char *file)
 {
 	char *path = bk_path_join(dir, file);
-	json_t *j = bk_file_exists(path) ? json_load_file(path, JSON_DECODE_INT_AS_REAL, NULL)
-					 : NULL;
+	json_t *j = NULL;
+	if (bk_file_exists(path)) {
+		size_t len;
+		char *text = bk_read_file(path, &len); /* json_loadb: faster than json_load_file */
+		j = json_loadb(text, len, JSON_DECODE_INT_AS_REAL, NULL);
+		free(text);
+	}
 	free(path);
 	if (j && !json_is_object(j)) {
 		json_decref(j);
@@ -130,53 +136,47 @@ char *bk_tok_hf5_pretokenizer(const char *dir, int *kind)
 {
 	json_t *cfg = load_json_in(dir, "tokenizer_config.json");
 	const char *cls = json_string_value(json_object_get(cfg, "tokenizer_class"));
-	*kind = is_class(cls, "GPT2Tokenizer")	  ? BK_TOK_HF5_BYTELEVEL
+	int k = is_class(cls, "GPT2Tokenizer")	  ? BK_TOK_HF5_BYTELEVEL
 		: is_class(cls, "LlamaTokenizer") ? BK_TOK_HF5_METASPACE
 						  : 0;
 	json_decref(cfg);
-	if (!*kind)
+	*kind = 0;
+	if (!k)
 		return NULL;
 	json_t *tj = load_json_in(dir, "tokenizer.json");
 	json_t *pt = json_object_get(tj, "pre_tokenizer");
 	const char *type = json_string_value(json_object_get(pt, "type"));
-	json_t *list = json_object_get(pt, "pretokenizers");
-	int seq = type && !strcmp(type, "Sequence") && json_is_array(list);
-	/* the types of the pre-tokenizer, ", "-separated */
-	size_t i, len = 0;
-	json_t *e;
-	int bytelevel = type && !strcmp(type, "ByteLevel");
-	if (seq)
+	json_t *re = json_object_get(pt, "use_regex");
+	int regex = !re || json_is_true(re);
+	/* its types, ", "-separated: "Digits, ByteLevel" */
+	char *desc = NULL;
+	size_t dlen;
+	FILE *f = open_memstream(&desc, &dlen);
+	if (!f)
+		die("out of memory");
+	json_t *list = json_object_get(pt, "pretokenizers"), *e;
+	size_t i;
+	if (type && !strcmp(type, "Sequence") && json_is_array(list))
 		json_array_foreach(list, i, e) {
 			const char *t = json_string_value(json_object_get(e, "type"));
-			len += strlen(t ? t : "?") + 2;
-			bytelevel |= t && !strcmp(t, "ByteLevel");
+			fprintf(f, "%s%s", i ? ", " : "", t ? t : "?");
 		}
-	json_t *re = json_object_get(pt, "use_regex");
-	int same = *kind == BK_TOK_HF5_BYTELEVEL
-			   /* transformers 5's own: ByteLevel with the GPT-2 regex */
-			   ? type && !strcmp(type, "ByteLevel") && (!re || json_is_true(re))
-			   /* its Metaspace over a byte-level vocabulary is wrong; over a
-			    * SentencePiece-style one it is (nearly) the file's */
-			   : !bytelevel;
-	char *desc = NULL;
-	if (type && !same) {
-		if (seq) {
-			desc = xcalloc(1, len + 1);
-			json_array_foreach(list, i, e) {
-				const char *t = json_string_value(json_object_get(e, "type"));
-				if (i)
-					strcat(desc, ", ");
-				strcat(desc, t ? t : "?");
-			}
-		} else {
-			desc = xstrdup(strcmp(type, "ByteLevel") || !re || json_is_true(re)
-					       ? type
-					       : "ByteLevel, use_regex false");
-		}
-	}
+	else if (type)
+		fputs(!strcmp(type, "ByteLevel") && !regex ? "ByteLevel, use_regex false" : type, f);
+	fclose(f);
 	json_decref(tj);
-	if (!desc)
-		*kind = 0;
+	int same = !type ||
+		   (k == BK_TOK_HF5_BYTELEVEL
+			    /* transformers 5's own: ByteLevel with the GPT-2 regex */
+			    ? !strcmp(desc, "ByteLevel")
+			    /* its Metaspace over a byte-level vocabulary is wrong; over a
+			     * SentencePiece-style one it is (nearly) the file's */
+			    : !strstr(desc, "ByteLevel"));
+	if (same) {
+		free(desc);
+		return NULL;
+	}
+	*kind = k;
 	return desc;
 }
 
@@ -190,13 +190,8 @@ static void spm_added(bk_tok *t)
 	char *dir = xstrdup(t->path), *slash = strrchr(dir, '/');
 	if (slash)
 		*slash = 0;
-	char *cfg_path = slash ? bk_path_join(dir, "tokenizer_config.json")
-			       : xstrdup("tokenizer_config.json");
+	json_t *cfg = load_json_in(slash ? dir : ".", "tokenizer_config.json");
 	free(dir);
-	json_t *cfg = bk_file_exists(cfg_path)
-			      ? json_load_file(cfg_path, JSON_DECODE_INT_AS_REAL, NULL)
-			      : NULL;
-	free(cfg_path);
 	json_t *ab = json_object_get(cfg, "add_bos_token"), *ae = json_object_get(cfg, "add_eos_token");
 	if (json_is_false(ab))
 		t->spm_np = 0;
