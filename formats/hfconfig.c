@@ -237,6 +237,10 @@ static void parse_rope(bk_config *c, json_t *root)
 	c->rope_attention_factor = 1;
 	if (g3)
 		c->rope_local_theta = get_num(path, root, "rope_local_base_freq", 0, 10000.0);
+	/* transformers 4 reads it at the top level too (5 moves it into rope_parameters) */
+	if (get(root, "partial_rotary_factor") &&
+	    get_num(path, root, "partial_rotary_factor", 1, 1.0) != 1.0)
+		die("%s: key 'partial_rotary_factor' other than 1 is not supported", path);
 	/* transformers 5 keeps theta and scaling in rope_parameters (Gemma-3: one set per
 	 * layer type); 4 at top level and in rope_scaling */
 	json_t *params = get(root, "rope_parameters");

@@ -156,6 +156,22 @@ static json_t *number_like_peft(double x)
 	return is_integral(x) ? json_integer((json_int_t)x) : json_real(x);
 }
 
+/* x as the user wrote it where it passed through a float (bk-step keeps the dropout as
+ * one): 0.05f is written 0.05, as PEFT writes the user's 0.05, not 0.05000000074505806 */
+static double as_written(double x)
+{
+	float f = (float)x;
+	if ((double)f != x || !isfinite(x))
+		return x;
+	char buf[32];
+	for (int p = 1; p <= 9; p++) {
+		snprintf(buf, sizeof buf, "%.*g", p, x);
+		if ((float)strtod(buf, NULL) == f)
+			break;
+	}
+	return strtod(buf, NULL);
+}
+
 /* fewest significant digits that read back as x (like Python's repr) */
 static int shortest_digits(double x)
 {
@@ -196,6 +212,7 @@ void bk_adapter_save(const bk_adapter *l, const char *dir)
 
 	/* the fields PEFT 0.21 writes for a plain LoRA, with its defaults */
 	json_t *o = json_object();
+	double dropout = as_written(l->dropout);
 	json_t *targets;
 	if (l->layout != BK_PEFT_PLAIN) {
 		char *pat = vlm_pattern(l->targets);
@@ -222,7 +239,7 @@ void bk_adapter_save(const bk_adapter *l, const char *dir)
 	json_object_set_new(o, "loftq_config", json_object());
 	json_object_set_new(o, "lora_alpha", number_like_peft(l->alpha));
 	json_object_set_new(o, "lora_bias", json_false());
-	json_object_set_new(o, "lora_dropout", json_real(l->dropout));
+	json_object_set_new(o, "lora_dropout", json_real(dropout));
 	json_object_set_new(o, "megatron_config", json_null());
 	json_object_set_new(o, "megatron_core", json_string("megatron.core"));
 	json_object_set_new(o, "modules_to_save", json_null());
@@ -235,7 +252,7 @@ void bk_adapter_save(const bk_adapter *l, const char *dir)
 	json_object_set_new(o, "trainable_token_indices", json_null());
 	json_object_set_new(o, "use_dora", json_false());
 	json_object_set_new(o, "use_rslora", json_false());
-	int prec = shortest_digits(l->dropout);
+	int prec = shortest_digits(dropout);
 	if (!is_integral(l->alpha) && shortest_digits(l->alpha) > prec)
 		prec = shortest_digits(l->alpha);
 	char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(prec));

@@ -527,10 +527,17 @@ void bk_mem_print(const bk_mem_stage *s, void *file)
 
 size_t bk_mem_parse_size(const char *s)
 {
+	/* decimal digits and one point only: strtod would take " 24", "0x10", "1e3", "inf" */
+	size_t n = strspn(s, "0123456789.");
+	const char *dot = memchr(s, '.', n);
+	if (!n || (dot && memchr(dot + 1, '.', n - (size_t)(dot - s) - 1)))
+		return 0;
 	char *end;
 	double v = strtod(s, &end);
-	if (end == s || !(v > 0))
+	if (end != s + n || !(v > 0))
 		return 0;
+	if (!*end && v < 1 << 20)
+		return 0; /* "24": bytes without a unit, surely not meant */
 	double mul = 1;
 	if (*end) {
 		const char *u = "KMGT", *q = strchr(u, *end >= 'a' ? *end - 32 : *end);

@@ -502,6 +502,8 @@ static void test_refusals(void)
 		 LLAMA ", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1e4, "
 		       "\"partial_rotary_factor\": 0.5}}",
 		 "'partial_rotary_factor'"},
+		{"partial rotary top level", LLAMA ", \"partial_rotary_factor\": 0.5}",
+		 "key 'partial_rotary_factor' other than 1 is not supported"},
 		{"quantized", LLAMA ", \"quantization_config\": {\"bits\": 4}}",
 		 "'quantization_config'"},
 		{"gqa", LLAMA ", \"num_key_value_heads\": 3}", "'num_key_value_heads'"},

@@ -369,7 +369,13 @@ static void test_fit(void)
 	CHECK(bk_mem_parse_size("24GB") == (size_t)24000000000ull, "24GB");
 	CHECK(bk_mem_parse_size("1.5T") == (size_t)3 << 39, "1.5T");
 	CHECK(bk_mem_parse_size("512m") == (size_t)512 << 20, "512m");
-	CHECK(bk_mem_parse_size("1000") == 1000, "1000");
+	CHECK(bk_mem_parse_size("1048576") == 1048576, "1048576");
+	CHECK(!bk_mem_parse_size("1000") && !bk_mem_parse_size("24"), "bare below 1 MiB");
+	CHECK(!bk_mem_parse_size("0x10GiB") && !bk_mem_parse_size(" 24GiB") &&
+		      !bk_mem_parse_size("1e3G") && !bk_mem_parse_size("inf") &&
+		      !bk_mem_parse_size("1.2.3G") && !bk_mem_parse_size("-24G") &&
+		      !bk_mem_parse_size(".G"),
+	      "only digits and one point");
 	CHECK(!bk_mem_parse_size("24Gx") && !bk_mem_parse_size("abc") &&
 	      !bk_mem_parse_size("-3G") && !bk_mem_parse_size(""), "not sizes");
 }
