@@ -69,7 +69,10 @@ static void flush(window *w, bk_writer *out, const lens_opts *o, bk_rng *rng, to
 	for (size_t i = 0; i < n; i++)
 		cost[i] = w->cost.v[order[i]];
 	bk_plan_limits lim = {o->max_tokens, o->max_batch};
-	size_t nb = bk_plan_pack(cost, n, lim, batch);
+	/* --no-shuffle keeps the arrival order: consecutive records, a batch closed when the
+	 * next does not fit (packing sorts by cost, which would put the longest first) */
+	size_t nb = o->no_shuffle ? bk_plan_next_fit(cost, n, lim, batch)
+				  : bk_plan_pack(cost, n, lim, batch);
 	/* arrival-order plan for comparison (uses its own scratch) */
 	size_t *scratch = xmalloc(n * sizeof *scratch);
 	tot->batches_arrival += bk_plan_next_fit(cost, n, lim, scratch);

@@ -33,6 +33,19 @@ test_expect_success 'bk-lens: batches respect --max-tokens and --max-batch; effi
 	grep -q "packing efficiency" err
 '
 
+# bk-bake cuts its order stream (shuffled per epoch, as HF's sampler) with --no-shuffle:
+# packing would sort the records by length, the same batches first at every seed
+test_expect_success 'bk-lens --no-shuffle: the input order, cut into consecutive batches' '
+	bk-dump s.bk | jq -r .id >in.ids &&
+	test $(jq -s "map(.t_prompt | length) | unique | length" a.jsonl) -gt 1 &&
+	bk-lens -q --max-tokens 0 --max-batch 2 --no-shuffle s.bk | bk-dump >ns &&
+	jq -r .id ns >out.ids && test_cmp in.ids out.ids &&
+	jq -s -e "map(.batch) == [0, 0, 1, 1, 2, 2]" ns &&
+	bk-lens -q --max-tokens 70 --no-shuffle s.bk | bk-dump >nb &&
+	jq -r .id nb >out.ids && test_cmp in.ids out.ids &&
+	jq -s -e "group_by(.batch) | all(.[]; (map(.lens.t) | add) <= 70)" nb
+'
+
 test_expect_success 'bk-lens: a record longer than the budget gets its own batch and a warning' '
 	bk-lens --max-tokens 20 s.bk 2>err | bk-dump >p && grep -q "exceed --max-tokens 20" err &&
 	test $(jq -s "map(.batch) | unique | length" p) -eq 6
