@@ -970,7 +970,8 @@ static void train_file(run *R, bk_reader *in, file_index *fx, int64_t n_epochs)
 			stop = should_stop(R);
 		}
 		if (!stop || (!R->interrupted && R->prog.micro_in_epoch == (int64_t)nmb)) {
-			/* the epoch is complete: its end is a checkpoint */
+			/* the epoch is complete: its end is a checkpoint (a partial last one's:
+			 * bk_step_run's at the end of the run) */
 			R->prog.epoch = ep + 1;
 			R->prog.micro_in_epoch = 0;
 			R->prog.records_in_epoch = 0;
@@ -1313,6 +1314,12 @@ int bk_step_run(const bk_step_opts *o)
 	if (!R.interrupted && R.ev.n && o->eval_final && steps > 0 &&
 	    R.last_eval != R.tr->step && R.tr->step >= o->eval_delay)
 		evaluate(&R, R.last_epoch_pos);
+	/* the end of the run is a checkpoint too, after its evaluation, as HF's Trainer
+	 * saves at the end of training (save_strategy steps) and at the end of the last
+	 * epoch, a partial one (--max-steps) included (epoch): over a file it is an
+	 * epoch's end; over a pipe, with --save-steps */
+	if (!R.interrupted && steps > 0 && (is_file || o->save_steps > 0))
+		save_checkpoint(&R);
 	char *final = NULL;
 	if (R.interrupted) {
 		save_checkpoint(&R);
