@@ -58,4 +58,18 @@ test_expect_success 'bk-step: --max-steps ending mid-epoch saves that step; it r
 	bk-step $F --out q0 --max-steps 3 - <b.bk >/dev/null 2>&1 && ! ls -d q0/checkpoint-* 2>/dev/null
 '
 
+test_expect_success 'logging_steps, save_steps, eval_steps above 1 must be whole (HF 5.3 refuses 2.5)' '
+	{ bk-bake --dry-run p.yaml --logging_steps 2.5 --save_steps 2.5 2>err; test $? = 1; } &&
+	grep -q "unsupported .logging_steps.: 2.5: a whole number of steps, or a ratio below 1" err &&
+	grep -q "unsupported .save_steps.: 2.5: a whole number of steps, or a ratio below 1" err &&
+	grep -q "2 fields cannot be baked" err &&
+	{ bk-bake --dry-run p.yaml --eval_strategy steps --eval_steps 2.5 --eval_dataset pairs.jsonl 2>err; test $? = 1; } &&
+	grep -q "unsupported .eval_steps.: 2.5" err &&
+	bk-bake --dry-run p.yaml --logging_steps 0.5 --save_steps 0.25 --eval_strategy steps \
+		--eval_steps 0.5 --eval_dataset pairs.jsonl >/dev/null 2>&1 &&
+	bk-bake --dry-run p.yaml --logging_steps 3 --save_steps 2.0 >/dev/null 2>&1 &&
+	bk-bake --dry-run p.yaml --save_strategy epoch --save_steps 2.5 >/dev/null 2>&1 &&
+	bk-bake --dry-run p.yaml --logging_strategy epoch --logging_steps 2.5 >/dev/null 2>&1
+'
+
 test_done
