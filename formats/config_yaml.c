@@ -963,6 +963,19 @@ static void map_training(mapper *m, const bk_bake_caps *caps)
 			note_add(m, BK_CFG_UNSUPPORTED, "save_strategy",
 				 "'%s': bakery saves by epoch, steps or no", s);
 	}
+	/* HF 5.3 __post_init__: with its strategy "steps", a value above 1 must be whole
+	 * (below 1 is a ratio of the steps); eval_steps: map_eval */
+	s = scalar(m, "logging_strategy");
+	if ((!s || !strcmp(s, "steps")) && p->logging_steps > 1 &&
+	    p->logging_steps != floor(p->logging_steps))
+		note_add(m, BK_CFG_UNSUPPORTED, "logging_steps",
+			 "%g: a whole number of steps, or a ratio below 1 (HF refuses it too)",
+			 p->logging_steps);
+	if (!strcmp(p->save_strategy, "steps") && p->save_steps > 1 &&
+	    p->save_steps != floor(p->save_steps))
+		note_add(m, BK_CFG_UNSUPPORTED, "save_steps",
+			 "%g: a whole number of steps, or a ratio below 1 (HF refuses it too)",
+			 p->save_steps);
 }
 
 static void map_perf(mapper *m, const bk_bake_caps *caps)

@@ -970,7 +970,8 @@ static void train_file(run *R, bk_reader *in, file_index *fx, int64_t n_epochs)
 			stop = should_stop(R);
 		}
 		if (!stop || (!R->interrupted && R->prog.micro_in_epoch == (int64_t)nmb)) {
-			/* the epoch is complete: its end is a checkpoint */
+			/* the epoch is complete: its end is a checkpoint (a partial last one's:
+			 * bk_step_run's at the end of the run) */
 			R->prog.epoch = ep + 1;
 			R->prog.micro_in_epoch = 0;
 			R->prog.records_in_epoch = 0;
@@ -981,6 +982,74 @@ static void train_file(run *R, bk_reader *in, file_index *fx, int64_t n_epochs)
 	mb_free(&mb);
 	free(order);
 	free(bounds);
+}
+
+/* ---- resume: the checkpoint's progress against this run's plan ---- */
+
+/* a resumed run's progress (train.c checked each field on its own) must be the one
+ * this run reaches at the checkpoint's step: the epoch order's seed, and over a file
+ * the epoch, its micro-batches and records under the plan (fx; NULL: a pipe) */
+static void check_progress(run *R, const file_index *fx)
+{
+	const bk_step_opts *o = R->o;
+	const bk_train_progress *p = &R->prog;
+	char *path = bk_path_join(o->resume, "trainer_state.json");
+	long long step = (long long)R->tr->step;
+	if (p->order_seed != (uint64_t)o->seed)
+		die("%s: key 'progress.order_seed' is %llu, this run's (--seed) %ld", path,
+		    (unsigned long long)p->order_seed, o->seed);
+	if (!fx) { /* a pipe: one pass, grad_accum micro-batches a step but the last */
+		long long ga = o->grad_accum, m = p->micro_in_epoch;
+		if (p->epoch != 0)
+			die("%s: key 'progress.epoch' is %lld, a run over a pipe has epoch 0", path,
+			    (long long)p->epoch);
+		if (p->records_in_epoch != p->records)
+			die("%s: key 'progress.records_in_epoch' is %lld, over a pipe it is "
+			    "'progress.records' %lld", path, (long long)p->records_in_epoch,
+			    (long long)p->records);
+		if (m > step * ga || (step > 0 && m <= (step - 1) * ga)) {
+			char also[64] = "";
+			if (ga > 1 && step > 0) /* the step at the end of the stream */
+				snprintf(also, sizeof also, " (the last of them %lld to %lld)",
+					 (step - 1) * ga + 1, step * ga);
+			die("%s: key 'progress.micro_in_epoch' is %lld, %lld %s at --grad-accum %lld "
+			    "train %lld micro-batches%s", path, m, step, plural(step, "step", "steps"),
+			    ga, step * ga, also);
+		}
+		if (p->records < m || (o->batch_size && p->records > m * o->batch_size))
+			die("%s: key 'progress.records' is %lld, not what %lld micro-batches hold",
+			    path, (long long)p->records, m);
+		free(path);
+		return;
+	}
+	size_t nmb = micro_per_epoch(fx, o), win = (size_t)o->grad_accum * (size_t)R->dist.size;
+	long long spe = (long long)((nmb + win - 1) / win), ep = step / spe, k = step % spe;
+	if (k == 0 && step > 0 && p->epoch == ep - 1)
+		ep--, k = spe; /* stopped at the end of an epoch before it was closed */
+	if (p->epoch != ep)
+		die("%s: key 'progress.epoch' is %lld, step %lld is in epoch %lld (%lld %s an "
+		    "epoch)", path, (long long)p->epoch, step, ep, spe, plural(spe, "step", "steps"));
+	size_t want = (size_t)k * win < nmb ? (size_t)k * win : nmb;
+	if (p->micro_in_epoch != (int64_t)want)
+		die("%s: key 'progress.micro_in_epoch' is %lld, step %lld has trained %zu of epoch "
+		    "%lld's %zu micro-batches", path, (long long)p->micro_in_epoch, step, want, ep,
+		    nmb);
+	size_t *order = xmalloc((fx->nrec ? fx->nrec : 1) * sizeof *order);
+	size_t *bounds = xmalloc((nmb + 1) * sizeof *bounds);
+	plan_epoch(fx, o, p->order_seed, p->epoch, order, bounds);
+	int64_t recs = (int64_t)bounds[want];
+	free(order);
+	free(bounds);
+	if (p->records_in_epoch != recs)
+		die("%s: key 'progress.records_in_epoch' is %lld, the first %zu micro-batches of "
+		    "epoch %lld hold %lld records", path, (long long)p->records_in_epoch, want, ep,
+		    (long long)recs);
+	if (p->records != p->epoch * (int64_t)fx->nrec + recs)
+		die("%s: key 'progress.records' is %lld, %lld %s of %zu records and %lld make %lld",
+		    path, (long long)p->records, (long long)p->epoch,
+		    plural(p->epoch, "epoch", "epochs"), fx->nrec, (long long)recs,
+		    (long long)(p->epoch * (int64_t)fx->nrec + recs));
+	free(path);
 }
 
 /* ---- pipe: one pass, micro-batches formed as records arrive ---- */
@@ -1198,6 +1267,7 @@ int bk_step_run(const bk_step_opts *o)
 		bk_trainer_reserve(R.tr, fx.max_T);
 	if (o->resume) {
 		bk_trainer_resume(R.tr, R.lm.cfg, o->resume, &R.prog, R.set, R.n_set);
+		check_progress(&R, is_file ? &fx : NULL);
 		if (!R.dist.rank)
 			fprintf(stderr, "%s: resuming from %s at step %lld\n", bk_prog, o->resume,
 				(long long)R.tr->step);
@@ -1244,6 +1314,12 @@ int bk_step_run(const bk_step_opts *o)
 	if (!R.interrupted && R.ev.n && o->eval_final && steps > 0 &&
 	    R.last_eval != R.tr->step && R.tr->step >= o->eval_delay)
 		evaluate(&R, R.last_epoch_pos);
+	/* the end of the run is a checkpoint too, after its evaluation, as HF's Trainer
+	 * saves at the end of training (save_strategy steps) and at the end of the last
+	 * epoch, a partial one (--max-steps) included (epoch): over a file it is an
+	 * epoch's end; over a pipe, with --save-steps */
+	if (!R.interrupted && steps > 0 && (is_file || o->save_steps > 0))
+		save_checkpoint(&R);
 	char *final = NULL;
 	if (R.interrupted) {
 		save_checkpoint(&R);

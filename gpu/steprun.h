@@ -11,7 +11,10 @@
  *     --resume or --overwrite); a --resume whose settings differ from the flags (each
  *     difference named as "--lora-r 8 differs from the checkpoint's 16"), whose
  *     optimizer differs, or whose stream is of another kind (teacher field vs exact
- *     mode); a damaged input file (stream.c verifies a regular file whole at open);
+ *     mode), whose data files do not have the checksums it recorded, or whose
+ *     progress is not the one this run's plan reaches at its step (train.c checks
+ *     each field, check_progress the plan); a damaged input file (stream.c verifies
+ *     a regular file whole at open);
  *     sequences longer than the model's context.
  *  2. Nothing is saved unless a step was taken in this process: a refusal, or a
  *     signal before the first step, leaves --out as it was.

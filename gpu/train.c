@@ -19,6 +19,7 @@
 
 #include "common/diag.h"
 #include "common/files.h"
+#include "common/hash.h"
 #include "common/rng.h"
 #include "formats/peft.h"
 #include "formats/safetensors.h"
@@ -457,7 +458,20 @@ void bk_trainer_drop(bk_trainer *t)
 /* ---- checkpoints ---- */
 
 #define STATE_FORMAT "bakery-trainer-state"
-#define STATE_VERSION 1
+#define STATE_VERSION 2 /* 2 added 'checksums'; a version 1 state has none */
+
+/* the files of a checkpoint whose bytes trainer_state.json's 'checksums' records */
+static const char *const ckpt_files[] = {"adapter_model.safetensors", "adapter_config.json",
+					 "trainer_state.safetensors"};
+#define N_CKPT_FILES (sizeof ckpt_files / sizeof *ckpt_files)
+
+/* "xxh3-64:" and the 16 hex digits of the XXH3-64 of a file's bytes */
+static void file_sum(const char *path, char out[32])
+{
+	char hex[17];
+	bk_hash_hex(bk_hash_file(path), hex);
+	snprintf(out, 32, "xxh3-64:%s", hex);
+}
 
 /* removes a flat directory of ours (files only) if it exists */
 static void remove_dir(const char *dir)
@@ -614,6 +628,14 @@ void bk_trainer_save(const bk_trainer *t, const bk_config *cfg, const char *base
 	for (int i = 0; i < n_settings; i++)
 		json_object_set_new(st, settings[i].key, json_string(settings[i].value));
 	json_object_set_new(o, "settings", st);
+	json_t *sums = json_object(); /* of the files as written, read back */
+	for (size_t i = 0; i < N_CKPT_FILES; i++) {
+		char sum[32], *f = bk_path_join(tmp, ckpt_files[i]);
+		file_sum(f, sum);
+		json_object_set_new(sums, ckpt_files[i], json_string(sum));
+		free(f);
+	}
+	json_object_set_new(o, "checksums", sums);
 	char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
 	json_decref(o);
 	if (!text)
@@ -656,12 +678,109 @@ static json_int_t get_int(const char *path, json_t *o, const char *key)
 	return json_integer_value(v);
 }
 
-static double get_num(const char *path, json_t *o, const char *key)
+/* progress.KEY: an integer >= 0 */
+static int64_t get_count(const char *path, json_t *pr, const char *key)
 {
-	json_t *v = json_object_get(o, key);
+	json_t *v = json_object_get(pr, key);
+	if (!json_is_integer(v))
+		die("%s: key 'progress.%s' is missing or not an integer", path, key);
+	json_int_t n = json_integer_value(v);
+	if (n < 0)
+		die("%s: key 'progress.%s' is %lld, below 0", path, key, (long long)n);
+	return n;
+}
+
+/* progress.KEY: a finite number >= lo */
+static double get_amount(const char *path, json_t *pr, const char *key, double lo)
+{
+	json_t *v = json_object_get(pr, key);
 	if (!json_is_number(v))
-		die("%s: key '%s' is missing or not a number", path, key);
-	return json_number_value(v);
+		die("%s: key 'progress.%s' is missing or not a number", path, key);
+	double x = json_number_value(v);
+	if (!isfinite(x) || x < lo)
+		die("%s: key 'progress.%s' is %g, below 0", path, key, x);
+	return x;
+}
+
+/* the progress a checkpoint holds, each field checked on its own and against the
+ * others (steprun.c checks it against the stream's plan) */
+static void read_progress(const char *path, json_t *o, int64_t step, int64_t total,
+			  bk_train_progress *p)
+{
+	json_t *pr = json_object_get(o, "progress");
+	if (!json_is_object(pr))
+		die("%s: key 'progress' is missing or not an object", path);
+	memset(p, 0, sizeof(*p));
+	p->epoch = get_count(path, pr, "epoch");
+	p->micro_in_epoch = get_count(path, pr, "micro_in_epoch");
+	p->records_in_epoch = get_count(path, pr, "records_in_epoch");
+	p->records = get_count(path, pr, "records");
+	p->tokens = get_count(path, pr, "tokens");
+	/* a KL is >= 0; a float sum of near-zero ones may round a little below */
+	p->loss_sum = get_amount(path, pr, "loss_sum", -1e-3 * (double)step);
+	p->elapsed = get_amount(path, pr, "elapsed", 0);
+	if (p->records_in_epoch > p->records)
+		die("%s: key 'progress.records_in_epoch' is %lld, more than the run's "
+		    "'progress.records' %lld", path, (long long)p->records_in_epoch,
+		    (long long)p->records);
+	if (total > 0 && step > total)
+		die("%s: key 'step' is %lld, past the run's %lld optimizer steps", path,
+		    (long long)step, (long long)total);
+	json_t *seed = json_object_get(pr, "order_seed");
+	const char *sv = json_is_string(seed) ? json_string_value(seed) : NULL;
+	if (!sv)
+		die("%s: key 'progress.order_seed' is missing or not a string", path);
+	char *end;
+	errno = 0;
+	unsigned long long u = strtoull(sv, &end, 10);
+	if (*sv < '0' || *sv > '9' || *end || errno)
+		die("%s: key 'progress.order_seed' \"%s\" is not a decimal 64-bit number", path,
+		    sv);
+	p->order_seed = (uint64_t)u;
+	json_t *lh = json_object_get(o, "log_history"); /* absent in older checkpoints */
+	if (lh && !json_is_array(lh))
+		die("%s: key 'log_history' is not a list", path);
+	size_t i;
+	json_t *e;
+	json_array_foreach(lh, i, e) {
+		json_t *es = json_object_get(e, "step");
+		if (!json_is_object(e) || (es && !json_is_integer(es)))
+			die("%s: key 'log_history' entry %zu is not an object with an integer "
+			    "'step'", path, i);
+		if (es && (json_integer_value(es) < 0 || json_integer_value(es) > step))
+			die("%s: key 'log_history' entry %zu is at step %lld, past the "
+			    "checkpoint's 'step' %lld", path, i, (long long)json_integer_value(es),
+			    (long long)step);
+	}
+	if (json_array_size(lh))
+		p->log_history = json_incref(lh);
+}
+
+/* the data files against the checksums trainer_state.json recorded when they were
+ * written; a version 1 state (an older bakery) recorded none: a warning */
+static void verify_files(const char *dir, const char *path, json_t *o, int version)
+{
+	if (version < 2) {
+		warn("%s: trainer state version %d (an older bakery) records no checksums; the "
+		     "checkpoint's files are not verified", path, version);
+		return;
+	}
+	json_t *sums = json_object_get(o, "checksums");
+	if (!json_is_object(sums))
+		die("%s: key 'checksums' is missing or not an object", path);
+	for (size_t i = 0; i < N_CKPT_FILES; i++) {
+		json_t *v = json_object_get(sums, ckpt_files[i]);
+		if (!json_is_string(v))
+			die("%s: key 'checksums' has no string for '%s'", path, ckpt_files[i]);
+		char *f = bk_path_join(dir, ckpt_files[i]), sum[32];
+		if (!bk_file_exists(f))
+			die("%s: missing (the checkpoint is incomplete)", f);
+		file_sum(f, sum);
+		if (strcmp(sum, json_string_value(v)))
+			die("%s: damaged or changed since it was saved (its checksum is %s, "
+			    "trainer_state.json recorded %s)", f, sum, json_string_value(v));
+		free(f);
+	}
 }
 
 void bk_trainer_resume(bk_trainer *t, const bk_config *cfg, const char *dir,
@@ -676,9 +795,10 @@ void bk_trainer_resume(bk_trainer *t, const bk_config *cfg, const char *dir,
 	json_t *fmt = json_object_get(o, "format");
 	if (!json_is_string(fmt) || strcmp(json_string_value(fmt), STATE_FORMAT))
 		die("%s: not a bakery trainer state (key 'format')", path);
-	if (get_int(path, o, "version") != STATE_VERSION)
-		die("%s: trainer state version %lld, this bk-step reads %d", path,
-		    (long long)get_int(path, o, "version"), STATE_VERSION);
+	json_int_t version = get_int(path, o, "version");
+	if (version < 1 || version > STATE_VERSION)
+		die("%s: trainer state version %lld, this bk-step reads 1 to %d", path,
+		    (long long)version, STATE_VERSION);
 	if ((size_t)get_int(path, o, "n_flat") != t->lora->n_flat)
 		die("%s: key 'n_flat' is %lld, this adapter has %zu numbers", path,
 		    (long long)get_int(path, o, "n_flat"), t->lora->n_flat);
@@ -694,26 +814,6 @@ void bk_trainer_resume(bk_trainer *t, const bk_config *cfg, const char *dir,
 			die("%s: the checkpoint was trained with %s %s, given %s", dir,
 			    settings[i].key, was, settings[i].value);
 	}
-	json_t *pr = json_object_get(o, "progress");
-	if (!json_is_object(pr))
-		die("%s: key 'progress' is missing or not an object", path);
-	memset(p, 0, sizeof(*p));
-	p->epoch = get_int(path, pr, "epoch");
-	p->micro_in_epoch = get_int(path, pr, "micro_in_epoch");
-	p->records_in_epoch = get_int(path, pr, "records_in_epoch");
-	p->records = get_int(path, pr, "records");
-	p->tokens = get_int(path, pr, "tokens");
-	p->loss_sum = get_num(path, pr, "loss_sum");
-	p->elapsed = get_num(path, pr, "elapsed");
-	json_t *seed = json_object_get(pr, "order_seed");
-	if (!json_is_string(seed))
-		die("%s: key 'progress.order_seed' is missing or not a string", path);
-	p->order_seed = strtoull(json_string_value(seed), NULL, 10);
-	json_t *lh = json_object_get(o, "log_history"); /* absent in older checkpoints */
-	if (lh && !json_is_array(lh))
-		die("%s: key 'log_history' is not a list", path);
-	if (json_array_size(lh))
-		p->log_history = json_incref(lh);
 	/* the optimizer: a state without 'optim' is adamw */
 	json_t *jo = json_object_get(o, "optim");
 	const char *was = jo ? json_string_value(jo) : "adamw";
@@ -730,6 +830,8 @@ void bk_trainer_resume(bk_trainer *t, const bk_config *cfg, const char *dir,
 	if (step < 0 || adam_step < 0 || adam_step > step)
 		die("%s: keys 'step' %lld and 'adam_step' %lld are inconsistent", path,
 		    (long long)step, (long long)adam_step);
+	read_progress(path, o, step, t->o.total, p);
+	verify_files(dir, path, o, (int)version);
 	json_decref(o);
 	free(path);
 

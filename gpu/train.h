@@ -143,8 +143,10 @@ double bk_trainer_lr(const bk_trainer *t);
 /* ---- checkpoints ----
  * A checkpoint directory holds adapter_model.safetensors + adapter_config.json (PEFT,
  * base_model_name_or_path = base_model exactly), trainer_state.safetensors and
- * trainer_state.json: {format: "bakery-trainer-state", version: 1, step, adam_step,
- * n_flat, optim, optim_block, progress: {...}, settings: {...}}.  The moments, laid
+ * trainer_state.json: {format: "bakery-trainer-state", version: 2, step, adam_step,
+ * n_flat, optim, optim_block, progress: {...}, settings: {...}, checksums: {FILE:
+ * "xxh3-64:HEX"} of adapter_model.safetensors, adapter_config.json and
+ * trainer_state.safetensors as written (version 1 had no checksums).  The moments, laid
  * out like the LoRA's flat buffer: adamw: exp_avg, exp_avg_sq [n_flat] F32; adamw8bit:
  * exp_avg.code, exp_avg_sq.code [n_flat] (the uint8 codes, stored as F16 integers
  * 0..255, exact: safetensors.h writes no U8) and exp_avg.absmax, exp_avg_sq.absmax
@@ -182,7 +184,11 @@ void bk_trainer_save(const bk_trainer *t, const bk_config *cfg, const char *base
 /* Loads a checkpoint into t (adapter, optimizer moments, step) and p; dies naming
  * the directory and the setting when a setting it holds differs from the given one
  * (one it does not hold, from an older bakery, is not compared), or when
- * its optimizer (optim, optim_block) is not the trainer's. */
+ * its optimizer (optim, optim_block) is not the trainer's; dies naming the file when a
+ * data file's checksum is not the recorded one (version 1: a warning, not verified),
+ * and naming the key when a progress field is out of range (negative counts, a loss
+ * sum or elapsed time below 0, records_in_epoch above records, step past t's total,
+ * a log_history entry past step).  The caller checks p against its plan. */
 void bk_trainer_resume(bk_trainer *t, const bk_config *cfg, const char *dir,
 		       bk_train_progress *p, const bk_train_setting *settings,
 		       int n_settings);
