@@ -229,6 +229,8 @@ int main(int argc, char **argv)
 	if (tmpl < 0)
 		die_usage("unknown template '%s' (known: %s)", o.template_name, bk_template_names());
 	bk_template_check(tmpl, spm);
+	if (o.adapter) /* the 4-bit base the adapter was trained on: its thread count */
+		bk_q4_adopt_dir(&q4, o.adapter);
 	bk_loaded_model lm = bk_model_load_q4(ops, o.model, &q4);
 	bk_lora *lora = NULL;
 	if (o.adapter) {

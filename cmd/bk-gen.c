@@ -417,6 +417,7 @@ int main(int argc, char **argv)
 	free(tmpl_name);
 	o.tmpl = tmpl;
 
+	bk_q4_adopt_stream(&q4, in); /* the thread count of a 4-bit stage before (load.h) */
 	bk_loaded_model lm = bk_model_load_q4(ops, model, &q4);
 	const bk_model *m = lm.model;
 	bk_ids stop = { 0 };
@@ -435,13 +436,14 @@ int main(int argc, char **argv)
 	bk_gen *g = bk_gen_create(m, gops, NULL, &gc);
 
 	bk_writer *w = bk_writer_open(out_path);
-	bk_kv kv[12] = { BK_KV_S("model", lm.fingerprint), BK_KV_I("seed", o.seed),
+	bk_kv kv[14] = { BK_KV_S("model", lm.fingerprint), BK_KV_I("seed", o.seed),
 			 BK_KV_D("sampling_temperature", o.temperature), BK_KV_I("top_k", o.top_k),
 			 BK_KV_D("top_p", o.top_p), BK_KV_I("max_new_tokens", o.max_new),
 			 BK_KV_I("num_trajectories", o.ntraj), BK_KV_I("epochs", o.epochs),
 			 BK_KV_I("retokenize", o.retokenize) };
-	int nkv = 9;
-	char shard_buf[32];
+	char shard_buf[32], q4_buf[BK_Q4_PROV_BUF];
+	/* the 4-bit setting of the base that sampled (and scored: bk-step compares it) */
+	int nkv = 9 + bk_q4_prov(&q4, q4_buf, kv + 9);
 	if (shard.n)
 		kv[nkv++] = BK_KV_S("shard", bk_shard_str(&shard, shard_buf, sizeof shard_buf));
 	if (o.teacher_k) { /* bk-gen scored: bk-teach's KL temperature (bk-step checks it) */

@@ -203,6 +203,7 @@ int main(int argc, char **argv)
 	}
 	free(tok);
 	const bk_ops *ops = bk_device_select(device);
+	bk_q4_adopt_stream(&q4, in); /* the thread count of a 4-bit stage before (load.h) */
 	bk_loaded_model lm = bk_model_load_q4(ops, model, &q4);
 	bk_reader_expect(in, "model", lm.fingerprint, "model");
 	int V = lm.cfg->vocab_size;
@@ -213,11 +214,14 @@ int main(int argc, char **argv)
 				       (float)temperature, (int)vocab_chunk);
 
 	bk_writer *out = bk_writer_open(out_path);
-	bk_kv kv[] = {BK_KV_S("model", lm.fingerprint), BK_KV_D("temperature", temperature),
-		      BK_KV_I("top_k", top_k), BK_KV_S("shard", NULL)};
-	char shard_buf[32];
-	kv[3].s = bk_shard_str(&shard, shard_buf, sizeof shard_buf);
-	bk_writer_header(out, in, kv, shard.n ? 4 : 3);
+	/* the 4-bit setting too: bk-step refuses a student of another one */
+	bk_kv kv[6] = {BK_KV_S("model", lm.fingerprint), BK_KV_D("temperature", temperature),
+		       BK_KV_I("top_k", top_k)};
+	char shard_buf[32], q4_buf[BK_Q4_PROV_BUF];
+	int nkv = 3 + bk_q4_prov(&q4, q4_buf, kv + 3);
+	if (shard.n)
+		kv[nkv++] = BK_KV_S("shard", bk_shard_str(&shard, shard_buf, sizeof shard_buf));
+	bk_writer_header(out, in, kv, nkv);
 
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);

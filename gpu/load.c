@@ -5,6 +5,7 @@
 #include "common/hash.h"
 #include "gpu/cuda/cuda.h"
 #include "gpu/cuda/cuda_vmm.h"
+#include "formats/stream.h"
 #include "gpu/wshare.h"
 
 #include <jansson.h>
@@ -408,8 +409,9 @@ static int load_shared(const bk_ops *ops, bk_loaded_model *lm, const bk_llama_co
 		goto own;
 	/* the 4-bit setting is the copy's: its codes (type, double quant) and the values they
 	 * were quantised from (compute dtype bfloat16: rounded to bf16 first) */
-	snprintf(key, sizeof key, "bakery-weights device=%s model=%s dtype=bf16 q4=%s layout=%d",
-		 uuid, lm->fingerprint, bk_q4_config_str(&mc->q4), BK_WLAYOUT);
+	snprintf(key, sizeof key,
+		 "bakery-weights device=%s model=%s dtype=bf16 q4=%s q4-threads=%d layout=%d", uuid,
+		 lm->fingerprint, bk_q4_config_str(&mc->q4), mc->q4.threads, BK_WLAYOUT);
 	char q4s[80] = ""; /* the notes say a 4-bit copy's setting */
 	if (mc->q4.type)
 		snprintf(q4s, sizeof q4s, "4-bit %s, ", bk_q4_config_str(&mc->q4));
@@ -529,8 +531,10 @@ bk_loaded_model bk_model_load_q4(const bk_ops *ops, const char *dir, const bk_q4
 	mc.final_softcap = (float)c->final_softcap;
 	mc.window = c->layer_window;
 	mc.inv_freq_local = has_local ? inv_local : NULL;
-	if (q4)
+	if (q4) {
 		mc.q4 = *q4; /* the base linears quantised at create (gpu/model.h) */
+		mc.q4.threads = bk_q4_config_threads(q4); /* explicit: the shared copy's key */
+	}
 	/* tensor by tensor from the mapped checkpoint: on a bf16 device (weight_upload_bf16)
 	 * converted chunk by chunk into its staging, so the host holds no copy of a tensor
 	 * (the peak is the staging buffer); else read into fp32, uploaded, freed, so the
@@ -615,4 +619,61 @@ void bk_model_stop_ids(const bk_config *cfg, int tmpl, const bk_tok *spm, bk_ids
 		if (!dup)
 			bk_vec_push(out, cfg->eos_token_ids[i]);
 	}
+}
+
+/* ---- the 4-bit setting from stage to stage ---- */
+
+int bk_q4_prov(const bk_q4_config *q4, char buf[BK_Q4_PROV_BUF], bk_kv kv[2])
+{
+	snprintf(buf, BK_Q4_PROV_BUF, "%s", bk_q4_config_str(q4));
+	kv[0] = BK_KV_S("load_in_4bit", buf);
+	kv[1] = BK_KV_I("bnb_4bit_threads", bk_q4_config_threads(q4));
+	return 2;
+}
+
+static void adopt(bk_q4_config *q4, const char *from, long n)
+{
+	int mine = bk_q4_config_threads(&(bk_q4_config){q4->type, q4->double_quant, 0, 0});
+	if (n != mine)
+		note("4-bit: double quantisation with %ld torch threads, as %s (this machine's: %d)",
+		     n, from, mine);
+	q4->threads = (int)n;
+}
+
+void bk_q4_adopt_stream(bk_q4_config *q4, const bk_reader *in)
+{
+	double n;
+	char *s = bk_reader_prov_str(in, "load_in_4bit");
+	if (q4->type && q4->double_quant && s && !strcmp(s, bk_q4_config_str(q4)) &&
+	    bk_obj_number(bk_reader_prov(in, "bnb_4bit_threads"), &n) && n >= 1 && n <= 1 << 20 &&
+	    n == (long)n) {
+		char from[300];
+		snprintf(from, sizeof from, "%s's stage did", bk_reader_name(in));
+		adopt(q4, from, (long)n);
+	}
+	free(s);
+	q4->threads = bk_q4_config_threads(q4);
+}
+
+int bk_q4_adopt_dir(bk_q4_config *q4, const char *dir)
+{
+	int done = 0;
+	char *ts = bk_path_join(dir, "trainer_state.json");
+	json_t *o = q4->type && q4->double_quant && bk_file_exists(ts) ? json_load_file(ts, 0, NULL)
+								     : NULL;
+	json_t *set = json_object_get(o, "settings");
+	const char *s = json_string_value(json_object_get(set, "load-in-4bit"));
+	const char *t = json_string_value(json_object_get(set, "torch-threads"));
+	char *end;
+	long n = t ? strtol(t, &end, 10) : 0;
+	if (s && !strcmp(s, bk_q4_config_str(q4)) && t && !*end && n >= 1 && n <= 1 << 20) {
+		char from[300];
+		snprintf(from, sizeof from, "%s was trained", dir);
+		adopt(q4, from, n);
+		done = 1;
+	}
+	json_decref(o);
+	free(ts);
+	q4->threads = bk_q4_config_threads(q4);
+	return done;
 }

@@ -6,6 +6,7 @@
 
 #include "formats/hfconfig.h"
 #include "formats/peft.h"
+#include "formats/stream.h"
 #include "formats/template.h"
 #include "gpu/model.h"
 
@@ -38,6 +39,22 @@ bk_loaded_model bk_model_load(const bk_ops *ops, const char *dir);
  * setting too (type, double quant, compute dtype): a stage of another setting loads a
  * copy of its own; each process keeps its own dequantisation scratch. */
 bk_loaded_model bk_model_load_q4(const bk_ops *ops, const char *dir, const bk_q4_config *q4);
+
+/* The 4-bit setting from stage to stage.  Double quantisation's bits depend on the
+ * torch thread count (gpu/quant4.h), which each process takes from its environment;
+ * so a stage that quantises records its setting in its stream's provenance entry:
+ * load_in_4bit (bk_q4_config_str: "no" or e.g. "nf4,double-quant,bfloat16") and
+ * bnb_4bit_threads (the count it quantised with; 0 without double quantisation);
+ * and a later stage of the same setting quantises with the recorded count
+ * (bk_q4_adopt_stream), as bk-step does on --resume with its checkpoint's
+ * (trainer_state.json settings load-in-4bit and torch-threads: bk_q4_adopt_dir), so
+ * every stage of a bake, wherever it runs, sees the same 4-bit base.  Both adopt
+ * functions leave q4->threads explicit (bk_q4_config_threads); -v notes a count that is
+ * not this machine's. */
+#define BK_Q4_PROV_BUF 64
+int bk_q4_prov(const bk_q4_config *q4, char buf[BK_Q4_PROV_BUF], bk_kv kv[2]); /* 2 items */
+void bk_q4_adopt_stream(bk_q4_config *q4, const bk_reader *in);
+int bk_q4_adopt_dir(bk_q4_config *q4, const char *dir); /* 1: the directory's count */
 void bk_model_unload(bk_loaded_model *lm);
 /* The fingerprint alone (for stream headers), without loading the weights: from the
  * fingerprint cache when its key matches (gpu/load.c: config.json's bytes and each

@@ -227,7 +227,7 @@ static bk_weight *up_linear(const bk_ops *ops, const bk_weight_source *src,
 		for (size_t i = 0; i < n; i++)
 			r[i] = bk_q4_bf16_round(p[i]);
 	}
-	bk_q4_quantize(&q, r ? r : p, rows, cols, q4->type, q4->double_quant);
+	bk_q4_quantize(&q, r ? r : p, rows, cols, q4->type, q4->double_quant, q4->threads);
 	free(r);
 	if (src->put)
 		src->put(src->ctx, p);

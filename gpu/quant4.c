@@ -311,7 +311,8 @@ void bk_q4_q8_blockwise(const float *x, size_t n, uint8_t *q, float *absmax)
 	}
 }
 
-void bk_q4_quantize(bk_q4 *q, const float *w, int rows, int cols, int type, int double_quant)
+void bk_q4_quantize(bk_q4 *q, const float *w, int rows, int cols, int type, int double_quant,
+		    int threads)
 {
 	init_books();
 	bk_q4_shape(q, rows, cols, type, double_quant);
@@ -339,8 +340,11 @@ void bk_q4_quantize(bk_q4 *q, const float *w, int rows, int cols, int type, int 
 		q->absmax = absmax;
 		return;
 	}
-	pthread_once(&threads_once, get_torch_threads);
-	q->offset = bk_q4_torch_mean(absmax, q->nb, torch_threads);
+	if (threads <= 0) {
+		pthread_once(&threads_once, get_torch_threads);
+		threads = torch_threads;
+	}
+	q->offset = bk_q4_torch_mean(absmax, q->nb, threads);
 	for (size_t b = 0; b < q->nb; b++)
 		absmax[b] -= q->offset;
 	q->qabsmax = xmalloc(q->nb);
@@ -438,4 +442,14 @@ const char *bk_q4_config_str(const bk_q4_config *c)
 	snprintf(buf, sizeof buf, "%s,%s%s", bk_q4_name(c->type),
 		 c->double_quant ? "double-quant," : "", c->compute_bf16 ? "bfloat16" : "float32");
 	return buf;
+}
+
+int bk_q4_config_threads(const bk_q4_config *c)
+{
+	if (!c->type || !c->double_quant)
+		return 0;
+	if (c->threads > 0)
+		return c->threads;
+	pthread_once(&threads_once, get_torch_threads);
+	return torch_threads;
 }

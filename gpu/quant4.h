@@ -51,6 +51,10 @@ typedef struct bk_q4_config {
 			   * torch_dtype: transformers loads the weights in bf16 (an fp32
 			   * checkpoint's values rounded) before bitsandbytes quantises them,
 			   * and dequantises them to bf16 values; else float32 for both */
+	int threads;      /* with double_quant: the torch thread count the absmax mean
+			   * assumes (bk_q4_torch_mean); 0: this machine's
+			   * (bk_q4_torch_threads).  Not part of bk_q4_config_str: a stage
+			   * records it beside it (gpu/load.h bk_q4_adopt_stream) */
 } bk_q4_config;
 
 /* The tools' 4-bit flags (bk-gen, bk-teach, bk-step, bk-eval), named after
@@ -76,6 +80,9 @@ typedef struct {
 bk_q4_config bk_q4_flags_config(const bk_q4_flags *f);
 /* "no" or e.g. "nf4,double-quant,bfloat16" (static storage) */
 const char *bk_q4_config_str(const bk_q4_config *c);
+/* the torch thread count c quantises with: 0 without double quantisation, else
+ * c->threads, or this machine's when that is 0 */
+int bk_q4_config_threads(const bk_q4_config *c);
 
 /* One quantised weight [rows, cols]. */
 typedef struct bk_q4 {
@@ -99,8 +106,11 @@ const float *bk_q4_code(int type);
 const float *bk_q4_code2(void);
 
 /* Quantises w [rows, cols] (fp32 values; a bf16 checkpoint's values are exact in fp32
- * and quantise as bnb quantises the bf16 tensor).  Fills *q (allocations its own). */
-void bk_q4_quantize(bk_q4 *q, const float *w, int rows, int cols, int type, int double_quant);
+ * and quantise as bnb quantises the bf16 tensor).  Fills *q (allocations its own).
+ * threads: double quantisation's torch thread count (bk_q4_torch_mean); <= 0: this
+ * machine's (bk_q4_torch_threads). */
+void bk_q4_quantize(bk_q4 *q, const float *w, int rows, int cols, int type, int double_quant,
+		    int threads);
 void bk_q4_free(bk_q4 *q);
 /* *q with the shape of such a weight only (type, rows, cols, n, nb, nb2) and no numbers:
  * for a placement that reads none (gpu/load.c: the shared copy's layout, or attaching
@@ -128,7 +138,8 @@ void bk_q4_q8_blockwise(const float *x, size_t n, uint8_t *q, float *absmax);
 /* the thread count torch starts with on this machine, as its x86-64 wheel (OpenMP
  * sized by MKL) picks it: MKL_NUM_THREADS, else OMP_NUM_THREADS (a positive leading
  * count), capped at the machine's physical cores unless MKL_DYNAMIC is false; neither
- * set: the physical cores of this process's CPU affinity.  bk_q4_quantize uses it. */
+ * set: the physical cores of this process's CPU affinity.  bk_q4_quantize uses it unless
+ * told another count. */
 int bk_q4_torch_threads(void);
 
 /* fp32 x rounded to bf16 (nearest even; NaN stays NaN), as its bits / as a float */

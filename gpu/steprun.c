@@ -5,12 +5,14 @@
 #include "common/diag.h"
 #include "common/dist.h"
 #include "common/files.h"
+#include "common/hash.h"
 #include "common/progress.h"
 #include "common/rng.h"
 #include "formats/msgjson.h"
 #include "formats/peft.h"
 #include "formats/stream.h"
 #include "formats/teacher.h"
+#include "formats/tokenizer.h"
 #include "gpu/device.h"
 #include "gpu/load.h"
 #include "gpu/nccl.h"
@@ -65,6 +67,11 @@ static const char *kind_words(const char *kind)
 
 /* ---- the run ---- */
 
+typedef struct {
+	int64_t n;  /* records chained */
+	uint64_t h; /* the chain after them */
+} chain_mark;
+
 struct run {
 	const bk_step_opts *o;
 	bk_dist dist;            /* data-parallel ranks (invariant 8): rank 0 writes */
@@ -99,6 +106,16 @@ struct run {
 	mbatch ev;
 	int64_t last_eval;        /* the step last evaluated, -1 none */
 	double last_epoch_pos;    /* the epoch position of the last step */
+	bk_q4_config q4;          /* --load-in-4bit's, with the thread count quantised with */
+	/* the stream's identity (--resume: the same records): a chained XXH3-64 of the
+	 * records' bytes in stream order; a file's over all of them, a pipe's over the
+	 * records of the committed steps (marks: the chain after each record read and
+	 * not yet committed) */
+	uint64_t chain;
+	int64_t chained;
+	BK_VEC(chain_mark) marks;
+	char *resume_stream;      /* a pipe's checkpoint's, compared after its records */
+	int pipe;                 /* STREAM is read once (a pipe, a FIFO) */
 };
 
 static volatile sig_atomic_t stop_signal;
@@ -441,6 +458,13 @@ static _Noreturn void differs(const char *dir, const char *key, const char *give
 	die("--resume %s: --%s %s differs from the checkpoint's %s", dir, key, given, was);
 }
 
+static _Noreturn void other_stream(const run *R, const char *name, const char *given,
+				   const char *was)
+{
+	die("--resume %s: %s holds other records than the stream the checkpoint was trained "
+	    "on (records hash %s, the checkpoint's %s)", R->o->resume, name, given, was);
+}
+
 static void check_resume(run *R)
 {
 	const char *dir = R->o->resume;
@@ -462,9 +486,14 @@ static void check_resume(run *R)
 		const char *was = json_is_string(v) ? json_string_value(v) : NULL;
 		if (!was) /* a checkpoint from before the setting existed */
 			continue;
+		if (strcmp(was, R->set[i].value) && !strcmp(R->set[i].key, "stream"))
+			other_stream(R, R->o->input, R->set[i].value, was);
 		if (strcmp(was, R->set[i].value))
 			differs(dir, R->set[i].key, R->set[i].value, was);
 	}
+	json_t *sh = json_object_get(set, "stream"); /* a pipe's: after its records */
+	if (R->pipe && json_is_string(sh))
+		R->resume_stream = xstrdup(json_string_value(sh));
 	json_t *jo = json_object_get(js, "optim");
 	const char *was = jo ? json_string_value(jo) : "adamw";
 	if (was && strcmp(was, R->o->optim))
@@ -480,10 +509,26 @@ static void check_resume(run *R)
 	free(path);
 }
 
+/* a stream with teacher fields: the teacher's 4-bit setting (bk-teach's or bk-gen's
+ * provenance load_in_4bit; a stream from before it was recorded passes) is the
+ * student's, whose base must be the teacher's */
+static void check_teacher_q4(run *R, const bk_reader *in)
+{
+	char *s = bk_reader_prov_str(in, "load_in_4bit");
+	const char *mine = bk_q4_config_str(&R->o->q4);
+	if (s && strcmp(s, mine))
+		die("%s: the teacher field was made with the 4-bit setting %s, this run's is %s "
+		    "(the student trains on the teacher's base: give the teacher's "
+		    "--load-in-4bit and --bnb-4bit-* flags)", bk_reader_name(in), s, mine);
+	free(s);
+}
+
 /* the stream's kind is fixed by its first record; a resumed pipe checks it there */
 static void kind_seen(run *R, const bk_reader *in, const char *kind)
 {
 	if (!R->kind) {
+		if (strcmp(kind, "exact"))
+			check_teacher_q4(R, in);
 		R->kind = kind;
 		if (R->resume_kind && strcmp(R->resume_kind, kind))
 			differs(R->o->resume, "teacher", kind, R->resume_kind);
@@ -492,6 +537,41 @@ static void kind_seen(run *R, const bk_reader *in, const char *kind)
 		bk_reader_die(in, "%s 'teacher' field, unlike the records before it",
 			      strcmp(kind, "exact") ? "has a" : "has no");
 	}
+}
+
+/* ---- the stream's identity (--resume: the same records) ---- */
+
+static void chain_record(run *R, const bk_reader *in, int mark)
+{
+	size_t len;
+	const char *raw = bk_reader_raw(in, &len);
+	R->chain = bk_hash(raw, len, R->chain);
+	R->chained++;
+	if (mark)
+		bk_vec_push(&R->marks, ((chain_mark){R->chained, R->chain}));
+}
+
+/* a pipe: the setting 'stream' is the chain over the records of the committed steps */
+static void chain_commit(run *R)
+{
+	size_t k = 0;
+	while (k < R->marks.n && R->marks.v[k].n < R->prog.records)
+		k++;
+	if (k == R->marks.n || R->marks.v[k].n != R->prog.records)
+		BUG("stream chain: no mark at record %lld", (long long)R->prog.records);
+	char hex[17];
+	bk_hash_hex(R->marks.v[k].h, hex);
+	set_setting(R, "stream", hex);
+	memmove(R->marks.v, R->marks.v + k + 1, (R->marks.n - k - 1) * sizeof *R->marks.v);
+	R->marks.n -= k + 1;
+}
+
+static void check_ids(const bk_reader *in, const char *key, const int32_t *ids, size_t n, int V)
+{
+	for (size_t i = 0; i < n; i++)
+		if (ids[i] < 0 || ids[i] >= V)
+			bk_reader_die(in, "key '%s' holds id %d, outside the vocabulary [0, %d)", key,
+				      (int)ids[i], V);
 }
 
 /* train: a training record (its kind is the run's); else an --eval record */
@@ -504,6 +584,14 @@ static void load_any(run *R, const bk_reader *in, const msgpack_object *rec, slo
 	if (!bk_rec_ids_opt(in, rec, "resp", &sl->r, &sl->cap_r, &sl->nr))
 		bk_reader_die(in, "no 'resp' field (prompts-only records need bk-gen first)");
 	sl->has_tc = bk_teacher_read(in, rec, &sl->tc);
+	/* the model's vocabulary, before any step (a file, --eval) or this record's (a
+	 * pipe): the ids and the teacher's distribution */
+	int V = R->lm.cfg->vocab_size;
+	check_ids(in, "s_prompt", sl->s, sl->ns, V);
+	check_ids(in, "resp", sl->r, sl->nr, V);
+	if (sl->has_tc && sl->tc.v != V)
+		bk_reader_die(in, "key 'teacher' is over a vocabulary of %d, the model's is %d",
+			      sl->tc.v, V);
 	if (train)
 		kind_seen(R, in, slot_kind(sl));
 	if (sl->has_tc && fabsf(sl->tc.temperature - temp) > 1e-6f * fmaxf(1, temp))
@@ -517,6 +605,7 @@ static void load_any(run *R, const bk_reader *in, const msgpack_object *rec, slo
 		sl->nt = bk_rec_ids(in, rec, "t_prompt", &sl->t, &sl->cap_t);
 	else if (bk_rec_ids_opt(in, rec, "t_prompt", &sl->t, &sl->cap_t, &n))
 		sl->nt = n;
+	check_ids(in, "t_prompt", sl->t, sl->nt, V);
 	if (sl->nr && (!sl->ns || (!sl->has_tc && !sl->nt)))
 		bk_reader_die(in, "empty prompt: no position predicts the first response token");
 	char buf[160];
@@ -637,6 +726,8 @@ static void load_eval(run *R)
 	}
 	if (!R->ev.n)
 		die("--eval %s: no records", o->eval);
+	if (strcmp(kind, "exact"))
+		check_teacher_q4(R, in);
 	bk_reader_close(in);
 }
 
@@ -703,6 +794,8 @@ static void finish_step(run *R, double epoch_pos)
 	p->records += R->step_records;
 	p->tokens += R->step_tokens;
 	p->loss_sum += loss;
+	if (R->pipe)
+		chain_commit(R);
 	R->log_loss += loss;
 	R->log_steps++;
 	R->log_tokens += R->step_tokens;
@@ -847,6 +940,7 @@ static void index_file(run *R, bk_reader *in, file_index *fx)
 		const char *raw = bk_reader_raw(in, &len);
 		if (off + len > fx->map.len || memcmp(fx->map.data + off, raw, len))
 			die("%s: changed while being read", o->input);
+		chain_record(R, in, 0);
 		if (!o->batch_size && !sl.has_batch)
 			bk_reader_die(in, "no 'batch' field: plan batches with bk-lens or give "
 				      "--batch-size");
@@ -1061,15 +1155,27 @@ static void train_pipe(run *R, bk_reader *in)
 	bk_batch_order bo = {0};
 	const msgpack_object *rec;
 	int64_t skip = R->prog.records, epoch_field = 0;
-	while (skip > 0 && (rec = bk_reader_next(in)))
+	while (skip > 0 && (rec = bk_reader_next(in))) {
+		chain_record(R, in, 0);
 		skip--;
+	}
 	if (skip > 0)
 		die("--resume %s: the stream ends before the %lld records the checkpoint "
 		    "consumed", o->resume, (long long)R->prog.records);
+	if (R->resume_stream && R->prog.records) { /* the records the checkpoint trained on */
+		char hex[17];
+		bk_hash_hex(R->chain, hex);
+		if (strcmp(hex, R->resume_stream))
+			other_stream(R, bk_reader_name(in), hex, R->resume_stream);
+	}
+	if (o->resume)
+		fprintf(stderr, "%s: resuming from %s at step %lld\n", bk_prog, o->resume,
+			(long long)R->tr->step);
 	int stop = 0;
 	while (!stop) {
 		rec = bk_reader_next(in);
 		if (rec) {
+			chain_record(R, in, 1);
 			slot *s = mb_slot(&mb, mb.n);
 			load_slot(R, in, rec, s);
 			if (!o->batch_size && !s->has_batch)
@@ -1112,7 +1218,7 @@ static void train_pipe(run *R, bk_reader *in)
 static void check_stream(run *R, bk_reader *in)
 {
 	const bk_step_opts *o = R->o;
-	char *tok = bk_path_join(o->model, "tokenizer.model");
+	char *tok = bk_tok_file(o->model); /* tokenizer.json, else tokenizer.model */
 	if (bk_file_exists(tok))
 		bk_reader_expect_file(in, "tokenizer", tok, "tokenizer");
 	free(tok);
@@ -1137,6 +1243,11 @@ static void add_settings(run *R, int is_file, size_t nrec, int64_t warmup)
 	add_setting(R, "input", xstrdup(is_file ? "file" : "pipe"));
 	add_setting(R, "ranks", xasprintf("%d", R->dist.size)); /* before what it changes */
 	add_setting(R, "records", is_file ? xasprintf("%zu", nrec) : xstrdup("-"));
+	if (is_file) { /* a pipe's is set at each step (chain_commit) */
+		char hex[17];
+		bk_hash_hex(R->chain, hex);
+		add_setting(R, "stream", xstrdup(hex));
+	}
 	add_setting(R, "batch-size", o->batch_size ? xasprintf("%ld", o->batch_size)
 						   : xstrdup("bk-lens"));
 	add_setting(R, "grad-accum", xasprintf("%ld", o->grad_accum));
@@ -1154,6 +1265,9 @@ static void add_settings(run *R, int is_file, size_t nrec, int64_t warmup)
 	add_setting(R, "seed", xasprintf("%ld", o->seed));
 	add_setting(R, "vocab-chunk", xasprintf("%ld", o->vocab_chunk));
 	add_setting(R, "load-in-4bit", xstrdup(bk_q4_config_str(&o->q4)));
+	/* double quantisation's torch thread count (0: none): a resume adopts it, so it
+	 * quantises as the checkpoint's run did on any machine (bk_step_run) */
+	add_setting(R, "torch-threads", xasprintf("%d", bk_q4_config_threads(&R->q4)));
 	if (R->kind)
 		add_setting(R, "teacher", xstrdup(R->kind));
 }
@@ -1220,9 +1334,15 @@ int bk_step_run(const bk_step_opts *o)
 	if (!R.dist.rank) /* one run at a time in --out (rank 0 alone writes there) */
 		bk_dir_lock(o->out, "bk-step", "--out");
 
+	R.pipe = !is_file;
 	const bk_ops *ops = bk_device_select(o->device);
 	bk_reader *in = bk_reader_open(o->input); /* a file: verified whole here */
-	R.lm = bk_model_load_q4(ops, o->model, &o->q4);
+	/* double quantisation's thread count: a resume's checkpoint's, else the stage's
+	 * before this one (its stream's provenance), else this machine's (gpu/load.h) */
+	R.q4 = o->q4;
+	if (!o->resume || !bk_q4_adopt_dir(&R.q4, o->resume))
+		bk_q4_adopt_stream(&R.q4, in);
+	R.lm = bk_model_load_q4(ops, o->model, &R.q4);
 	check_stream(&R, in);
 	if (o->eval)
 		load_eval(&R);
@@ -1268,7 +1388,7 @@ int bk_step_run(const bk_step_opts *o)
 	if (o->resume) {
 		bk_trainer_resume(R.tr, R.lm.cfg, o->resume, &R.prog, R.set, R.n_set);
 		check_progress(&R, is_file ? &fx : NULL);
-		if (!R.dist.rank)
+		if (!R.dist.rank && is_file) /* a pipe's once its records are checked */
 			fprintf(stderr, "%s: resuming from %s at step %lld\n", bk_prog, o->resume,
 				(long long)R.tr->step);
 		R.last_saved = R.tr->step;
@@ -1366,6 +1486,8 @@ done:
 		free(R.set[i].value);
 	free(R.set);
 	free(R.resume_kind);
+	free(R.resume_stream);
+	free(R.marks.v);
 	json_decref(R.prog.log_history);
 	mb_free(&R.ev);
 	bk_trainer_free(R.tr);

@@ -117,6 +117,46 @@ test_expect_success 'a stream made with another model is refused' '
 	test $(wc -l <err) -eq 1
 '
 
+test_expect_success 'a model whose tokenizer.json is not the stream'"'"'s tokenizer is refused' '
+	cp -r "$M" mj && echo "{\"model\": {\"type\": \"BPE\"}}" >mj/tokenizer.json &&
+	test_must_fail bk-step $F --model mj --out tj --max-steps 1 b.bk 2>err >/dev/null &&
+	grep -q "b.bk: stream was made with another tokenizer" err && ! test -e tj &&
+	test_must_fail bk-step $F --model mj --out tj --max-steps 1 --eval-final --eval b.bk \
+		b.bk 2>err >/dev/null && ! test -e tj
+'
+
+# the records of b.bk with one field of record N (jq path, value) changed
+edit_rec() { # IN N PATH VALUE OUT
+	bk-dump --header "$1" | jq -c --argjson n "$2" --argjson v "$4" \
+		"if input_line_number == \$n + 1 then $3 = \$v else . end" | bk-dump --from-json -o "$5"
+}
+test_expect_success 'ids outside the vocabulary or a teacher of another one: refused before any work, naming the record' '
+	n=$(bk-dump b.bk | wc -l) &&
+	edit_rec b.bk $n ".resp[0]" 600 oov.bk &&
+	test_must_fail bk-step $F --out v1 --save-steps 1 oov.bk 2>err >/dev/null &&
+	grep -q "oov.bk: record $n: key .resp. holds id 600, outside the vocabulary \[0, 512)" err &&
+	! test -e v1 &&
+	edit_rec b.bk $n ".s_prompt[0]" 700 oovs.bk &&
+	test_must_fail bk-step $F --out v1 oovs.bk 2>err >/dev/null &&
+	grep -q "record $n: key .s_prompt. holds id 700" err && ! test -e v1 &&
+	edit_rec b.bk $n ".t_prompt[1]" 512 oovt.bk &&
+	test_must_fail bk-step $F --out v1 oovt.bk 2>err >/dev/null &&
+	grep -q "record $n: key .t_prompt. holds id 512" err && ! test -e v1 &&
+	bk-teach --model "$M" --device cpu --top-k 8 b.bk 2>/dev/null >tv0.bk &&
+	edit_rec tv0.bk $n ".teacher.v" 1000 tv.bk &&
+	test_must_fail bk-step $F --out v1 --save-steps 1 tv.bk 2>err >/dev/null &&
+	grep -q "tv.bk: record $n: key .teacher. is over a vocabulary of 1000, the model.s is 512" err &&
+	! test -e v1
+'
+
+test_expect_success 'over a pipe a bad record is refused naming it; the steps before it are a checkpoint, not a result' '
+	n=$(bk-dump b.bk | wc -l) &&
+	{ cat oov.bk | bk-step $F --out v2 --schedule constant >/dev/null 2>err; test $? -eq 1; } &&
+	grep -q "stdin: record $n: key .resp. holds id 600" err &&
+	grep -q "saved the .* steps done in v2/checkpoint-" err &&
+	! test -e v2/final && ls v2/checkpoint-*/adapter_model.safetensors
+'
+
 test_expect_success 'a decaying schedule over a pipe needs --max-steps' '
 	cat b.bk | test_must_fail bk-step $F --out z 2>err >/dev/null && grep -q "max-steps" err &&
 	cat b.bk | bk-step $F --out z --max-steps 2 2>/dev/null | bk-dump | jq -s -e ".[-1].final == \"z/final\"" &&
@@ -170,6 +210,28 @@ test_expect_success 'a refused --resume saves nothing and names the flag that di
 	test_must_fail bk-step $F --out rt --max-steps 2 --resume rt/checkpoint-1 b.bk 2>err >/dev/null &&
 	grep -q "the stream has records without a teacher field" err &&
 	ls rs >after && test_cmp before after && ! test -d rs/checkpoint-0 && ! test -d rt/checkpoint-0
+'
+
+test_expect_success '--resume with other records (same count) is refused: a file, a pipe' '
+	bk-tokenize --model "$M" --system "Another prompt entirely." "$DATA/pipe/bake.json" \
+		2>/dev/null | bk-lens -q --max-tokens 128 >other.bk &&
+	test $(bk-dump other.bk | wc -l) = $(bk-dump b.bk | wc -l) &&
+	bk-step $F --out ro --epochs 2 --save-steps 1 b.bk >/dev/null 2>&1 &&
+	mkdir ro2 && cp -a ro/checkpoint-2 ro2/ &&
+	test_must_fail bk-step $F --out ro2 --epochs 2 --save-steps 1 --resume ro2/checkpoint-2 \
+		other.bk 2>err >/dev/null &&
+	grep -q "resume ro2/checkpoint-2: other.bk holds other records than the stream the checkpoint" err &&
+	test "$(ls ro2)" = checkpoint-2 &&
+	bk-step $F --out ro2 --epochs 2 --save-steps 1 --resume ro2/checkpoint-2 b.bk >/dev/null 2>&1 &&
+	cmp ro/final/adapter_model.safetensors ro2/final/adapter_model.safetensors &&
+	P="--schedule constant --save-steps 1" &&
+	cat b.bk | bk-step $F --out rp $P >/dev/null 2>&1 &&
+	mkdir rp2 && cp -a rp/checkpoint-2 rp2/ &&
+	cat other.bk | test_must_fail bk-step $F --out rp2 $P --resume rp2/checkpoint-2 2>err >/dev/null &&
+	grep -q "resume rp2/checkpoint-2: stdin holds other records than the stream the checkpoint" err &&
+	test "$(ls rp2)" = checkpoint-2 &&
+	cat b.bk | bk-step $F --out rp2 $P --resume rp2/checkpoint-2 >/dev/null 2>&1 &&
+	cmp rp/final/adapter_model.safetensors rp2/final/adapter_model.safetensors
 '
 
 test_expect_success '--out is checked before training; --overwrite; --save-total-limit' '

@@ -92,4 +92,12 @@ test_expect_success 'refused: --eval flags without --eval, --eval without when, 
 	! test -e x
 '
 
+test_expect_success 'an --eval record with an id outside the vocabulary is refused before the first step' '
+	bk-dump --header ev.bk | jq -c "if input_line_number == 3 then .resp[1] = 600 else . end" |
+		bk-dump --from-json -o evbad.bk &&
+	test_must_fail bk-step $F --out x --eval evbad.bk --eval-steps 1 train.bk 2>err &&
+	grep -q "evbad.bk: record 2: key .resp. holds id 600, outside the vocabulary \[0, 512)" err &&
+	! test -e x
+'
+
 test_done

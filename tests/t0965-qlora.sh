@@ -49,6 +49,50 @@ test_expect_success 'a resume with another 4-bit setting is refused, naming it' 
 	grep -q "load-in-4bit no differs from the checkpoint.s nf4,double-quant,float32" err
 '
 
+test_expect_success 'a teacher stream records its 4-bit setting; bk-step refuses a student of another, naming both' '
+	bk-teach --device cpu --model "$M" --top-k 8 $Q b.bk 2>/dev/null >t4.bk &&
+	bk-dump --header t4.bk | head -1 | jq -e ".provenance[-1] | .load_in_4bit ==
+		\"nf4,double-quant,float32\" and .bnb_4bit_threads == 1" &&
+	bk-teach --device cpu --model "$M" --top-k 8 b.bk 2>/dev/null >t0.bk &&
+	bk-dump --header t0.bk | head -1 | jq -e ".provenance[-1] | .load_in_4bit == \"no\" and
+		.bnb_4bit_threads == 0" &&
+	F="--model $M --device cpu --lora-r 8 --max-steps 1" &&
+	test_must_fail bk-step $F --out s4 t4.bk 2>err >/dev/null &&
+	grep -q "t4.bk: the teacher field was made with the 4-bit setting nf4,double-quant,float32, this run.s is no" err &&
+	test_must_fail bk-step $F --out s4 --load-in-4bit --bnb-4bit-quant-type fp4 t4.bk 2>err >/dev/null &&
+	grep -q "t4.bk: .* setting nf4,double-quant,float32, this run.s is fp4,double-quant,bfloat16" err &&
+	test_must_fail bk-step $F --out s4 $Q t0.bk 2>err >/dev/null &&
+	grep -q "t0.bk: .* setting no, this run.s is nf4,double-quant,float32" err &&
+	test_must_fail bk-step $F --out s4 $Q --eval-final --eval t0.bk t4.bk 2>err >/dev/null &&
+	grep -q "t0.bk: .* setting no, this run.s is nf4" err && ! test -e s4 &&
+	bk-step $F --out s4 $Q --eval-final --eval t4.bk t4.bk >/dev/null 2>&1 && test -d s4/final &&
+	bk-step $F --out s0 $Q b.bk >/dev/null 2>&1 && test -d s0/final &&
+	bk-tokenize --model "$M" --system "Sparky." --prompt "Once upon a time" 2>/dev/null |
+		bk-gen --device cpu --model "$M" --num-trajectories 2 --max-new-tokens 8 --seed 1 \
+			--teacher-top-k 4 --load-in-4bit --bnb-4bit-quant-type fp4 >g4.bk &&
+	bk-dump --header g4.bk | head -1 | jq -e ".provenance[-1].load_in_4bit == \"fp4,double-quant,bfloat16\"" &&
+	test_must_fail bk-step $F --out s5 --batch-size 2 $Q g4.bk 2>err >/dev/null &&
+	grep -q "g4.bk: .* setting fp4,double-quant,bfloat16, this run.s is nf4" err
+'
+
+# a weight of more than 32768 blocks (gate/up/down: 2.56M values): double quantisation's
+# mean depends on the torch thread count
+"$BK_BIN/../bench/make_model" big 64 1 8 4 40000 512 "$M/tokenizer.model" f32 3 >/dev/null
+test_expect_success 'the torch thread count: recorded, a resume and the next stage quantise with it' '
+	F="--model big --device cpu --lora-r 8 --lr 2e-3 --epochs 2 --save-steps 1 --seed 3 --lora-dropout 0" &&
+	OMP_NUM_THREADS=1 bk-step $F $Q --out h1 b.bk >/dev/null 2>&1 &&
+	jq -e ".settings[\"torch-threads\"] == \"1\"" h1/checkpoint-2/trainer_state.json &&
+	mkdir h2 && cp -a h1/checkpoint-2 h2/ &&
+	MKL_DYNAMIC=false OMP_NUM_THREADS=4 bk-step $F $Q --out h2 --resume h2/checkpoint-2 b.bk >/dev/null 2>&1 &&
+	cmp h1/final/adapter_model.safetensors h2/final/adapter_model.safetensors &&
+	jq -e ".settings[\"torch-threads\"] == \"1\"" h2/final/trainer_state.json &&
+	MKL_DYNAMIC=false OMP_NUM_THREADS=3 bk-teach --device cpu --model big --top-k 8 $Q b.bk \
+		2>/dev/null >tb.bk &&
+	bk-dump --header tb.bk | head -1 | jq -e ".provenance[-1].bnb_4bit_threads == 3" &&
+	OMP_NUM_THREADS=1 bk-step $F $Q --out h3 --max-steps 1 tb.bk >/dev/null 2>&1 &&
+	jq -e ".settings[\"torch-threads\"] == \"3\"" h3/final/trainer_state.json
+'
+
 test_expect_success 'bk-gen and bk-eval take the flags' '
 	bk-tokenize --model "$M" --system "Sparky." --prompt "Once upon a time" 2>/dev/null |
 		bk-gen --device cpu --model "$M" --num-trajectories 2 --max-new-tokens 8 --seed 1 $Q |

@@ -522,7 +522,7 @@ static void time_decode(int quick, int tiny)
 	/* the same model with its decoder linears in 4 bits (QLoRA's NF4 + double quant), at
 	 * batch 1: the decode linears read the 4 bits themselves (cuda_wsrc.cuh) */
 	t0 = now();
-	bk_q4_config q4 = { BK_Q4_NF4, 1, 1 };
+	bk_q4_config q4 = { BK_Q4_NF4, 1, 1, 0 };
 	m = random_model_q4(D_, H, L, NH, NKV, I, V, 8.0f, 3, &q4);
 	bk_cuda_sync();
 	printf("timing: the same model in 4 bits (nf4, double quant; weights %.3f GB with the "

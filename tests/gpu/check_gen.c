@@ -128,7 +128,7 @@ static void check_linear_q4(int T, int in, int out, int type, int dq)
 {
 	float *x = hrand((size_t)T * in, 1, 0), *w = hrand((size_t)out * in, 0.1f, 0);
 	bk_q4 q;
-	bk_q4_quantize(&q, w, out, in, type, dq);
+	bk_q4_quantize(&q, w, out, in, type, dq, 0);
 	float *wb = xmalloc((size_t)out * in * sizeof(float)); /* the dequantised bf16 values */
 	bk_q4_dequantize(&q, wb, 1);
 	float *xr = xmalloc((size_t)T * in * sizeof(float)), *yh = xmalloc((size_t)T * out * 4);

@@ -77,7 +77,7 @@ static bk_model *dequantised_twin(const bk_q4_config *q4)
 			for (size_t i = 0; i < n; i++)
 				in[i] = q4->compute_bf16 ? bk_q4_bf16_round(((float *)w->data)[i])
 							 : ((float *)w->data)[i];
-			bk_q4_quantize(&q, in, w->rows, w->cols, q4->type, q4->double_quant);
+			bk_q4_quantize(&q, in, w->rows, w->cols, q4->type, q4->double_quant, 0);
 			free(in);
 			float *d = xmalloc((size_t)w->rows * w->cols * sizeof(float));
 			bk_q4_dequantize(&q, d, q4->compute_bf16);
@@ -102,7 +102,7 @@ static bk_model *dequantised_twin(const bk_q4_config *q4)
 
 static void check_config(int type, int dq, int bf16)
 {
-	bk_q4_config q4 = {type, dq, bf16};
+	bk_q4_config q4 = {type, dq, bf16, 0};
 	const char *what = bk_q4_name(type);
 	bk_loaded_model lq = bk_model_load_q4(&bk_ops_host, MODEL, &q4);
 	const bk_model *mq = lq.model;
@@ -150,7 +150,7 @@ static void load_on_plain(void *arg)
 	bk_ops plain = bk_ops_host;
 	plain.name = "plain";
 	plain.weight_upload_q4 = NULL;
-	bk_q4_config q4 = {BK_Q4_NF4, 1, 0};
+	bk_q4_config q4 = {BK_Q4_NF4, 1, 0, 0};
 	bk_model_load_q4(&plain, MODEL, &q4);
 }
 

@@ -56,7 +56,7 @@ static void check_weights(const fixture *f, const bk_model *base, int type, int 
 		for (int m = 0; m < BK_LORA_NMOD; m++) {
 			const bk_weight *w = base->layers[l].w[m];
 			bk_q4 q;
-			bk_q4_quantize(&q, w->data, w->rows, w->cols, type, dq);
+			bk_q4_quantize(&q, w->data, w->rows, w->cols, type, dq, 0);
 			char key[96];
 			size_t nb;
 			snprintf(key, sizeof key, "w.%d.%s.packed", l, mods[m]);
@@ -205,7 +205,7 @@ int main(void)
 		fixture f = {json_object_get(cf, "sections"), NULL, 0, name};
 		f.blob = (uint8_t *)bk_read_file(path, &f.len);
 		check_weights(&f, base.model, type, dq);
-		bk_q4_config q4 = {type, dq, 0};
+		bk_q4_config q4 = {type, dq, 0, 0};
 		bk_loaded_model lm = bk_model_load_q4(&bk_ops_host, MODEL, &q4);
 		check_teacher(&f, lm.model, seqs);
 		char *adir = xasprintf("%s/adapter-%s", DIR, name);

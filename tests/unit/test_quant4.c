@@ -160,7 +160,7 @@ static void check_case(json_t *c)
 
 	/* the plain quantisation (statistics before double quant) */
 	bk_q4 q;
-	bk_q4_quantize(&q, w, rows, cols, type, 0);
+	bk_q4_quantize(&q, w, rows, cols, type, 0, 0);
 	long d = first_diff(q.packed, g_packed, (n + 1) / 2, 1);
 	CHECK(d < 0, "%s: packed byte %ld: %02x, bnb %02x", name, d, d < 0 ? 0 : q.packed[d],
 	      d < 0 ? 0 : g_packed[d]);
@@ -169,7 +169,7 @@ static void check_case(json_t *c)
 	      d < 0 ? 0 : g_absmax[d]);
 	bk_q4_free(&q);
 
-	bk_q4_quantize(&q, w, rows, cols, type, dq);
+	bk_q4_quantize(&q, w, rows, cols, type, dq, 0);
 	CHECK(q.nb == nb && q.nb2 == nb2, "%s: blocks %zu/%zu nested %zu/%zu", name, q.nb, nb,
 	      q.nb2, nb2);
 	d = first_diff(q.packed, g_packed, (n + 1) / 2, 1);
