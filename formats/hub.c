@@ -517,6 +517,15 @@ static int same_host(const char *a, const char *b)
 	return la == lb && !strncasecmp(pa, pb, la);
 }
 
+/* "host[:port]" of a URL, into buf */
+static const char *url_host(const char *url, char *buf, size_t len)
+{
+	const char *p = strstr(url, "://");
+	p = p ? p + 3 : url;
+	snprintf(buf, len, "%.*s", (int)strcspn(p, "/?#"), p);
+	return buf;
+}
+
 /* "scheme://host[:port]" + a relative Location */
 static char *join_location(const char *base, const char *loc)
 {
@@ -610,7 +619,8 @@ static size_t to_mem(char *p, size_t sz, size_t nm, void *ud)
 
 typedef struct {
 	FILE *f;
-	int err; /* errno of a failed write */
+	int err;  /* errno of a failed write */
+	int over; /* more bytes came than total: the transfer was stopped */
 	const char *label;
 	int64_t have, total;
 	double t0, last;
@@ -628,6 +638,12 @@ static size_t to_file(char *p, size_t sz, size_t nm, void *ud)
 {
 	dl_state *d = ud;
 	size_t n = sz * nm;
+	/* never more than the hub announced: a host that streams on must not fill the
+	 * disk (returning short stops the transfer) */
+	if (d->total >= 0 && (int64_t)n > d->total - d->have) {
+		d->over = 1;
+		return 0;
+	}
 	if (fwrite(p, 1, n, d->f) != n) {
 		d->err = errno ? errno : EIO;
 		return 0;
@@ -727,6 +743,8 @@ static void fetch_blob(const char *url, const char *hub_url, const char *tok, co
 		curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
 		curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
 		curl_easy_setopt(c, CURLOPT_XFERINFODATA, &d);
+		if (size >= 0) /* a Content-Length over what is left stops it at once */
+			curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)(size - have));
 		curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
 		curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);
 		/* the status is known before the body: a 200 to a Range request restarts */
@@ -741,15 +759,18 @@ static void fetch_blob(const char *url, const char *hub_url, const char *tok, co
 			d.err = errno;
 		if (d.err)
 			die_write(part, d.err);
-		/* a server that ignored Range sent it all after what we had; 416: a stale
-		 * partial file.  Either way: once more from the start */
-		if (rc == CURLE_OK && attempt == 0 && ((have && status == 200) || status == 416)) {
+		/* a server that ignored Range sends it all after what we had (stopped as too
+		 * long, or whole); 416: a stale partial file.  Either way: once more from the
+		 * start */
+		int over = d.over || rc == CURLE_FILESIZE_EXCEEDED;
+		if (attempt == 0 && ((have && status == 200 && (rc == CURLE_OK || over)) ||
+				     (rc == CURLE_OK && status == 416))) {
 			if (truncate(part, 0))
 				die_write(part, errno);
 			meta_clear(&m);
 			continue;
 		}
-		if (rc != CURLE_OK) {
+		if (rc != CURLE_OK && !over) {
 			if (d.drawn && d.tty)
 				fputc('\n', stderr);
 			meta_clear(&m);
@@ -764,6 +785,17 @@ static void fetch_blob(const char *url, const char *hub_url, const char *tok, co
 			meta_clear(&m);
 			die("%s: the download host answered HTTP %ld (run again; the hub signs a "
 			    "new URL each time)", label, status);
+		}
+		if (over) {
+			if (d.drawn && d.tty)
+				fputc('\n', stderr);
+			meta_clear(&m);
+			unlink(part);
+			char host[256];
+			die("%s: the download host %s sent more than the %lld bytes the hub announced: "
+			    "stopped, the partial file removed (run again; a host that keeps doing so "
+			    "is not serving this file)",
+			    label, url_host(url, host, sizeof host), (long long)size);
 		}
 		meta_clear(&m);
 		draw(&d, 1);
