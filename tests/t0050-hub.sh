@@ -28,7 +28,7 @@ trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; rm -rf "$TEST_TMP"' EX
 for _ in $(seq 100); do [ -s port ] && break; sleep 0.1; done
 read -r HUBPORT CDNPORT <port || { echo "not ok - the hub server did not start"; cat server.err; exit 1; }
 export HF_ENDPOINT="http://127.0.0.1:$HUBPORT" HF_HUB_CACHE="$TEST_TMP/hub" HF_HOME="$TEST_TMP/hfhome"
-unset HF_TOKEN HF_HUB_OFFLINE HF_TOKEN_PATH HUGGINGFACE_HUB_CACHE
+unset HF_TOKEN HF_HUB_OFFLINE HF_TOKEN_PATH HUGGINGFACE_HUB_CACHE TRANSFORMERS_OFFLINE HF_DATASETS_OFFLINE
 # libcurl honours proxy variables, as huggingface_hub does: never for the loopback hub
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY ALL_PROXY all_proxy
 export NO_PROXY=127.0.0.1 no_proxy=127.0.0.1
@@ -64,6 +64,19 @@ test_expect_success 'HF_HUB_OFFLINE=1: the cache only, no request; no network: t
 	grep -q "tiny/notcached (revision .main.) is not in the cache .*HF_HUB_OFFLINE" e &&
 	HF_ENDPOINT=$DEAD test_must_fail bk-tokenize --model tiny/notcached --prompt x 2>e &&
 	grep -q "cannot be reached" e
+'
+
+test_expect_success 'TRANSFORMERS_OFFLINE=1 is offline too, as huggingface_hub reads it (HF_HUB_OFFLINE wins when set)' '
+	n=$(wc -l <root/requests.log) &&
+	TRANSFORMERS_OFFLINE=1 tok tiny/stories260K >off2 &&
+	test_cmp ids off2 && test $(wc -l <root/requests.log) -eq $n &&
+	TRANSFORMERS_OFFLINE=yes test_must_fail bk-tokenize --model tiny/notcached --prompt x 2>e &&
+	test $(grep -c "" e) -eq 1 && grep -q "not in the cache .*TRANSFORMERS_OFFLINE is set" e &&
+	HF_HUB_OFFLINE=0 TRANSFORMERS_OFFLINE=1 tok tiny/stories260K >on && test_cmp ids on &&
+	test $(wc -l <root/requests.log) -gt $n &&
+	n=$(wc -l <root/requests.log) &&
+	HF_DATASETS_OFFLINE=1 tok tiny/stories260K >on2 && test_cmp ids on2 &&
+	test $(wc -l <root/requests.log) -gt $n
 '
 
 # A download host that sends more than the hub announced (X-Linked-Size): an endless
