@@ -259,8 +259,10 @@ int main(int argc, char **argv)
 		const bk_sample *sm = &ds.v[i];
 		const char *sys = sm->system ? sm->system : system;
 		const char *resp = ds.paired ? sm->response : NULL;
-		if (ds.paired && (!resp || !*resp)) {
-			dropped++; /* the reference drops samples with an empty response */
+		if (ds.paired && (!resp || bk_text_blank(resp))) {
+			/* the reference's trainer keeps only pairs whose resp.strip() is
+			 * not empty */
+			dropped++;
 			continue;
 		}
 		t.n = s.n = r.n = 0;
@@ -333,8 +335,13 @@ int main(int argc, char **argv)
 		die("no records written: of %zu sample%s, %zu had an empty response and %zu a "
 		    "prompt that leaves no room under --max-seq-length %ld (a prompt is never cut)",
 		    ds.n, ds.n == 1 ? "" : "s", dropped, too_long, o.max_seq);
+	if (ds.skipped)
+		warn("skipped %zu row%s with a null or empty prompt or no user/assistant pair "
+		     "(as the reference's loader skips them)",
+		     ds.skipped, ds.skipped == 1 ? "" : "s");
 	if (dropped)
-		warn("dropped %zu sample%s with an empty response", dropped, dropped == 1 ? "" : "s");
+		warn("dropped %zu sample%s with an empty response (or only white space, as the "
+		     "reference's trainer drops them)", dropped, dropped == 1 ? "" : "s");
 	if (too_long)
 		warn("dropped %zu sample%s whose prompt leaves no room under --max-seq-length %ld "
 		     "(a prompt is never cut: its user text would be lost)",

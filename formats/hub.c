@@ -214,6 +214,7 @@ char *bk_hub_cache_dir(void)
 	return c;
 }
 
+/* huggingface_hub's and datasets' ENV_VARS_TRUE_VALUES: v.upper() in {1, ON, YES, TRUE} */
 static int truthy(const char *v)
 {
 	if (!v)
@@ -222,7 +223,30 @@ static int truthy(const char *v)
 	       !strcasecmp(v, "on");
 }
 
-int bk_hub_offline(void) { return truthy(env("HF_HUB_OFFLINE")); }
+const char *bk_hub_offline_var(bk_hub_kind kind)
+{
+	/* datasets (config.py): its own variable, when set and true */
+	if (kind == BK_HUB_DATASET && truthy(getenv("HF_DATASETS_OFFLINE")))
+		return "HF_DATASETS_OFFLINE";
+	/* huggingface_hub (constants.py): HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE, Python's
+	 * `or`: an empty HF_HUB_OFFLINE gives way, any other value decides */
+	if (env("HF_HUB_OFFLINE"))
+		return truthy(env("HF_HUB_OFFLINE")) ? "HF_HUB_OFFLINE" : NULL;
+	return truthy(env("TRANSFORMERS_OFFLINE")) ? "TRANSFORMERS_OFFLINE" : NULL;
+}
+
+int bk_hub_offline(bk_hub_kind kind) { return bk_hub_offline_var(kind) != NULL; }
+
+/* "HF_HUB_OFFLINE is set (cache only)" (static), or NULL when not offline */
+static const char *offline_why(bk_hub_kind kind)
+{
+	static char buf[80];
+	const char *v = bk_hub_offline_var(kind);
+	if (!v)
+		return NULL;
+	snprintf(buf, sizeof buf, "%s is set (cache only)", v);
+	return buf;
+}
 
 static char *endpoint(void)
 {
@@ -517,6 +541,15 @@ static int same_host(const char *a, const char *b)
 	return la == lb && !strncasecmp(pa, pb, la);
 }
 
+/* "host[:port]" of a URL, into buf */
+static const char *url_host(const char *url, char *buf, size_t len)
+{
+	const char *p = strstr(url, "://");
+	p = p ? p + 3 : url;
+	snprintf(buf, len, "%.*s", (int)strcspn(p, "/?#"), p);
+	return buf;
+}
+
 /* "scheme://host[:port]" + a relative Location */
 static char *join_location(const char *base, const char *loc)
 {
@@ -610,7 +643,8 @@ static size_t to_mem(char *p, size_t sz, size_t nm, void *ud)
 
 typedef struct {
 	FILE *f;
-	int err; /* errno of a failed write */
+	int err;  /* errno of a failed write */
+	int over; /* more bytes came than total: the transfer was stopped */
 	const char *label;
 	int64_t have, total;
 	double t0, last;
@@ -628,6 +662,12 @@ static size_t to_file(char *p, size_t sz, size_t nm, void *ud)
 {
 	dl_state *d = ud;
 	size_t n = sz * nm;
+	/* never more than the hub announced: a host that streams on must not fill the
+	 * disk (returning short stops the transfer) */
+	if (d->total >= 0 && (int64_t)n > d->total - d->have) {
+		d->over = 1;
+		return 0;
+	}
 	if (fwrite(p, 1, n, d->f) != n) {
 		d->err = errno ? errno : EIO;
 		return 0;
@@ -727,6 +767,8 @@ static void fetch_blob(const char *url, const char *hub_url, const char *tok, co
 		curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
 		curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
 		curl_easy_setopt(c, CURLOPT_XFERINFODATA, &d);
+		if (size >= 0) /* a Content-Length over what is left stops it at once */
+			curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)(size - have));
 		curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
 		curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);
 		/* the status is known before the body: a 200 to a Range request restarts */
@@ -741,15 +783,18 @@ static void fetch_blob(const char *url, const char *hub_url, const char *tok, co
 			d.err = errno;
 		if (d.err)
 			die_write(part, d.err);
-		/* a server that ignored Range sent it all after what we had; 416: a stale
-		 * partial file.  Either way: once more from the start */
-		if (rc == CURLE_OK && attempt == 0 && ((have && status == 200) || status == 416)) {
+		/* a server that ignored Range sends it all after what we had (stopped as too
+		 * long, or whole); 416: a stale partial file.  Either way: once more from the
+		 * start */
+		int over = d.over || rc == CURLE_FILESIZE_EXCEEDED;
+		if (attempt == 0 && ((have && status == 200 && (rc == CURLE_OK || over)) ||
+				     (rc == CURLE_OK && status == 416))) {
 			if (truncate(part, 0))
 				die_write(part, errno);
 			meta_clear(&m);
 			continue;
 		}
-		if (rc != CURLE_OK) {
+		if (rc != CURLE_OK && !over) {
 			if (d.drawn && d.tty)
 				fputc('\n', stderr);
 			meta_clear(&m);
@@ -764,6 +809,17 @@ static void fetch_blob(const char *url, const char *hub_url, const char *tok, co
 			meta_clear(&m);
 			die("%s: the download host answered HTTP %ld (run again; the hub signs a "
 			    "new URL each time)", label, status);
+		}
+		if (over) {
+			if (d.drawn && d.tty)
+				fputc('\n', stderr);
+			meta_clear(&m);
+			unlink(part);
+			char host[256];
+			die("%s: the download host %s sent more than the %lld bytes the hub announced: "
+			    "stopped, the partial file removed (run again; a host that keeps doing so "
+			    "is not serving this file)",
+			    label, url_host(url, host, sizeof host), (long long)size);
 		}
 		meta_clear(&m);
 		draw(&d, 1);
@@ -873,8 +929,6 @@ static char *file_offline(bk_hub_kind kind, const char *id, const char *rev, con
 	return p;
 }
 
-#define WHY_OFFLINE "HF_HUB_OFFLINE is set (cache only)"
-
 char *bk_hub_file(bk_hub_kind kind, const char *id, const char *revision, const char *file,
 		  int optional)
 {
@@ -892,9 +946,9 @@ char *bk_hub_file(bk_hub_kind kind, const char *id, const char *revision, const 
 			return p;
 		}
 	}
-	if (bk_hub_offline()) {
+	if (bk_hub_offline(kind)) {
 		free(rdir);
-		return file_offline(kind, id, rev, file, optional, WHY_OFFLINE);
+		return file_offline(kind, id, rev, file, optional, offline_why(kind));
 	}
 	char *ep = endpoint(), *qrev = quote(rev, 0), *qfile = quote(file, 1);
 	char *url = xasprintf("%s/%s%s/resolve/%s/%s", ep, kind == BK_HUB_DATASET ? "datasets/" : "",
@@ -982,6 +1036,85 @@ out:
 
 /* ---- a repo's listing, snapshots ---- */
 
+/* REPO/.bakery-listing/COMMIT.json: the files of a commit as the hub listed them
+ * ({"sha", "siblings": [{"rfilename", "size"}]}), so that a read offline knows what a
+ * whole snapshot holds.  A commit's files never change: written once. */
+static char *listing_path(const char *rdir, const char *commit)
+{
+	return xasprintf("%s/.bakery-listing/%s.json", rdir, commit);
+}
+
+static void write_listing(const char *rdir, const bk_hub_listing *l)
+{
+	char *p = listing_path(rdir, l->commit);
+	if (!exists(p)) {
+		json_t *sib = json_array(), *j = json_object();
+		for (size_t i = 0; i < l->n; i++) {
+			json_t *e = json_object();
+			json_object_set_new(e, "rfilename", json_string(l->v[i].path));
+			if (l->v[i].size >= 0)
+				json_object_set_new(e, "size", json_integer(l->v[i].size));
+			json_array_append_new(sib, e);
+		}
+		json_object_set_new(j, "sha", json_string(l->commit));
+		json_object_set_new(j, "siblings", sib);
+		char *text = json_dumps(j, JSON_COMPACT);
+		if (!text)
+			die("%s: cannot encode the listing", p);
+		mkdir_parent(p);
+		bk_write_file_atomic(p, text, strlen(text));
+		free(text);
+		json_decref(j);
+	}
+	free(p);
+}
+
+int bk_hub_listing_cached(bk_hub_kind kind, const char *id, const char *revision,
+			  bk_hub_listing *out)
+{
+	memset(out, 0, sizeof *out);
+	char *rdir = repo_dir(kind, id);
+	out->commit = read_ref(rdir, revision ? revision : "main");
+	char *p = out->commit ? listing_path(rdir, out->commit) : NULL;
+	free(rdir);
+	size_t len;
+	char *text = p ? bk_try_read_file(p, &len) : NULL;
+	if (!text) {
+		free(p);
+		return -1;
+	}
+	json_error_t err;
+	json_t *j = json_loadb(text, len, 0, &err);
+	json_t *sha = j ? json_object_get(j, "sha") : NULL;
+	json_t *sib = j ? json_object_get(j, "siblings") : NULL;
+	if (!json_is_string(sha) || strcmp(json_string_value(sha), out->commit) ||
+	    !json_is_array(sib))
+		die("%s: not a listing bakery wrote (%s); remove it and read the %s online once", p,
+		    j ? "no 'sha' of its commit or no 'siblings'" : err.text, kind_word(kind));
+	out->v = xcalloc(json_array_size(sib) + 1, sizeof *out->v);
+	size_t i;
+	json_t *e;
+	json_array_foreach(sib, i, e) {
+		json_t *name = json_object_get(e, "rfilename"), *size = json_object_get(e, "size");
+		if (!json_is_string(name) || !repo_path_ok(json_string_value(name)))
+			die("%s: entry %zu is not a path inside the repo", p, i);
+		out->v[out->n].path = xstrdup(json_string_value(name));
+		out->v[out->n].size = json_is_integer(size) ? (int64_t)json_integer_value(size) : -1;
+		out->n++;
+	}
+	json_decref(j);
+	free(text);
+	free(p);
+	return 0;
+}
+
+char *bk_hub_snapshot_dir(bk_hub_kind kind, const char *id, const char *commit)
+{
+	char *rdir = repo_dir(kind, id), *s = xasprintf("%s/snapshots/%s", rdir, commit);
+	free(rdir);
+	return s;
+}
+
 /* 0, or -1 when the hub cannot be reached (why set); dies on hub errors */
 static int list_try(bk_hub_kind kind, const char *id, const char *rev, bk_hub_listing *out,
 		    char **why)
@@ -1042,6 +1175,7 @@ static int list_try(bk_hub_kind kind, const char *id, const char *rev, bk_hub_li
 	json_decref(j);
 	char *rdir = repo_dir(kind, id);
 	write_ref(rdir, rev, out->commit);
+	write_listing(rdir, out);
 	free(rdir);
 out:
 	free(body.v);
@@ -1055,11 +1189,26 @@ void bk_hub_list(bk_hub_kind kind, const char *id, const char *revision, bk_hub_
 	const char *rev = revision ? revision : "main";
 	if (!bk_hub_is_id(id))
 		die("'%s' is not a hub repo id (Org/Name)", id);
-	if (bk_hub_offline())
-		die("%s %s: cannot list its files: " WHY_OFFLINE, kind_word(kind), id);
+	if (bk_hub_offline(kind))
+		die("%s %s: cannot list its files: %s", kind_word(kind), id, offline_why(kind));
 	char *why = NULL;
 	if (list_try(kind, id, rev, out, &why))
 		die("%s %s: cannot list its files: %s", kind_word(kind), id, why);
+}
+
+int bk_hub_list_try(bk_hub_kind kind, const char *id, const char *revision,
+		    bk_hub_listing *out, char **why)
+{
+	const char *rev = revision ? revision : "main";
+	if (!bk_hub_is_id(id))
+		die("'%s' is not a hub repo id (Org/Name)", id);
+	memset(out, 0, sizeof *out);
+	*why = NULL;
+	if (bk_hub_offline(kind)) {
+		*why = xstrdup(offline_why(kind));
+		return -1;
+	}
+	return list_try(kind, id, rev, out, why);
 }
 
 void bk_hub_listing_free(bk_hub_listing *l)
@@ -1078,7 +1227,7 @@ static char *snapshot_offline(bk_hub_kind kind, const char *id, const char *rev,
 	if (!snap || !is_dir(snap))
 		die("%s %s (revision '%s') is not in the cache %s, and %s", kind_word(kind), id, rev,
 		    rdir, why);
-	if (strcmp(why, WHY_OFFLINE)) /* as huggingface_hub: the cached copy, said so */
+	if (!bk_hub_offline(kind)) /* as huggingface_hub: the cached copy, said so */
 		warn("%s; %s %s: the cached snapshot %s", why, kind_word(kind), id, commit);
 	free(commit);
 	free(rdir);
@@ -1101,8 +1250,8 @@ char *bk_hub_snapshot(bk_hub_kind kind, const char *id, const char *revision,
 	const char *rev = revision ? revision : "main";
 	if (!bk_hub_is_id(id))
 		die("'%s' is not a hub repo id (Org/Name)", id);
-	if (bk_hub_offline())
-		return snapshot_offline(kind, id, rev, WHY_OFFLINE);
+	if (bk_hub_offline(kind))
+		return snapshot_offline(kind, id, rev, offline_why(kind));
 	bk_hub_listing l;
 	char *why = NULL;
 	if (list_try(kind, id, rev, &l, &why)) {
@@ -1147,8 +1296,8 @@ char *bk_hub_model_dir(const char *arg, const char *revision)
 	char *snap = NULL;
 	bk_hub_listing l;
 	char *why = NULL;
-	if (bk_hub_offline() || list_try(BK_HUB_MODEL, arg, rev, &l, &why)) {
-		snap = snapshot_offline(BK_HUB_MODEL, arg, rev, why ? why : WHY_OFFLINE);
+	if (bk_hub_offline(BK_HUB_MODEL) || list_try(BK_HUB_MODEL, arg, rev, &l, &why)) {
+		snap = snapshot_offline(BK_HUB_MODEL, arg, rev, why ? why : offline_why(BK_HUB_MODEL));
 		free(why);
 	} else {
 		if (!listed(&l, "config.json"))

@@ -11,14 +11,21 @@
  *                                       (git sha1, or sha256 for LFS files)
  *     snapshots/COMMIT/FILE             relative symlink -> ../../blobs/ETAG
  *     .no_exist/COMMIT/FILE             empty: the hub has no such (optional) file
+ *     .bakery-listing/COMMIT.json       bakery's own: the files of COMMIT as the hub
+ *                                       listed them (written by every listing), so a
+ *                                       read offline knows what the whole snapshot holds
  *   CACHE/.locks/models--Org--Name/ETAG.lock   held while ETAG is downloaded
  * Invariants: a blob is renamed into place only whole and checked (sha256 against an
  * LFS etag, git's blob sha1 against a small file's etag); a snapshot link is made only
  * after its blob is in place; refs are written with a temp name and rename.
  *
  * Environment, as huggingface_hub reads it: HF_ENDPOINT (default https://huggingface.co),
- * HF_TOKEN, else the token file (HF_TOKEN_PATH, else HF_HOME/token), HF_HUB_OFFLINE=1
- * (cache only), HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME.  Every failure dies with one line
+ * HF_TOKEN, else the token file (HF_TOKEN_PATH, else HF_HOME/token), HF_HUB_CACHE,
+ * HF_HOME, XDG_CACHE_HOME, and offline mode (cache only): HF_HUB_OFFLINE, else (when it
+ * is unset or empty) TRANSFORMERS_OFFLINE, true when 1, true, yes or on in any case
+ * (huggingface_hub's constants.py); for datasets also HF_DATASETS_OFFLINE (datasets'
+ * config.py; a false value of it does not undo the other two, as huggingface_hub
+ * would refuse the requests anyway).  Every failure dies with one line
  * (gated or private: the page where the licence is accepted and HF_TOKEN; unknown repo,
  * revision or file; no network; disk full). */
 #ifndef BK_HUB_H
@@ -34,8 +41,9 @@ typedef enum { BK_HUB_MODEL, BK_HUB_DATASET } bk_hub_kind;
 int bk_hub_is_id(const char *s);
 /* The cache root (malloc'd), from the environment as above. */
 char *bk_hub_cache_dir(void);
-/* HF_HUB_OFFLINE is 1, true, yes or on. */
-int bk_hub_offline(void);
+/* Offline for a kind of repo, as above: the variable that makes it so, or NULL. */
+const char *bk_hub_offline_var(bk_hub_kind kind);
+int bk_hub_offline(bk_hub_kind kind);
 
 typedef struct {
 	char *path;   /* the repo path ("data/train-00000-of-00001.parquet") */
@@ -52,7 +60,17 @@ typedef struct {
  * {HF_ENDPOINT}/api/{models,datasets}/ID/revision/REV.  Writes refs/REVISION.  Needs the
  * network: dies offline (HF_HUB_OFFLINE or no connection) and on any hub error. */
 void bk_hub_list(bk_hub_kind kind, const char *id, const char *revision, bk_hub_listing *out);
+/* The same, but -1 (and *why, malloc'd) when offline or the hub cannot be reached. */
+int bk_hub_list_try(bk_hub_kind kind, const char *id, const char *revision,
+		    bk_hub_listing *out, char **why);
+/* The listing recorded in the cache for the commit revision points to: 0 with *out
+ * filled; -1 when there is none (out->commit is then the cached commit, or NULL when
+ * the cache does not know revision).  Free *out either way. */
+int bk_hub_listing_cached(bk_hub_kind kind, const char *id, const char *revision,
+			  bk_hub_listing *out);
 void bk_hub_listing_free(bk_hub_listing *l);
+/* CACHE/{models,datasets}--Org--Name/snapshots/COMMIT (malloc'd; may not exist). */
+char *bk_hub_snapshot_dir(bk_hub_kind kind, const char *id, const char *commit);
 
 /* One file of the repo at revision: its path in the snapshot (malloc'd), downloaded
  * first when the cache does not have it (HEAD on resolve/, then the bytes, from the

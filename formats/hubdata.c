@@ -8,6 +8,7 @@
 
 #include <ctype.h>
 #include <dirent.h>
+#include <fnmatch.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -215,39 +216,108 @@ int bk_split_bounds(const bk_split_part *p, int64_t n, int64_t *from, int64_t *t
 
 /* ---- the files of a split ---- */
 
-static int data_ext(const char *path)
+/* datasets' _ALL_ALLOWED_EXTENSIONS (datasets 5.2.0, load.py): a file is a data file
+ * when one of the dot-separated parts of its name after the first is one of these
+ * (case as written: "TRAIN.JSON" is none) */
+static const char allowed_exts[] =
+	" 3G2 3GP 3g2 3gp AIFF APNG ASF AU AVI AVR BLP BMP BUFR BW CAF CUR DCX DDS DIB EMF ENT "
+	"EPS F4V FIT FITS FLAC FLC FLI FLV FTC FTU GBR GIF GLB GLTF GRIB HTK ICB ICNS ICO IIM "
+	"IM IRCAM J2C J2K JFIF JP2 JPC JPE JPEG JPF JPG JPX M4V MAT4 MAT5 MKV MOV MP3 MP4 "
+	"MPC2K MPEG MPG MSP MXF NII NIST NUT OGG OGM OPUS PAF PBM PCD PCX PDB PDF PGM PLY PNG "
+	"PNM PPM PS PSD PVF PXR RAS RAW RF64 RGB RGBA SD2 SDS SGI STL SVX TGA TIF TIFF VDA "
+	"VOC VST W64 WAV WAVEX WEBM WEBP WMA WMF WMV WVE XBM XI XPM afa aiff apng arrow asf "
+	"au avi avr blp bmp bufr bw caf cif conll conllu csv cur dcx dds dib emf ent eps eval "
+	"f4v fa faa fasta fastq ffn fit fits flac flc fli flv fna fq frn ftc ftu gb gbk gbr "
+	"genbank geoparquet gif glb gltf gpq grib h5 hdf5 htk icb icns ico idx iim im ircam "
+	"j2c j2k jfif jp2 jpc jpe jpeg jpf jpg jpx json jsonl lance m4v manifest mat4 mat5 md "
+	"mkv mmcif mov mp3 mp4 mpc2k mpeg mpg msp mxf ndjson nii nist nut ogg ogm opus paf "
+	"parquet pbm pcd pcx pdb pdf pgm ply png pnm ppm ps psd pvf pxr ras raw rf64 rgb rgba "
+	"sd2 sds sgi stl svx tar tga tif tiff toml tsfile tsv txn txt vda voc vortex vst w64 "
+	"wav wavex webm webp wma wmf wmv wve xbm xi xml xpm zip ";
+
+static const char *base_name(const char *path)
 {
-	static const char *const exts[] = {".parquet", ".jsonl", ".ndjson", ".json", NULL};
-	const char *slash = strrchr(path, '/');
-	const char *dot = strrchr(slash ? slash + 1 : path, '.');
-	if (!dot)
-		return 0;
-	for (int i = 0; exts[i]; i++)
-		if (!strcasecmp(dot, exts[i]))
+	const char *b = strrchr(path, '/');
+	return b ? b + 1 : path;
+}
+
+static int datasets_data_file(const char *path)
+{
+	const char *p = strchr(base_name(path), '.');
+	while (p) {
+		const char *q = strchr(p + 1, '.');
+		size_t n = q ? (size_t)(q - p - 1) : strlen(p + 1);
+		for (const char *a = strstr(allowed_exts, " "); n && a;
+		     a = strchr(a + 1, ' '))
+			if (!strncmp(a + 1, p + 1, n) && a[1 + n] == ' ')
+				return 1;
+		p = q;
+	}
+	return 0;
+}
+
+/* the formats bakery reads: by the name's last extension */
+static int has_ext(const char *path, const char *ext);
+static int bakery_reads(const char *path)
+{
+	return has_ext(path, ".parquet") || has_ext(path, ".jsonl") || has_ext(path, ".ndjson") ||
+	       has_ext(path, ".json");
+}
+
+/* Left out of every pattern, as datasets' resolve_pattern leaves them out: a hidden
+ * part (a name starting with "." that is not all dots), a directory starting with
+ * "__" (__pycache__), and its FILES_TO_IGNORE. */
+static int excluded(const char *path)
+{
+	static const char *const ignore[] = {"README.md", "config.json", "dataset_info.json",
+					     "dataset_infos.json", "dummy_data.zip",
+					     "dataset_dict.json", NULL};
+	for (const char *c = path; *c;) {
+		size_t n = strcspn(c, "/");
+		int dots = 1;
+		for (size_t i = 0; i < n; i++)
+			dots &= c[i] == '.';
+		if (c[0] == '.' && !dots)
+			return 1;
+		if (c[n] == '/' && n >= 2 && c[0] == '_' && c[1] == '_')
+			return 1;
+		c += n + (c[n] == '/');
+	}
+	for (int i = 0; ignore[i]; i++)
+		if (!strcmp(base_name(path), ignore[i]))
 			return 1;
 	return 0;
 }
 
-/* data/NAME-DDDDD-of-DDDDD...: the length of NAME, or 0 */
+/* SPLIT_PATTERN_SHARDED: data/{split}-[0-9]{5}-of-[0-9]{5}*.* ('*' within one name) */
+static int sharded_as(const char *path, const char *split)
+{
+	char pat[300];
+	if (snprintf(pat, sizeof pat, "data/%s-[0-9][0-9][0-9][0-9][0-9]-of-"
+		     "[0-9][0-9][0-9][0-9][0-9]*.*", split) >= (int)sizeof pat)
+		return 0;
+	return !fnmatch(pat, path, FNM_PATHNAME);
+}
+
+/* the split name datasets reads from a sharded path (string_to_dict: the greedy
+ * (?P<split>.+) before "-DDDDD-of-DDDD"): its length, or 0 */
 static size_t sharded_name(const char *path)
 {
-	if (strncmp(path, "data/", 5))
+	if (!sharded_as(path, "*"))
 		return 0;
 	const char *b = path + 5;
-	if (strchr(b, '/'))
-		return 0;
-	for (const char *d = strchr(b, '-'); d; d = strchr(d + 1, '-')) {
-		const char *q = d + 1;
+	size_t best = 0;
+	for (const char *d = strchr(b + 1, '-'); d; d = strchr(d + 1, '-')) {
 		int ok = 1;
-		for (int i = 0; i < 5 && ok; i++)
-			ok = isdigit((unsigned char)q[i]);
-		ok = ok && !strncmp(q + 5, "-of-", 4);
-		for (int i = 0; i < 5 && ok; i++)
-			ok = isdigit((unsigned char)q[9 + i]);
-		if (ok && d > b)
-			return (size_t)(d - b);
+		for (int i = 1; i <= 5 && ok; i++)
+			ok = isdigit((unsigned char)d[i]);
+		ok = ok && !strncmp(d + 6, "-of-", 4);
+		for (int i = 10; i < 14 && ok; i++)
+			ok = isdigit((unsigned char)d[i]);
+		if (ok)
+			best = (size_t)(d - b);
 	}
-	return 0;
+	return best;
 }
 
 /* data/NAME-KKKKK-of-MMMMM...: 1 with *k and *m set, else 0 */
@@ -262,26 +332,94 @@ static int shard_info(const char *path, long *k, long *m)
 	return 1;
 }
 
+/* datasets' default patterns (data_files.py), tried group by group: the first group
+ * in which some split matches some file gives the repo's splits */
+enum { G_LOGS, G_HARBOR, G_DIR, G_FILE, G_ALL, NGROUPS };
+enum { P_EVAL, P_TASK, P_INSTRUCTION, P_D1, P_D2, P_D3, P_D4, P_F1, P_F2, P_ALL };
+
+static const char *const kw_train[] = {"train", "training", NULL};
+static const char *const kw_valid[] = {"validation", "valid", "dev", "val", NULL};
+static const char *const kw_test[] = {"test", "testing", "eval", "evaluation", NULL};
+static const char *const default_splits[] = {"train", "validation", "test"};
+static const char *const *const split_keywords[] = {kw_train, kw_valid, kw_test};
+
+/* the splits of group g */
+static size_t group_splits(int g, const char **names)
+{
+	switch (g) {
+	case G_LOGS: names[0] = "logs"; return 1;
+	case G_HARBOR: names[0] = "test"; return 1;
+	case G_ALL: names[0] = "train"; return 1;
+	default:
+		for (int i = 0; i < 3; i++)
+			names[i] = default_splits[i];
+		return 3;
+	}
+}
+
+/* pattern p of split s of group g, in datasets' order (for each keyword, each base
+ * pattern): 1 with *kind and *kw set, 0 past the last */
+static int group_pattern(int g, size_t s, size_t p, int *kind, const char **kw)
+{
+	*kw = NULL;
+	switch (g) {
+	case G_LOGS: *kind = P_EVAL; return p == 0;
+	case G_HARBOR: *kind = p ? P_INSTRUCTION : P_TASK; return p < 2;
+	case G_ALL: *kind = P_ALL; return p == 0;
+	default: {
+		size_t per = g == G_DIR ? 4 : 2, k = p / per;
+		const char *const *kws = split_keywords[s];
+		for (size_t i = 0; i < k; i++)
+			if (!kws[i])
+				return 0;
+		if (!kws[k])
+			return 0;
+		*kw = kws[k];
+		*kind = (g == G_DIR ? P_D1 : P_F1) + (int)(p % per);
+		return 1;
+	}
+	}
+}
+
 static int sep_char(char c) { return c && strchr("-._ 0123456789", c); }
 
-static int in_split(const char *path, const char *split)
+/* one name [c, c + n) against a keyword pattern (NON_WORDS_CHARS = "-._ 0-9") */
+static int name_match(int kind, const char *c, size_t n, const char *kw)
 {
-	size_t sl = strlen(split);
-	/* a directory named split */
-	for (const char *p = path;;) {
-		const char *slash = strchr(p, '/');
-		if (!slash)
-			break;
-		if ((size_t)(slash - p) == sl && !strncmp(p, split, sl))
-			return 1;
-		p = slash + 1;
+	size_t k = strlen(kw);
+	switch (kind) {
+	case P_D1: return n == k && !memcmp(c, kw, k);                      /* kw */
+	case P_D2:
+	case P_F1: return n > k && !memcmp(c, kw, k) && sep_char(c[k]);     /* kw[sep]* */
+	case P_D3: return n > k && !memcmp(c + n - k, kw, k) && sep_char(c[n - k - 1]);
+	default: /* *[sep]kw[sep]* */
+		for (size_t q = 1; q + k < n; q++)
+			if (sep_char(c[q - 1]) && !memcmp(c + q, kw, k) && sep_char(c[q + k]))
+				return 1;
+		return 0;
 	}
-	const char *base = strrchr(path, '/');
-	base = base ? base + 1 : path;
-	for (const char *q = strstr(base, split); q; q = strstr(q + 1, split))
-		if ((q == base || sep_char(q[-1])) && sep_char(q[sl]))
-			return 1;
-	return 0;
+}
+
+static int pattern_match(int kind, const char *kw, const char *path)
+{
+	const char *b = base_name(path);
+	size_t bn = strlen(b);
+	switch (kind) {
+	case P_ALL: return 1;
+	case P_EVAL: return bn >= 5 && !strcmp(b + bn - 5, ".eval");
+	case P_TASK: return !strcmp(b, "task.toml");
+	case P_INSTRUCTION: return !strcmp(b, "instruction.md");
+	case P_F1:
+	case P_F2: return name_match(kind, b, bn, kw);
+	default: /* a directory of the path: "**" / NAME / "**" */
+		for (const char *c = path; c < b;) {
+			size_t n = strcspn(c, "/");
+			if (name_match(kind, c, n, kw))
+				return 1;
+			c += n + 1;
+		}
+		return 0;
+	}
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -289,57 +427,98 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+typedef BK_VEC(char) charvec;
+
+static void names_add(charvec *nm, const char *name, size_t len)
+{
+	if (nm->n) {
+		bk_vec_push(nm, ',');
+		bk_vec_push(nm, ' ');
+	}
+	for (size_t i = 0; i < len; i++)
+		bk_vec_push(nm, name[i]);
+}
+
 char **bk_split_files(const char *const *paths, size_t n, const char *split, size_t *nout,
 		      char **names)
 {
 	BK_VEC(char *) out = {0};
-	BK_VEC(char) nm = {0};
-	int sharded = 0;
+	BK_VEC(const char *) c = {0}; /* the candidates, sorted as fsspec's glob sorts */
+	charvec nm = {0};
 	*names = NULL;
 	for (size_t i = 0; i < n; i++)
-		if (data_ext(paths[i]) && sharded_name(paths[i]))
-			sharded = 1;
-	for (size_t i = 0; i < n; i++) {
-		const char *p = paths[i];
-		if (!data_ext(p))
-			continue;
-		if (sharded) {
-			size_t k = sharded_name(p);
+		if (!excluded(paths[i]))
+			bk_vec_push(&c, paths[i]);
+	if (c.n)
+		qsort(c.v, c.n, sizeof *c.v, cmp_str);
+	int sharded = 0;
+	for (size_t i = 0; i < c.n && !sharded; i++)
+		sharded = sharded_name(c.v[i]) > 0;
+	if (sharded) {
+		/* its splits: train, validation, test first, then the others sorted */
+		BK_VEC(char *) sp = {0};
+		for (size_t i = 0; i < c.n; i++) {
+			size_t k = sharded_name(c.v[i]);
 			if (!k)
 				continue;
-			/* remember the split name for messages */
-			char *name = xstrndup(p + 5, k);
+			char *name = xstrndup(c.v[i] + 5, k);
 			int seen = 0;
-			for (const char *q = nm.v; q && q < nm.v + nm.n; q += strlen(q) + 1)
-				seen |= !strcmp(q, name);
-			if (!seen)
-				for (size_t j = 0; j <= k; j++)
-					bk_vec_push(&nm, name[j]);
-			int hit = strlen(split) == k && !strcmp(name, split);
-			free(name);
-			if (!hit)
-				continue;
-		} else if (!in_split(p, split)) {
-			continue;
+			for (size_t j = 0; j < sp.n && !seen; j++)
+				seen = !strcmp(sp.v[j], name);
+			if (seen)
+				free(name);
+			else
+				bk_vec_push(&sp, name);
 		}
-		bk_vec_push(&out, xstrdup(p));
-	}
-	if (nm.n) { /* "a\0b\0" -> "a, b" */
-		BK_VEC(char) s = {0};
-		for (const char *q = nm.v; q < nm.v + nm.n; q += strlen(q) + 1) {
-			if (s.n) {
-				bk_vec_push(&s, ',');
-				bk_vec_push(&s, ' ');
+		qsort(sp.v, sp.n, sizeof *sp.v, cmp_str);
+		for (int pass = 0; pass < 2; pass++)
+			for (size_t j = 0; j < sp.n; j++) {
+				int dflt = 0;
+				for (int d = 0; d < 3; d++)
+					dflt |= !strcmp(sp.v[j], default_splits[d]);
+				if (dflt == !pass)
+					names_add(&nm, sp.v[j], strlen(sp.v[j]));
 			}
-			for (const char *c = q; *c; c++)
-				bk_vec_push(&s, *c);
+		for (size_t i = 0; i < sp.n; i++)
+			free(sp.v[i]);
+		free(sp.v);
+		for (size_t i = 0; i < c.n; i++)
+			if (sharded_as(c.v[i], split) && datasets_data_file(c.v[i]))
+				bk_vec_push(&out, xstrdup(c.v[i]));
+	} else {
+		for (int g = 0; g < NGROUPS && !nm.n; g++) {
+			const char *gs[3];
+			size_t ns = group_splits(g, gs);
+			int want = -1;
+			for (size_t s = 0; s < ns; s++) {
+				int hit = 0, kind;
+				const char *kw;
+				for (size_t p = 0; !hit && group_pattern(g, s, p, &kind, &kw); p++)
+					for (size_t i = 0; i < c.n && !hit; i++)
+						hit = pattern_match(kind, kw, c.v[i]);
+				if (hit) {
+					names_add(&nm, gs[s], strlen(gs[s]));
+					if (!strcmp(gs[s], split))
+						want = (int)s;
+				}
+			}
+			if (want < 0)
+				continue;
+			/* DataFilesList.from_patterns: pattern by pattern, each one's files in
+			 * sorted order, data-file extensions only, repeats kept */
+			int kind;
+			const char *kw;
+			for (size_t p = 0; group_pattern(g, (size_t)want, p, &kind, &kw); p++)
+				for (size_t i = 0; i < c.n; i++)
+					if (pattern_match(kind, kw, c.v[i]) && datasets_data_file(c.v[i]))
+						bk_vec_push(&out, xstrdup(c.v[i]));
 		}
-		bk_vec_push(&s, 0);
-		*names = s.v;
 	}
-	free(nm.v);
-	if (out.n)
-		qsort(out.v, out.n, sizeof *out.v, cmp_str);
+	if (nm.n) {
+		bk_vec_push(&nm, 0);
+		*names = nm.v;
+	}
+	free(c.v);
 	*nout = out.n;
 	return out.v;
 }
@@ -374,18 +553,72 @@ typedef struct {
 	int64_t n;
 } split_file;
 
-static void file_open(split_file *f)
+/* What is being read: a directory, or a hub repo's files (fetched into the cache when
+ * online; else its snapshot, whose whole file list the cached listing gives). */
+typedef struct {
+	const char *what, *dir; /* dir: a local directory, or the snapshot when offline */
+	char **paths;           /* the repo's files, relative */
+	size_t npaths;
+	const char *id, *commit; /* hub repos */
+	int fetch;               /* online: bk_hub_file fetches a file before it is read */
+	const char *why;         /* hub repos read offline: why ("HF_HUB_OFFLINE is set ...") */
+	int have_cols;           /* the columns, chosen from the first file opened */
+	bk_row_columns cols;
+} repo_ctx;
+
+/* The tool picks the columns once, from the dataset's column names (a parquet
+ * file's schema; the keys of all rows of a JSON file, as datasets' JSON loader makes
+ * one table of them); datasets requires every file of it to have the same. */
+static void pick_columns(repo_ctx *r, split_file *f)
+{
+	BK_VEC(const char *) names = {0};
+	if (f->pq) {
+		for (size_t i = 0; i < bk_parquet_num_columns(f->pq); i++)
+			bk_vec_push(&names, bk_parquet_column(f->pq, i));
+	} else {
+		size_t i;
+		json_t *row;
+		json_array_foreach(f->rows, i, row) {
+			const char *k;
+			json_t *v;
+			json_object_foreach(row, k, v) {
+				int seen = 0;
+				for (size_t j = 0; j < names.n && !seen; j++)
+					seen = !strcmp(names.v[j], k);
+				if (!seen)
+					bk_vec_push(&names, k);
+			}
+		}
+	}
+	if (bk_row_columns_pick(names.v, names.n, &r->cols)) {
+		char list[512];
+		size_t o = 0;
+		list[0] = 0;
+		for (size_t i = 0; i < names.n && o < sizeof list; i++)
+			o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", i ? ", " : "",
+					      names.v[i]);
+		free(names.v);
+		die("%s: no messages and no prompt column (tried %s); its columns: %s", f->name,
+		    bk_row_columns_tried(), names.n ? list : "none");
+	}
+	free(names.v);
+	r->have_cols = 1;
+}
+
+static void file_open(repo_ctx *r, split_file *f)
 {
 	if (has_ext(f->path, ".parquet")) {
 		f->pq = bk_parquet_open(f->path);
 		f->n = bk_parquet_num_rows(f->pq);
-		return;
+	} else {
+		size_t len;
+		char *buf = bk_read_file(f->path, &len);
+		f->rows = bk_dataset_json_rows(f->name, buf, len);
+		free(buf);
+		f->n = (int64_t)json_array_size(f->rows);
 	}
-	size_t len;
-	char *buf = bk_read_file(f->path, &len);
-	f->rows = bk_dataset_json_rows(f->name, buf, len);
-	free(buf);
-	f->n = (int64_t)json_array_size(f->rows);
+	if (!r->have_cols)
+		pick_columns(r, f);
 }
 
 static void file_close(split_file *f)
@@ -396,9 +629,9 @@ static void file_close(split_file *f)
 }
 
 /* The columns the tool reads of a hub dataset's row (bakery-py data.py _load_hf):
- * messages, else the first present of its prompt and response columns.  Not a row's
- * "system", "conversations" or "user_message" (local files only), nor the system
- * messages of a chat (the tool pairs user and assistant turns only). */
+ * messages, else its prompt and response columns.  Not a row's "system",
+ * "conversations" or "user_message" (local files only), nor the system messages of a
+ * chat (the tool pairs user and assistant turns only). */
 static const char *const hub_columns[] = {
 	"messages", "prompt", "input", "question", "text", "instruction",
 	"response", "completion", "output", "answer", "target", NULL,
@@ -427,13 +660,14 @@ static void tool_row(json_t *row)
 	}
 }
 
-static void file_rows(bk_dataset *ds, split_file *f, int64_t from, int64_t to)
+static void file_rows(bk_dataset *ds, const repo_ctx *r, split_file *f, int64_t from,
+		      int64_t to)
 {
 	if (f->rows) {
 		for (int64_t i = from; i < to; i++) {
 			json_t *row = json_array_get(f->rows, (size_t)i);
 			tool_row(row);
-			bk_dataset_add_row(ds, f->name, "row", (size_t)i + 1, row);
+			bk_dataset_add_hub_row(ds, f->name, "row", (size_t)i + 1, &r->cols, row);
 		}
 		return;
 	}
@@ -447,8 +681,8 @@ static void file_rows(bk_dataset *ds, split_file *f, int64_t from, int64_t to)
 			for (size_t i = 0; i < json_array_size(rows); i++) {
 				json_t *row = json_array_get(rows, i);
 				tool_row(row);
-				bk_dataset_add_row(ds, f->name, "row",
-						   (size_t)(base + a) + i + 1, row);
+				bk_dataset_add_hub_row(ds, f->name, "row",
+						       (size_t)(base + a) + i + 1, &r->cols, row);
 			}
 			json_decref(rows);
 		}
@@ -456,8 +690,8 @@ static void file_rows(bk_dataset *ds, split_file *f, int64_t from, int64_t to)
 	}
 }
 
-/* the data files under dir, relative, recursively (symlinks followed; dot names
- * skipped) */
+/* the files under dir, relative, recursively (symlinks followed; dot names skipped:
+ * datasets leaves hidden files out) */
 typedef BK_VEC(char *) strvec;
 
 static void walk(const char *dir, const char *rel, strvec *out, int depth)
@@ -477,7 +711,7 @@ static void walk(const char *dir, const char *rel, strvec *out, int depth)
 		struct stat st;
 		if (!stat(p, &st) && S_ISDIR(st.st_mode))
 			walk(dir, r, out, depth + 1);
-		else if (!stat(p, &st) && S_ISREG(st.st_mode) && data_ext(r))
+		else if (!stat(p, &st) && S_ISREG(st.st_mode))
 			bk_vec_push(out, xstrdup(r));
 		free(p);
 		free(r);
@@ -486,14 +720,6 @@ static void walk(const char *dir, const char *rel, strvec *out, int depth)
 	free(full);
 }
 
-typedef struct {
-	const char *what, *dir;
-	char **paths; /* repo paths of the repo's data files */
-	size_t npaths;
-	/* online hub repos: fetch a file before reading it */
-	const char *id, *commit;
-} repo_ctx;
-
 /* The split being read, reachable from here while a die() may happen (a bad row, a
  * missing shard): die() exits with it allocated, and LeakSanitizer (make asan) calls
  * a block whose only pointer was in a clobbered register a leak. */
@@ -501,12 +727,50 @@ static split_file *volatile live_files;
 static char **volatile live_paths;
 static char *volatile live_names;
 
-/* fetches (hub) and opens one file of a split */
-static void open_split_file(const repo_ctx *r, split_file *f, const char *file)
+static int cached(const repo_ctx *r, const char *file)
 {
-	f->path = r->id ? bk_hub_file(BK_HUB_DATASET, r->id, r->commit, file, 0)
-			: bk_path_join(r->dir, file);
-	file_open(f);
+	char *p = bk_path_join(r->dir, file);
+	struct stat st;
+	int ok = !stat(p, &st) && S_ISREG(st.st_mode);
+	free(p);
+	return ok;
+}
+
+/* A hub repo read offline: files[i0, nf) of the split must all be in the snapshot
+ * (the listing says which the split has); dies naming the missing ones. */
+static void check_cached(const repo_ctx *r, const char *split, char **files, size_t i0,
+			 size_t nf)
+{
+	char list[1024];
+	size_t o = 0, missing = 0, total = 0;
+	list[0] = 0;
+	for (size_t i = 0; i < nf; i++) {
+		int dup = 0;
+		for (size_t j = 0; j < i && !dup; j++)
+			dup = !strcmp(files[j], files[i]);
+		if (dup)
+			continue;
+		total++;
+		if (i < i0 || cached(r, files[i]))
+			continue;
+		if (missing < 8 && o < sizeof list)
+			o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", missing ? ", " : "",
+					      files[i]);
+		missing++;
+	}
+	if (missing)
+		die("%s: split '%s': %zu of the %zu files it has are not in the cache (%s%s)%s, "
+		    "and %s: read it online once", r->what, split, missing, total, list,
+		    missing > 8 ? ", ..." : "",
+		    i0 ? ", and the rows asked for reach the first of them" : "", r->why);
+}
+
+/* fetches (hub) and opens one file of a split */
+static void open_split_file(repo_ctx *r, split_file *f, const char *file)
+{
+	f->path = r->fetch ? bk_hub_file(BK_HUB_DATASET, r->id, r->commit, file, 0)
+			   : bk_path_join(r->dir, file);
+	file_open(r, f);
 }
 
 static void load_spec(bk_dataset *ds, repo_ctx *r, const char *spec)
@@ -515,7 +779,7 @@ static void load_spec(bk_dataset *ds, repo_ctx *r, const char *spec)
 	bk_split_spec sp;
 	if (bk_split_parse(spec, &sp, err, sizeof err))
 		die("%s: split '%s': %s", r->what, spec, err);
-	size_t n0 = ds->n;
+	size_t n0 = ds->n, s0 = ds->skipped;
 	for (size_t k = 0; k < sp.n; k++) {
 		const bk_split_part *pt = &sp.v[k];
 		size_t nf;
@@ -528,8 +792,13 @@ static void load_spec(bk_dataset *ds, repo_ctx *r, const char *spec)
 			    names ? " (its splits: " : "", names ? names : "", names ? ")" : "");
 		live_names = NULL;
 		free(names);
+		for (size_t i = 0; i < nf; i++)
+			if (!bakery_reads(files[i]))
+				die("%s: split '%s': %s is a data file datasets reads, in a format "
+				    "bakery does not (it reads .parquet, .jsonl, .ndjson and .json)",
+				    r->what, pt->split, files[i]);
 		/* a sharded split must be whole from its first shard up to what is read:
-		 * a cache read offline may hold only the shards an earlier slice needed */
+		 * a local copy may hold only some shards */
 		long shards = -1, k, m;
 		size_t have = 0;
 		while (have < nf && shard_info(files[have], &k, &m) && k == (long)have)
@@ -539,14 +808,16 @@ static void load_spec(bk_dataset *ds, repo_ctx *r, const char *spec)
 		else if (have != nf && shard_info(files[0], &k, &m))
 			die("%s: split '%s': its shards are not 0, 1, ... of %ld (%s)", r->what,
 			    pt->split, m, files[have < nf ? have : 0]);
-		split_file *f = xcalloc(nf, sizeof *f);
-		live_files = f;
-		for (size_t i = 0; i < nf; i++)
-			f[i].name = xasprintf("%s: %s", r->what, files[i]);
 		/* the total is needed for percent and negative bounds and an open end;
 		 * otherwise files after the slice are not even fetched */
 		int need_total = pt->pct || !pt->has_to || pt->to < 0 ||
 				 (pt->has_from && pt->from < 0);
+		if (r->id && !r->fetch && need_total)
+			check_cached(r, pt->split, files, 0, nf);
+		split_file *f = xcalloc(nf, sizeof *f);
+		live_files = f;
+		for (size_t i = 0; i < nf; i++)
+			f[i].name = xasprintf("%s: %s", r->what, files[i]);
 		int64_t total = 0, from, to;
 		for (size_t i = 0; i < nf && need_total; i++) {
 			open_split_file(r, &f[i], files[i]);
@@ -555,9 +826,8 @@ static void load_spec(bk_dataset *ds, repo_ctx *r, const char *spec)
 				file_close(&f[i]);
 		}
 		if (shards >= 0 && need_total)
-			die("%s: split '%s' has %ld shards, %zu of them here (a cache read offline "
-			    "holds those earlier reads fetched: read it online once)", r->what,
-			    pt->split, shards, nf);
+			die("%s: split '%s' has %ld shards, %zu of them here (a copy that holds "
+			    "only some shards)", r->what, pt->split, shards, nf);
 		if (need_total) {
 			if (bk_split_bounds(pt, total, &from, &to, err, sizeof err))
 				die("%s: split '%s': %s", r->what, spec, err);
@@ -570,21 +840,24 @@ static void load_spec(bk_dataset *ds, repo_ctx *r, const char *spec)
 		}
 		int64_t base = 0;
 		for (size_t i = 0; i < nf && base < to; i++) {
-			if (!f[i].path)
+			if (!f[i].path) {
+				if (r->id && !r->fetch && !cached(r, files[i]))
+					check_cached(r, pt->split, files, i, nf);
 				open_split_file(r, &f[i], files[i]);
-			else if (!f[i].pq && !f[i].rows)
-				file_open(&f[i]);
+			} else if (!f[i].pq && !f[i].rows) {
+				file_open(r, &f[i]);
+			}
 			int64_t a = from > base ? from - base : 0;
 			int64_t b = to < base + f[i].n ? to - base : f[i].n;
 			if (a < b)
-				file_rows(ds, &f[i], a, b);
+				file_rows(ds, r, &f[i], a, b);
 			base += f[i].n;
 			file_close(&f[i]);
 		}
 		if (shards >= 0 && base < to)
 			die("%s: split '%s' has %ld shards, %zu of them here, and rows up to %lld "
-			    "are asked for (a cache read offline holds those earlier reads fetched: "
-			    "read it online once)", r->what, pt->split, shards, nf, (long long)to);
+			    "are asked for (a copy that holds only some shards)", r->what, pt->split,
+			    shards, nf, (long long)to);
 		for (size_t i = 0; i < nf; i++) {
 			file_close(&f[i]);
 			free((char *)f[i].path);
@@ -597,7 +870,9 @@ static void load_spec(bk_dataset *ds, repo_ctx *r, const char *spec)
 	}
 	bk_split_free(&sp);
 	if (ds->n == n0)
-		die("%s: split '%s': no samples", r->what, spec);
+		die("%s: split '%s': no samples%s", r->what, spec,
+		    ds->skipped > s0 ? " (every row skipped: null or empty prompt, or no "
+				       "user/assistant pair)" : "");
 }
 
 static void free_paths(repo_ctx *r)
@@ -616,22 +891,45 @@ void bk_dataset_load_dir(bk_dataset *ds, const char *what, const char *dir, cons
 	free_paths(&r);
 }
 
+/* kept reachable while a die() may happen (see live_files) */
+static char *volatile live_why, *volatile live_snap;
+
 void bk_dataset_load_hub(bk_dataset *ds, const char *id, const char *revision,
 			 const char *spec)
 {
-	if (bk_hub_offline()) {
-		char *snap = bk_hub_snapshot(BK_HUB_DATASET, id, revision, NULL);
-		bk_dataset_load_dir(ds, id, snap, spec);
-		free(snap);
-		return;
-	}
+	const char *rev = revision ? revision : "main";
 	bk_hub_listing l;
-	bk_hub_list(BK_HUB_DATASET, id, revision, &l);
+	char *why = NULL, *snap = NULL;
+	int fetch = !bk_hub_list_try(BK_HUB_DATASET, id, revision, &l, &why);
+	live_why = why;
+	if (!fetch) {
+		/* offline, or no connection: the snapshot, read only when the listing the
+		 * last read online recorded says which files a split has */
+		if (bk_hub_listing_cached(BK_HUB_DATASET, id, revision, &l)) {
+			char *c = bk_hub_cache_dir();
+			if (!l.commit)
+				die("dataset %s (revision '%s') is not in the cache %s, and %s", id, rev,
+				    c, why);
+			live_snap = snap = bk_hub_snapshot_dir(BK_HUB_DATASET, id, l.commit);
+			die("dataset %s: the cache %s has no file listing of its commit %s (revision "
+			    "'%s'; bakery records one each time it reads the dataset online), so "
+			    "which files a split has is not known, and %s: read it online once, or "
+			    "give the snapshot directory %s itself to read what it holds",
+			    id, c, l.commit, rev, why, snap);
+		}
+		if (!bk_hub_offline(BK_HUB_DATASET)) /* as huggingface_hub: said so */
+			warn("%s; dataset %s: the cached snapshot %s", why, id, l.commit);
+		live_snap = snap = bk_hub_snapshot_dir(BK_HUB_DATASET, id, l.commit);
+	}
 	char **paths = xcalloc(l.n ? l.n : 1, sizeof *paths);
 	for (size_t i = 0; i < l.n; i++)
 		paths[i] = xstrdup(l.v[i].path);
-	repo_ctx r = {.what = id, .paths = paths, .npaths = l.n, .id = id, .commit = l.commit};
+	repo_ctx r = {.what = id, .dir = snap, .paths = paths, .npaths = l.n, .id = id,
+		      .commit = l.commit, .fetch = fetch, .why = why};
 	load_spec(ds, &r, spec);
 	free_paths(&r);
 	bk_hub_listing_free(&l);
+	live_why = live_snap = NULL;
+	free(why);
+	free(snap);
 }

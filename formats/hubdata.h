@@ -14,19 +14,38 @@
  * a negative bound counts from the end (n + b, at least 0); both are then capped at n;
  * FROM >= TO selects nothing.  |percent| over 100 is refused.
  *
- * Split files (repo paths, data files only: .parquet .jsonl .ndjson .json):
- *   - when any file is named data/NAME-DDDDD-of-DDDDD*, the repo is sharded by split
- *     (datasets' SPLIT_PATTERN_SHARDED) and split S is exactly data/S-DDDDD-of-DDDDD*;
- *   - otherwise the files with a directory named S in their path, or whose file name
- *     has S at its start or after one of "-._ 0123456789" and followed by one of them
- *     (datasets' default split patterns, for any split name).
- * Files are read in sorted path order; the rows of a split are their concatenation.
+ * Split files, as datasets' data_files.py picks them in a repo without a README
+ * `configs:` section (datasets 5.2.0; tests/golden/hubdata/split_files.json):
+ *   - left out first: hidden paths (a part starting with "."), directories starting
+ *     with "__", README.md config.json dataset_info(s).json dummy_data.zip
+ *     dataset_dict.json;
+ *   - when any file is data/NAME-DDDDD-of-DDDDD*.* the repo is sharded by split
+ *     (SPLIT_PATTERN_SHARDED): its splits are those NAMEs, split S its files;
+ *   - else the first pattern group that matches a file gives the splits: NAME.eval
+ *     (logs), task.toml / instruction.md (test), directories named after a split,
+ *     file names with a split's name, every file (train).  A name "has" keyword K
+ *     when K is the whole name (directories only) or K is at its start or after one
+ *     of "-._ 0123456789", and at its end (directories only) or followed by one of
+ *     them.  Keywords: train training / validation valid dev val / test testing eval
+ *     evaluation; other split names exist only in sharded repos;
+ *   - a split's files: pattern by pattern (per keyword, in the order above), each
+ *     pattern's matches sorted, repeats kept, only names with a datasets data-file
+ *     extension (any dot part of the name; .csv .txt .jsonl.gz ... count and are
+ *     refused by the reader: bakery reads .parquet .jsonl .ndjson .json).
+ * The rows of a split are the concatenation of its files' rows.
  *
- * Rows: the columns the tool reads of a hub dataset (bakery-py's _load_hf), through the
- * row rules of inputs.h: messages (user/assistant pairs), else the first non-null of
- * prompt input question text instruction, with response completion output answer
- * target.  A row's system column, conversations, user_message and the system messages
- * of a chat are not read (the tool reads them in local files only, or never). */
+ * Rows: the columns the tool reads of a hub dataset (bakery-py's _load_hf): chosen
+ * once from the first file read (a parquet schema, the keys of a JSON file's rows):
+ * messages (user/assistant pairs), else the first of prompt input question text
+ * instruction present, with the first of response completion output answer target;
+ * then inputs.h's bk_dataset_add_hub_row (a null or empty prompt skips the row).  A
+ * row's system column, conversations, user_message and the system messages of a chat
+ * are not read (the tool reads them in local files only, or never).
+ *
+ * Offline (bk_hub_offline(BK_HUB_DATASET)) or with the hub out of reach, a hub
+ * dataset is read from its cached snapshot with the split files that the listing
+ * recorded by the last online read (hub.h) gives; files the rows asked for that are
+ * not there are named in one line, and no listing at all is refused. */
 #ifndef BK_HUBDATA_H
 #define BK_HUBDATA_H
 
@@ -55,9 +74,9 @@ void bk_split_free(bk_split_spec *s);
 int bk_split_bounds(const bk_split_part *p, int64_t n, int64_t *from, int64_t *to, char *err,
 		    size_t errlen);
 
-/* The repo paths of split `split` among paths[0..n) (sorted, malloc'd strings in a
- * malloc'd array, *nout of them; NULL when none).  When the repo is sharded by split,
- * *names gets the split names found ("a, b, c", malloc'd; else NULL) for messages. */
+/* The repo paths of split `split` among paths[0..n), in datasets' order (malloc'd
+ * strings in a malloc'd array, *nout of them; NULL when none).  *names gets the
+ * repo's split names ("a, b, c", malloc'd; NULL when it has none) for messages. */
 char **bk_split_files(const char *const *paths, size_t n, const char *split, size_t *nout,
 		      char **names);
 
@@ -71,7 +90,7 @@ int bk_hub_dataset_id(const char *s);
  * messages.  Dies on an unknown split, a bad spec, a bad file or row. */
 void bk_dataset_load_dir(bk_dataset *ds, const char *what, const char *dir, const char *spec);
 /* The same for a hub id: the HF cache's snapshot of repo id at revision (NULL: main),
- * with the split's files downloaded first unless HF_HUB_OFFLINE is set. */
+ * with the split's files downloaded first when online (see Offline above). */
 void bk_dataset_load_hub(bk_dataset *ds, const char *id, const char *revision,
 			 const char *spec);
 

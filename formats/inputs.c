@@ -92,6 +92,35 @@ static int is_blank(const char *s, size_t n)
 	return 1;
 }
 
+/* Python's str.isspace() for one code point */
+static int py_space(unsigned c)
+{
+	return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
+	       c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
+	       c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+int bk_text_blank(const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	while (*p) {
+		unsigned c = *p;
+		int n = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+		if (n > 1) {
+			c &= 0x7fu >> n;
+			for (int i = 1; i < n; i++) {
+				if ((p[i] & 0xc0) != 0x80)
+					return 0; /* not UTF-8: not white space either */
+				c = (c << 6) | (p[i] & 0x3f);
+			}
+		}
+		if (!py_space(c))
+			return 0;
+		p += n;
+	}
+	return 1;
+}
+
 /* valid UTF-8 without NUL bytes (jansson's checker, through json_stringn) */
 static int utf8_ok(const char *s, size_t n)
 {
@@ -201,6 +230,17 @@ static const char *first_key(json_t *obj, const char *const *keys, json_t **val)
 	return NULL;
 }
 
+/* the first key of keys present in obj, null or not (Python's nested
+ * item.get(k1, item.get(k2, ...))); *val gets its value (json null included) */
+static const char *present_key(json_t *obj, const char *const *keys, json_t **val)
+{
+	for (size_t i = 0; keys[i]; i++)
+		if ((*val = json_object_get(obj, keys[i])))
+			return keys[i];
+	*val = NULL;
+	return NULL;
+}
+
 static const char *opt_string(const bk_loc *l, json_t *obj, const char *key)
 {
 	json_t *v = get(obj, key);
@@ -291,7 +331,9 @@ static void add_chat_row(bk_dataset *ds, const bk_loc *l, json_t *row, json_t *m
 			free(system);
 			system = text;
 		} else {
-			if (*text && user) {
+			/* the tool: an assistant turn with stripped content, and the nearest
+			 * user turn before it non-empty (no further look back) */
+			if (!bk_text_blank(text) && user && *user) {
 				bk_dataset_add(ds, user, text, system ? system : row_system);
 				pairs++;
 			}
@@ -299,13 +341,17 @@ static void add_chat_row(bk_dataset *ds, const bk_loc *l, json_t *row, json_t *m
 		}
 	}
 	if (!pairs) {
-		if (!user)
-			die_at(l, "key '%s' has no user message", msgs_key);
-		bk_dataset_add(ds, user, NULL, system ? system : row_system);
+		if (user && *user)
+			bk_dataset_add(ds, user, NULL, system ? system : row_system);
+		else
+			ds->skipped++;
 	}
 	free(user);
 	free(system);
 }
+
+static void add_columns(bk_dataset *ds, const bk_loc *l, json_t *row, const char *pk,
+			json_t *pv, const char *rk, json_t *rv);
 
 static void add_row(bk_dataset *ds, const bk_loc *l, json_t *row)
 {
@@ -325,12 +371,26 @@ static void add_row(bk_dataset *ds, const bk_loc *l, json_t *row)
 		return;
 	}
 	json_t *pv, *rv;
-	const char *pk = first_key(row, prompt_keys, &pv);
+	const char *pk = present_key(row, prompt_keys, &pv);
 	if (!pk)
 		die_at(l, "no prompt key (tried %s)", key_list(prompt_keys));
+	const char *rk = present_key(row, response_keys, &rv);
+	add_columns(ds, l, row, pk, pv, rk, rv);
+}
+
+/* a row's prompt pk = pv and response rk = rv (rk may be NULL): the tool skips the row
+ * when the prompt is null or empty (`if p:`); a null response is none */
+static void add_columns(bk_dataset *ds, const bk_loc *l, json_t *row, const char *pk,
+			json_t *pv, const char *rk, json_t *rv)
+{
+	if (json_is_null(pv) || (json_is_string(pv) && !*json_string_value(pv))) {
+		ds->skipped++;
+		return;
+	}
 	if (!json_is_string(pv))
 		die_at(l, "key '%s' is not a string", pk);
-	const char *rk = first_key(row, response_keys, &rv);
+	if (rk && json_is_null(rv))
+		rk = NULL;
 	if (rk && !json_is_string(rv))
 		die_at(l, "key '%s' is not a string", rk);
 	bk_dataset_add(ds, json_string_value(pv), rk ? json_string_value(rv) : NULL,
@@ -344,6 +404,62 @@ void bk_dataset_add_row(bk_dataset *ds, const char *name, const char *unit, size
 {
 	bk_loc l = {name, unit, no};
 	add_row(ds, &l, row);
+}
+
+static const char *const hub_prompt_cols[] = {
+	"prompt", "input", "question", "text", "instruction", NULL,
+};
+
+int bk_row_columns_pick(const char *const *names, size_t n, bk_row_columns *out)
+{
+	memset(out, 0, sizeof *out);
+	int have[16] = {0};
+	const char *const *lists[] = {hub_prompt_cols, response_keys};
+	for (size_t i = 0; i < n; i++) {
+		if (!strcmp(names[i], "messages"))
+			out->messages = 1;
+		for (int k = 0, base = 0; k < 2; base += 8, k++)
+			for (int j = 0; lists[k][j]; j++)
+				if (!strcmp(names[i], lists[k][j]))
+					have[base + j] = 1;
+	}
+	if (out->messages)
+		return 0;
+	for (int j = 0; hub_prompt_cols[j] && !out->prompt; j++)
+		if (have[j])
+			out->prompt = hub_prompt_cols[j];
+	for (int j = 0; response_keys[j] && !out->response; j++)
+		if (have[8 + j])
+			out->response = response_keys[j];
+	return out->prompt ? 0 : -1;
+}
+
+const char *bk_row_columns_tried(void) { return key_list(hub_prompt_cols); }
+
+void bk_dataset_add_hub_row(bk_dataset *ds, const char *name, const char *unit, size_t no,
+			    const bk_row_columns *cols, json_t *row)
+{
+	bk_loc l = {name, unit, no};
+	if (!json_is_object(row))
+		die_at(&l, "not an object");
+	if (cols->messages) {
+		json_t *msgs = json_object_get(row, "messages");
+		if (json_is_null(msgs) || !msgs) {
+			ds->skipped++;
+			return;
+		}
+		add_chat_row(ds, &l, row, msgs, "messages");
+		return;
+	}
+	json_t *pv = json_object_get(row, cols->prompt), *rv = NULL;
+	if (!pv)
+		pv = json_null(); /* a column the row lacks: null, as datasets fills it */
+	if (cols->response) {
+		rv = json_object_get(row, cols->response);
+		if (!rv)
+			rv = json_null();
+	}
+	add_columns(ds, &l, row, cols->prompt, pv, cols->response, rv);
 }
 
 /* ---- formats ---- */
@@ -508,7 +624,7 @@ static int has_ext(const char *name, const char *ext)
 void bk_dataset_parse(bk_dataset *ds, const char *name, const char *buf, size_t len,
 		      bk_input_format fmt)
 {
-	size_t n0 = ds->n;
+	size_t n0 = ds->n, s0 = ds->skipped;
 	skip_bom(&buf, &len);
 	if (is_blank(buf, len))
 		die("%s: no samples", name);
@@ -535,7 +651,9 @@ void bk_dataset_parse(bk_dataset *ds, const char *name, const char *buf, size_t 
 	default: BUG("bad input format %d", (int)fmt);
 	}
 	if (ds->n == n0)
-		die("%s: no samples", name);
+		die("%s: no samples%s", name,
+		    ds->skipped > s0 ? " (every row skipped: null or empty prompt, or no user/assistant "
+				  "pair)" : "");
 }
 
 void bk_dataset_load(bk_dataset *ds, const char *path, bk_input_format fmt)

@@ -22,20 +22,26 @@
  *      and system count; other roles (tool, function, ...) are ignored.  Content is a
  *      string, null (empty) or a list of parts whose "text" members of parts with
  *      "type": "text" are concatenated.  Every assistant message with non-empty
- *      content, paired with the nearest preceding user message, is one sample; its
- *      system is the nearest preceding system message, else the row's "system" key.
- *      An assistant message with no user message before it is skipped.  A row that
- *      gives no pair but has a user message gives one prompt-only sample (its last
- *      user message), so user-only chat rows work as prompts; a row with no user
- *      message at all is an error.
- *   3. any other object: columns.  Prompt = the first key present with a non-null
- *      value of: prompt user_message input question text instruction.  Response = the
- *      first such key of: response completion output answer target (none: NULL).  An
- *      optional string "system" key becomes the sample's system.
+ *      content that is not only white space (Python's str.strip()), paired with the
+ *      nearest preceding user message when that one is not empty, is one sample (the
+ *      tool's _load_hf: an empty nearest user turn loses the pair, nothing further
+ *      back is looked at); its system is the nearest preceding system message, else
+ *      the row's "system" key.  A row that gives no pair but whose last user message
+ *      is not empty gives one prompt-only sample (that message), so user-only chat
+ *      rows work as prompts; any other row (no user message, or an empty one) is
+ *      skipped.
+ *   3. any other object: columns.  Prompt = the first key present (null or not, as
+ *      the tool's nested item.get) of: prompt user_message input question text
+ *      instruction; the row is skipped when its value is null or "" (the tool's
+ *      `if p:`).  Response = the first key present of: response completion output
+ *      answer target (none, or null: NULL).  An optional string "system" key becomes
+ *      the sample's system.
  * (The reference's JSON-object key lists, prompt/user_message/input/question and
  * response/completion/output, are prefixes of these merged lists, in the same order.)
- * Texts are kept byte for byte as JSON decodes them; an empty response is kept as "".
- * The dataset is paired iff at least one response is non-empty.
+ * Skipped rows are counted in ds->skipped (bk-tokenize reports them).  Texts are kept
+ * byte for byte as JSON decodes them; an empty response is kept as "" (bk-tokenize
+ * drops a paired sample whose response is empty or only white space, as the tool's
+ * trainer does).  The dataset is paired iff at least one response is non-empty.
  *
  * Errors die() with one line naming the file ("-" is shown as "stdin"), the place and
  * the key: "data.jsonl: line 7: key 'prompt' is not a string", "data.json: record 3:
@@ -56,8 +62,12 @@ typedef struct {
 typedef struct {
 	bk_sample *v;
 	size_t n, cap;
-	int paired; /* 1 iff at least one response is non-empty */
+	int paired;     /* 1 iff at least one response is non-empty */
+	size_t skipped; /* rows skipped by the rules above (null/empty prompt, no pair) */
 } bk_dataset;
+
+/* Python's `not s.strip()`: s is empty or only white space (str.isspace). */
+int bk_text_blank(const char *s);
 
 typedef enum { BK_FMT_AUTO, BK_FMT_JSON, BK_FMT_JSONL, BK_FMT_TEXT } bk_input_format;
 
@@ -84,6 +94,21 @@ void bk_dataset_free(bk_dataset *ds); /* frees every string; leaves ds zeroed */
 struct json_t;
 void bk_dataset_add_row(bk_dataset *ds, const char *name, const char *unit, size_t no,
 			struct json_t *row);
+
+/* A hub dataset's rows as the tool's _load_hf reads them: the columns are chosen once,
+ * from the dataset's column names, by presence: "messages" (chat rows, rule 2), else
+ * the first of prompt input question text instruction and the first of response
+ * completion output answer target (none: prompts only).  A row whose prompt is null
+ * or "" (or absent) is skipped; a null response is none. */
+typedef struct {
+	int messages;
+	const char *prompt, *response; /* static strings; response may be NULL */
+} bk_row_columns;
+/* 0, or -1 when there is neither messages nor a prompt column */
+int bk_row_columns_pick(const char *const *names, size_t n, bk_row_columns *out);
+const char *bk_row_columns_tried(void); /* "prompt, input, ..." for messages */
+void bk_dataset_add_hub_row(bk_dataset *ds, const char *name, const char *unit, size_t no,
+			    const bk_row_columns *cols, struct json_t *row);
 /* The rows of a JSON document (a list, or a list under a wrapper key as above) or, for a
  * .jsonl/.ndjson name or a document of one value per line, of JSON Lines, as a new
  * jansson array; dies naming name and the line on bad JSON. */

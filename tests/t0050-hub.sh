@@ -28,7 +28,7 @@ trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; rm -rf "$TEST_TMP"' EX
 for _ in $(seq 100); do [ -s port ] && break; sleep 0.1; done
 read -r HUBPORT CDNPORT <port || { echo "not ok - the hub server did not start"; cat server.err; exit 1; }
 export HF_ENDPOINT="http://127.0.0.1:$HUBPORT" HF_HUB_CACHE="$TEST_TMP/hub" HF_HOME="$TEST_TMP/hfhome"
-unset HF_TOKEN HF_HUB_OFFLINE HF_TOKEN_PATH HUGGINGFACE_HUB_CACHE
+unset HF_TOKEN HF_HUB_OFFLINE HF_TOKEN_PATH HUGGINGFACE_HUB_CACHE TRANSFORMERS_OFFLINE HF_DATASETS_OFFLINE
 # libcurl honours proxy variables, as huggingface_hub does: never for the loopback hub
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY ALL_PROXY all_proxy
 export NO_PROXY=127.0.0.1 no_proxy=127.0.0.1
@@ -64,6 +64,76 @@ test_expect_success 'HF_HUB_OFFLINE=1: the cache only, no request; no network: t
 	grep -q "tiny/notcached (revision .main.) is not in the cache .*HF_HUB_OFFLINE" e &&
 	HF_ENDPOINT=$DEAD test_must_fail bk-tokenize --model tiny/notcached --prompt x 2>e &&
 	grep -q "cannot be reached" e
+'
+
+test_expect_success 'TRANSFORMERS_OFFLINE=1 is offline too, as huggingface_hub reads it (HF_HUB_OFFLINE wins when set)' '
+	n=$(wc -l <root/requests.log) &&
+	TRANSFORMERS_OFFLINE=1 tok tiny/stories260K >off2 &&
+	test_cmp ids off2 && test $(wc -l <root/requests.log) -eq $n &&
+	TRANSFORMERS_OFFLINE=yes test_must_fail bk-tokenize --model tiny/notcached --prompt x 2>e &&
+	test $(grep -c "" e) -eq 1 && grep -q "not in the cache .*TRANSFORMERS_OFFLINE is set" e &&
+	HF_HUB_OFFLINE=0 TRANSFORMERS_OFFLINE=1 tok tiny/stories260K >on && test_cmp ids on &&
+	test $(wc -l <root/requests.log) -gt $n &&
+	n=$(wc -l <root/requests.log) &&
+	HF_DATASETS_OFFLINE=1 tok tiny/stories260K >on2 && test_cmp ids on2 &&
+	test $(wc -l <root/requests.log) -gt $n
+'
+
+# A download host that sends more than the hub announced (X-Linked-Size): an endless
+# chunked stream, and a Content-Length over the size.  The transfer must stop there.
+cat >oversend.py <<'PY'
+import hashlib, json, sys, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+SIZE, COMMIT, ETAG = 1000, "c" * 40, hashlib.sha256(b"x").hexdigest()
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def do_HEAD(self): self.route()
+    def do_GET(self): self.route()
+    def route(self):
+        p = self.path.split("?")[0].split("/")
+        if p[1] == "api":  # /api/datasets/org/NAME/revision/main
+            body = json.dumps({"sha": COMMIT, "siblings": [{"rfilename": "train.parquet"}]}).encode()
+            self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+            return self.wfile.write(body)
+        if p[1] == "datasets":  # HEAD /datasets/org/NAME/resolve/main/train.parquet
+            self.send_response(302)
+            self.send_header("Location", "http://127.0.0.1:%d/cdn/%s" % (self.server.server_address[1], p[3]))
+            for k, v in (("X-Repo-Commit", COMMIT), ("X-Linked-Etag", '"%s"' % ETAG),
+                         ("X-Linked-Size", str(SIZE)), ("ETag", '"%s"' % ("e" * 40)), ("Content-Length", "0")):
+                self.send_header(k, v)
+            return self.end_headers()
+        chunk = b"\0" * 65536
+        self.send_response(200)
+        if p[2] == "endless":
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(1 << 30))
+        self.end_headers()
+        try:
+            while True:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if p[2] == "endless" else chunk)
+        except Exception:
+            pass
+srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+srv.daemon_threads = True
+open(sys.argv[1] + ".tmp", "w").write(str(srv.server_address[1]))
+import os; os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+srv.serve_forever()
+PY
+
+test_expect_success 'a host that sends more than the announced size is cut off there: one line, partial file removed' '
+	python3 oversend.py evil.port 2>evil.err & EVIL=$! &&
+	for _ in $(seq 100); do [ -s evil.port ] && break; sleep 0.1; done &&
+	for r in endless biglen; do
+		# (a build that does not stop fails on the file size limit, not the disk)
+		(ulimit -f 10240; HF_ENDPOINT=http://127.0.0.1:$(cat evil.port) HF_HUB_CACHE=$TEST_TMP/evil \
+			timeout 60 bk-tokenize --model "$M" org/$r >/dev/null 2>e); rc=$?
+		test $rc -eq 1 && test $(grep -c "" e) -eq 1 &&
+		grep -q "org/$r train.parquet: the download host 127.0.0.1:$(cat evil.port) sent more than the 1000 bytes the hub announced" e &&
+		test -z "$(find evil -name "*.incomplete")" || { cat e; kill $EVIL; exit 1; }
+	done
+	kill $EVIL
 '
 
 test_expect_success 'the tool.s basic.yaml as it is (its hub id served by the stand-in): bk-bake --config' '

@@ -26,7 +26,9 @@ trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; rm -rf "$TEST_TMP"' EX
 for _ in $(seq 100); do [ -s port ] && break; sleep 0.1; done
 read -r HUBPORT CDNPORT <port || { echo "not ok - the hub server did not start"; cat server.err; exit 1; }
 export HF_ENDPOINT="http://127.0.0.1:$HUBPORT" HF_HUB_CACHE="$TEST_TMP/hub" HF_HOME="$TEST_TMP/hfhome"
-unset HF_TOKEN HF_HUB_OFFLINE HF_TOKEN_PATH HUGGINGFACE_HUB_CACHE
+unset HF_TOKEN HF_HUB_OFFLINE HF_TOKEN_PATH HUGGINGFACE_HUB_CACHE TRANSFORMERS_OFFLINE HF_DATASETS_OFFLINE
+unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY ALL_PROXY all_proxy
+export NO_PROXY=127.0.0.1 no_proxy=127.0.0.1
 C=hub/datasets--HuggingFaceH4--ultrachat_200k
 users() { bk-dump | jq -r .user; }
 
@@ -60,7 +62,90 @@ test_expect_success 'HF_HUB_OFFLINE=1: read from the cache with no request; a mi
 	HF_HUB_CACHE=$TEST_TMP/hub2 HF_HUB_OFFLINE=1 test_must_fail bk-tokenize --model "$M" \
 		--split "train_sft[:50%]" HuggingFaceH4/ultrachat_200k 2>e &&
 	test $(grep -c "" e) -eq 1 &&
-	grep -q "split .train_sft. has 2 shards, 1 of them here" e
+	grep -q "split .train_sft.: 1 of the 2 files it has are not in the cache (data/train_sft-00001-of-00002-0123abcd.parquet), and HF_HUB_OFFLINE is set" e
+'
+
+# a split in files that are not shards: train/part1..3.jsonl, 2 rows each
+mkdir -p root/datasets/org/parts/train
+for p in 1 2 3; do
+	for i in 1 2; do echo "{\"prompt\": \"part$p row$i\", \"response\": \"r\"}"; done >root/datasets/org/parts/train/part$p.jsonl
+done
+P=hub/datasets--org--parts
+
+test_expect_success 'offline, a split whose files an earlier slice fetched only in part is refused, naming the missing files' '
+	bk-tokenize --model "$M" --split "train[:2]" org/parts | users >p2 &&
+	printf "part1 row1\npart1 row2\n" >want && test_cmp want p2 &&
+	! test -e $P/snapshots/$(cat $P/refs/main)/train/part2.jsonl &&
+	test -s $P/.bakery-listing/$(cat $P/refs/main).json &&
+	HF_HUB_OFFLINE=1 bk-tokenize --model "$M" --split "train[:2]" org/parts | users >off2 && test_cmp p2 off2 &&
+	for s in train "train[:50%]" "train[-1:]"; do
+		HF_HUB_OFFLINE=1 test_must_fail bk-tokenize --model "$M" --split "$s" org/parts 2>e &&
+		test $(grep -c "" e) -eq 1 &&
+		grep -q "org/parts: split .train.: 2 of the 3 files it has are not in the cache (train/part2.jsonl, train/part3.jsonl), and HF_HUB_OFFLINE is set" e || exit 1
+	done &&
+	HF_HUB_OFFLINE=1 test_must_fail bk-tokenize --model "$M" --split "train[:3]" org/parts 2>e &&
+	grep -q "2 of the 3 files it has are not in the cache (train/part2.jsonl, train/part3.jsonl), and the rows asked for reach the first of them" e &&
+	bk-tokenize --model "$M" --split train org/parts | users >all && test $(grep -c "" all) -eq 6 &&
+	HF_HUB_OFFLINE=1 bk-tokenize --model "$M" --split train org/parts | users >offall && test_cmp all offall &&
+	HF_DATASETS_OFFLINE=1 bk-tokenize --model "$M" --split train org/parts | users >dsoff && test_cmp all dsoff &&
+	n=$(wc -l <root/requests.log) &&
+	HF_DATASETS_OFFLINE=1 bk-tokenize --model "$M" --split train org/parts >/dev/null &&
+	test $(wc -l <root/requests.log) -eq $n &&
+	HF_ENDPOINT=http://127.0.0.1:1 bk-tokenize --model "$M" --split train org/parts 2>e | users >nonet &&
+	test_cmp all nonet && grep -q "cannot be reached .*dataset org/parts: the cached snapshot" e &&
+	rm -r $P/.bakery-listing &&
+	HF_HUB_OFFLINE=1 test_must_fail bk-tokenize --model "$M" --split train org/parts 2>e &&
+	test $(grep -c "" e) -eq 1 &&
+	grep -q "dataset org/parts: the cache .* has no file listing of its commit .*give the snapshot directory" e &&
+	bk-tokenize --model "$M" --split train $P/snapshots/$(cat $P/refs/main) | users >dir && test_cmp all dir
+'
+
+mk() { # repo file...: each file one row whose prompt is its own path
+	d=root/datasets/org/$1; shift
+	for f in "$@"; do mkdir -p "$d/$(dirname "$f")"; echo "{\"prompt\": \"$f\", \"response\": \"r\"}" >"$d/$f"; done
+}
+mk lc train/a.jsonl test/b.jsonl train_extra.jsonl
+mk lh train.jsonl .old/train.jsonl __pycache__/train.jsonl
+mk la conversations.jsonl
+mk lb train.jsonl dev.jsonl
+mk csv data/train.csv
+
+test_expect_success 'the files of a split as datasets picks them, the same online and offline; other formats refused' '
+	for c in "lc train train/a.jsonl" "lh train train.jsonl" "la train conversations.jsonl" \
+		 "lb validation dev.jsonl" "lb train train.jsonl"; do
+		set -- $c &&
+		bk-tokenize --model "$M" --split $2 org/$1 | users >on &&
+		HF_HUB_OFFLINE=1 bk-tokenize --model "$M" --split $2 org/$1 | users >off &&
+		echo "$3" >want && test_cmp want on && test_cmp want off || exit 1
+	done &&
+	! grep -q "__pycache__\|\.old" root/requests.log &&
+	test_must_fail bk-tokenize --model "$M" --split train org/csv 2>e && test $(grep -c "" e) -eq 1 &&
+	grep -q "org/csv: split .train.: data/train.csv is a data file datasets reads, in a format bakery does not" e &&
+	test_must_fail bk-tokenize --model "$M" --split dev org/lb 2>e &&
+	grep -q "no data files for split .dev. (its splits: train, validation)" e
+'
+
+mkdir -p root/datasets/org/rows root/datasets/org/msgs
+cat >root/datasets/org/rows/train.jsonl <<'J'
+{"prompt": "P1", "question": "Q1", "response": "R1"}
+{"prompt": null, "question": "Q2", "response": "R2"}
+{"prompt": "", "question": "Q3", "response": "R3"}
+{"prompt": "P6", "question": null, "response": "   "}
+J
+cat >root/datasets/org/msgs/train.jsonl <<'J'
+{"messages":[{"role":"user","content":"A"},{"role":"assistant","content":"B"}]}
+{"messages":[{"role":"user","content":"D"},{"role":"user","content":""},{"role":"assistant","content":"E"}]}
+{"messages":[{"role":"user","content":"F"},{"role":"assistant","content":"  "}]}
+J
+
+test_expect_success 'rows the tool skips are skipped and counted: null/empty prompt column, blank responses, empty user turns' '
+	bk-tokenize --model "$M" org/rows 2>e | bk-dump | jq -c "[.user, .response]" >got &&
+	echo "[\"P1\",\"R1\"]" >want && test_cmp want got &&
+	grep -q "warning: skipped 2 rows with a null or empty prompt" e &&
+	grep -q "warning: dropped 1 sample with an empty response (or only white space" e &&
+	bk-tokenize --model "$M" org/msgs 2>e | bk-dump | jq -c "[.user, .response]" >got &&
+	echo "[\"A\",\"B\"]" >want && test_cmp want got &&
+	grep -q "warning: skipped 1 row with" e && grep -q "warning: dropped 1 sample" e
 '
 
 test_expect_success 'JSON Lines in a split directory; refusals in one line' '

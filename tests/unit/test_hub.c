@@ -90,11 +90,41 @@ static void test_cache_dir(void)
 	c = bk_hub_cache_dir();
 	CHECK(!strcmp(c, "/cache"), "%s", c);
 	free(c);
-	setenv("HF_HUB_OFFLINE", "true", 1);
-	CHECK(bk_hub_offline(), "offline true");
-	setenv("HF_HUB_OFFLINE", "0", 1);
-	CHECK(!bk_hub_offline(), "offline 0");
-	unsetenv("HF_HUB_OFFLINE");
+	/* huggingface_hub: HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE (Python's `or`: an empty
+	 * HF_HUB_OFFLINE gives way); datasets: HF_DATASETS_OFFLINE as well */
+	static const struct {
+		const char *hub, *tf, *ds, *model_var, *dataset_var;
+	} off[] = {
+		{"true", NULL, NULL, "HF_HUB_OFFLINE", "HF_HUB_OFFLINE"},
+		{"ON", NULL, NULL, "HF_HUB_OFFLINE", "HF_HUB_OFFLINE"},
+		{"0", NULL, NULL, NULL, NULL},
+		{"2", NULL, NULL, NULL, NULL},
+		{NULL, "1", NULL, "TRANSFORMERS_OFFLINE", "TRANSFORMERS_OFFLINE"},
+		{"", "yes", NULL, "TRANSFORMERS_OFFLINE", "TRANSFORMERS_OFFLINE"},
+		{"0", "1", NULL, NULL, NULL},
+		{NULL, NULL, "1", NULL, "HF_DATASETS_OFFLINE"},
+		{NULL, NULL, "TRUE", NULL, "HF_DATASETS_OFFLINE"},
+		{NULL, NULL, "0", NULL, NULL},
+		{"1", NULL, "0", "HF_HUB_OFFLINE", "HF_HUB_OFFLINE"},
+		{NULL, "1", "1", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"},
+		{NULL, NULL, NULL, NULL, NULL},
+	};
+	for (size_t i = 0; i < sizeof off / sizeof *off; i++) {
+		const char *names[] = {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"};
+		const char *vals[] = {off[i].hub, off[i].tf, off[i].ds};
+		for (int k = 0; k < 3; k++)
+			if (vals[k])
+				setenv(names[k], vals[k], 1);
+			else
+				unsetenv(names[k]);
+		const char *m = bk_hub_offline_var(BK_HUB_MODEL), *d = bk_hub_offline_var(BK_HUB_DATASET);
+		CHECK((!m && !off[i].model_var) || (m && off[i].model_var && !strcmp(m, off[i].model_var)),
+		      "offline case %zu: models: %s", i, m ? m : "online");
+		CHECK((!d && !off[i].dataset_var) ||
+			      (d && off[i].dataset_var && !strcmp(d, off[i].dataset_var)),
+		      "offline case %zu: datasets: %s", i, d ? d : "online");
+		CHECK(bk_hub_offline(BK_HUB_MODEL) == (m != NULL), "offline case %zu", i);
+	}
 }
 
 /* ---- against the loopback hub ---- */

@@ -78,49 +78,65 @@ static char *files_of(const char *const *paths, size_t n, const char *split, cha
 	return s;
 }
 
-static void expect_files(const char *const *paths, size_t n, const char *split,
-			 const char *want, const char *want_names)
-{
-	char *names;
-	char *got = files_of(paths, n, split, &names);
-	CHECK(!strcmp(got, want), "split %s: files '%s', want '%s'", split, got, want);
-	CHECK((!names && !want_names) || (names && want_names && !strcmp(names, want_names)),
-	      "split %s: names '%s', want '%s'", split, names ? names : "(none)",
-	      want_names ? want_names : "(none)");
-	free(got);
-	free(names);
-}
-
+/* every layout of tests/golden/hubdata/split_files.json: the files of each split
+ * (and of train/validation/test/nosuch) and the splits found, as datasets has them */
 static void check_files(void)
 {
-	/* ultrachat_200k's layout: sharded by split; "train" is not one of its splits */
-	static const char *const uc[] = {
-		"README.md", "data/train_sft-00001-of-00003-deadbeef.parquet",
-		"data/train_sft-00000-of-00003-a1b2.parquet", "data/test_sft-00000-of-00001.parquet",
-		"data/train_gen-00000-of-00003.parquet", ".gitattributes",
-		"data/train_sft-00002-of-00003.parquet"};
-	size_t n = sizeof uc / sizeof *uc;
-	const char *names = "train_sft, test_sft, train_gen";
-	expect_files(uc, n, "train_sft",
-		     "data/train_sft-00000-of-00003-a1b2.parquet "
-		     "data/train_sft-00001-of-00003-deadbeef.parquet "
-		     "data/train_sft-00002-of-00003.parquet",
-		     names);
-	expect_files(uc, n, "test_sft", "data/test_sft-00000-of-00001.parquet", names);
-	expect_files(uc, n, "train", "", names);
-	/* split directories and split names in file names */
-	static const char *const dirs[] = {
-		"default/train/0000.parquet", "default/train/0001.parquet", "default/test/0000.parquet",
-		"train.jsonl", "my_train-extra.json", "trainer.jsonl", "data/validation.parquet",
-		"train/notes.txt", "retrain.jsonl"};
-	n = sizeof dirs / sizeof *dirs;
-	expect_files(dirs, n, "train",
-		     "default/train/0000.parquet default/train/0001.parquet my_train-extra.json "
-		     "train.jsonl",
-		     NULL);
-	expect_files(dirs, n, "test", "default/test/0000.parquet", NULL);
-	expect_files(dirs, n, "validation", "data/validation.parquet", NULL);
-	expect_files(dirs, n, "dev", "", NULL);
+	json_error_t err;
+	json_t *root = json_load_file("tests/golden/hubdata/split_files.json", 0, &err);
+	if (!root)
+		BUG("split_files.json: %s", err.text);
+	size_t ci, ncase = 0;
+	json_t *c;
+	json_array_foreach(json_object_get(root, "cases"), ci, c) {
+		json_t *jp = json_object_get(c, "paths"), *splits = json_object_get(c, "splits");
+		size_t n = json_array_size(jp);
+		const char **paths = xcalloc(n + 1, sizeof *paths);
+		for (size_t i = 0; i < n; i++)
+			paths[i] = json_string_value(json_array_get(jp, i));
+		char *names = xstrdup("");
+		const char *k;
+		json_t *v;
+		json_object_foreach(splits, k, v) {
+			char *t = xasprintf("%s%s%s", names, *names ? ", " : "", k);
+			free(names);
+			names = t;
+		}
+		const char *extra[] = {"train", "validation", "test", "nosuch"};
+		for (size_t e = 0; e < json_object_size(splits) + 4; e++) {
+			const char *split = NULL;
+			if (e < json_object_size(splits)) {
+				size_t i = 0;
+				json_object_foreach(splits, k, v)
+					if (i++ == e)
+						split = k;
+			} else {
+				split = extra[e - json_object_size(splits)];
+			}
+			char *want = xstrdup("");
+			size_t i;
+			json_array_foreach(json_object_get(splits, split), i, v) {
+				char *t = xasprintf("%s%s%s", want, i ? " " : "", json_string_value(v));
+				free(want);
+				want = t;
+			}
+			char *got_names;
+			char *got = files_of(paths, n, split, &got_names);
+			CHECK(!strcmp(got, want), "layout %zu, split %s: files '%s', datasets '%s'", ci,
+			      split, got, want);
+			CHECK(!strcmp(got_names ? got_names : "", names),
+			      "layout %zu, split %s: splits '%s', datasets '%s'", ci, split,
+			      got_names ? got_names : "", names);
+			free(got);
+			free(got_names);
+			free(want);
+		}
+		free(names);
+		free(paths);
+		ncase++;
+	}
+	CHECK(ncase >= 15, "%zu layouts", ncase);
+	json_decref(root);
 }
 
 static char tmp[64];
@@ -243,14 +259,49 @@ static void check_load(void)
 	    "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", "
 	    "\"content\": \"u\"}, {\"role\": \"assistant\", \"content\": \"a\"}], \"system\": \"X\"}\n"
 	    "{\"prompt\": \"p\", \"system\": \"Y\", \"user_message\": \"um\"}\n");
-	load(&ds, "valid");
-	CHECK(ds.n == 2 && !strcmp(ds.v[0].prompt, "u") && !ds.v[0].system &&
-		      !strcmp(ds.v[1].prompt, "p") && !ds.v[1].system,
-	      "valid: %zu samples, system '%s'", ds.n, ds.n ? (ds.v[0].system ? ds.v[0].system : "") : "");
+	/* "valid" is one of datasets' names of the validation split; with a messages
+	 * column every row is a chat row (the tool's _load_hf): row 2 has none, skipped */
+	load(&ds, "validation");
+	CHECK(ds.n == 1 && ds.skipped == 1 && !strcmp(ds.v[0].prompt, "u") && !ds.v[0].system,
+	      "validation: %zu samples, %zu skipped, system '%s'", ds.n, ds.skipped,
+	      ds.n ? (ds.v[0].system ? ds.v[0].system : "") : "");
 	bk_dataset_free(&ds);
 	put("valid/v.jsonl", NULL, "{\"user_message\": \"um\"}\n");
-	c.spec = "valid";
-	bk_expect_die("user_message", do_load, &c, "repo: valid/v.jsonl: row 1: no prompt key", NULL);
+	c.spec = "validation";
+	bk_expect_die("user_message", do_load, &c,
+		      "repo: valid/v.jsonl: no messages and no prompt column (tried prompt, input, "
+		      "question, text, instruction); its columns: user_message", NULL);
+	/* the columns are chosen once, by presence (the tool's _load_hf): a null or empty
+	 * prompt skips the row, another column is not looked at */
+	put("valid/v.jsonl", NULL,
+	    "{\"prompt\": \"P1\", \"question\": \"Q1\", \"response\": \"R1\"}\n"
+	    "{\"prompt\": null, \"question\": \"Q2\", \"response\": \"R2\"}\n"
+	    "{\"prompt\": \"\", \"question\": \"Q3\", \"response\": \"R3\"}\n"
+	    "{\"question\": \"Q4\", \"response\": \"R4\"}\n"
+	    "{\"prompt\": \"P6\", \"question\": null, \"response\": \"   \"}\n");
+	load(&ds, "validation");
+	CHECK(ds.n == 2 && ds.skipped == 3 && !strcmp(ds.v[0].prompt, "P1") &&
+		      !strcmp(ds.v[1].prompt, "P6") && !strcmp(ds.v[1].response, "   "),
+	      "columns once: %zu samples, %zu skipped", ds.n, ds.skipped);
+	bk_dataset_free(&ds);
+	put("valid/v.jsonl", NULL,
+	    "{\"messages\":[{\"role\":\"user\",\"content\":\"A\"},{\"role\":\"assistant\",\"content\":\"B\"}]}\n"
+	    "{\"messages\":[{\"role\":\"user\",\"content\":\"D\"},{\"role\":\"user\",\"content\":\"\"},"
+	    "{\"role\":\"assistant\",\"content\":\"E\"}]}\n"
+	    "{\"messages\":[{\"role\":\"user\",\"content\":\"F\"},{\"role\":\"assistant\",\"content\":\" \\u3000\\n\"}]}\n");
+	load(&ds, "validation");
+	/* A/B; D..E: the nearest user turn is empty; F's answer is white space (a
+	 * prompt-only sample of F, dropped by bk-tokenize in a paired dataset) */
+	CHECK(ds.n == 2 && ds.skipped == 1 && !strcmp(ds.v[0].prompt, "A") &&
+		      !strcmp(ds.v[0].response, "B") && !strcmp(ds.v[1].prompt, "F") &&
+		      !ds.v[1].response,
+	      "messages: %zu samples, %zu skipped", ds.n, ds.skipped);
+	bk_dataset_free(&ds);
+	/* a format datasets reads and bakery does not: refused, naming it */
+	put("valid/w.csv", NULL, "prompt\nx\n");
+	bk_expect_die("csv", do_load, &c,
+		      "repo: split 'validation': valid/w.csv is a data file datasets reads, in a "
+		      "format bakery does not", NULL);
 	/* a bad row names the file and the row */
 	put("train/a.jsonl", NULL, "{\"prompt\": \"j1\"}\n{\"prompt\": 3}\n");
 	c.spec = "train[:2]";

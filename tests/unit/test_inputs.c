@@ -167,15 +167,36 @@ static void test_json_shapes(void)
 	check_sample(&ds, 3, "p4", NULL, NULL, "objects"); /* its huge "id" is no error */
 	bk_dataset_free(&ds);
 
-	/* first present non-null key wins; both lists in their documented order */
+	/* the first present key wins, null or not (the tool's nested item.get); both
+	 * lists in their documented order; a null prompt skips the row (record 3) */
 	load(&ds, D "precedence.json", BK_FMT_AUTO);
-	CHECK(ds.n == 5 && ds.paired, "precedence: n %zu", ds.n);
+	CHECK(ds.n == 4 && ds.paired && ds.skipped == 1, "precedence: n %zu skipped %zu", ds.n,
+	      ds.skipped);
 	check_sample(&ds, 0, "p", "r", NULL, "precedence");
 	check_sample(&ds, 1, "u", "c", NULL, "precedence");
-	check_sample(&ds, 2, "q", "a", NULL, "precedence");
-	check_sample(&ds, 3, "t", "an", NULL, "precedence");
-	check_sample(&ds, 4, "ins", NULL, "row system", "precedence");
+	check_sample(&ds, 2, "t", "an", NULL, "precedence");
+	check_sample(&ds, 3, "ins", NULL, "row system", "precedence");
 	bk_dataset_free(&ds);
+
+	/* rows the tool's _load_json skips: null or empty prompt (not the next key);
+	 * a white-space response is kept here (bk-tokenize drops it, as the trainer) */
+	load(&ds, D "skip.json", BK_FMT_AUTO);
+	CHECK(ds.n == 2 && ds.paired && ds.skipped == 3, "skip: n %zu skipped %zu", ds.n,
+	      ds.skipped);
+	check_sample(&ds, 0, "P", " ", NULL, "skip");
+	check_sample(&ds, 1, "Q5", NULL, NULL, "skip");
+	bk_dataset_free(&ds);
+	/* chat rows: the nearest user turn must be non-empty, the answer non-blank */
+	load(&ds, D "skip_chat.jsonl", BK_FMT_AUTO);
+	CHECK(ds.n == 3 && ds.paired && ds.skipped == 2, "skip_chat: n %zu skipped %zu", ds.n,
+	      ds.skipped);
+	check_sample(&ds, 0, "A", "B", NULL, "skip_chat");
+	check_sample(&ds, 1, "F", NULL, NULL, "skip_chat");
+	check_sample(&ds, 2, " ", "H", NULL, "skip_chat");
+	bk_dataset_free(&ds);
+	CHECK(bk_text_blank("") && bk_text_blank(" \t\r\n\v\f\x1c\xc2\x85\xc2\xa0\xe3\x80\x80"),
+	      "blank: Python's white space");
+	CHECK(!bk_text_blank("\xe2\x80\x8b") && !bk_text_blank(" x "), "blank: others");
 }
 
 static void test_wrappers(void)
@@ -362,7 +383,8 @@ static void test_data_errors(void)
 	load_dies(D "err_row.json", BK_FMT_AUTO, "err_row.json: record 2: not a string or an object");
 	load_dies(D "err_scalar.json", BK_FMT_AUTO, "err_scalar.json: the top level is not a list");
 	load_dies(D "err_nouser.jsonl", BK_FMT_AUTO,
-		  "err_nouser.jsonl: line 1: key 'messages' has no user message");
+		  "err_nouser.jsonl: no samples (every row skipped: null or empty prompt, or no "
+		  "user/assistant pair)");
 	load_dies(D "err_role.json", BK_FMT_AUTO,
 		  "err_role.json: record 1: messages[0]: key 'role' is not a string");
 	load_dies(D "err_content.json", BK_FMT_AUTO,
