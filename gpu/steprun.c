@@ -1388,7 +1388,8 @@ int bk_step_run(const bk_step_opts *o)
 	if (o->resume) {
 		bk_trainer_resume(R.tr, R.lm.cfg, o->resume, &R.prog, R.set, R.n_set);
 		check_progress(&R, is_file ? &fx : NULL);
-		if (!R.dist.rank && is_file) /* a pipe's once its records are checked */
+		/* a pipe's once its records are checked, unless nothing is left to train */
+		if (!R.dist.rank && (is_file || (R.total && R.tr->step >= R.total)))
 			fprintf(stderr, "%s: resuming from %s at step %lld\n", bk_prog, o->resume,
 				(long long)R.tr->step);
 		R.last_saved = R.tr->step;
