@@ -4,6 +4,7 @@
 #include "inputs.h"
 #include "common/diag.h"
 #include "common/files.h"
+#include "formats/bakeout.h"
 #include "formats/msgjson.h"
 
 #include <jansson.h>
@@ -92,33 +93,13 @@ static int is_blank(const char *s, size_t n)
 	return 1;
 }
 
-/* Python's str.isspace() for one code point */
-static int py_space(unsigned c)
-{
-	return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
-	       c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
-	       c == 0x202f || c == 0x205f || c == 0x3000;
-}
-
+/* Python's s.strip() == "": the bake's strip (bakeout.c), not a copy of it */
 int bk_text_blank(const char *s)
 {
-	const unsigned char *p = (const unsigned char *)s;
-	while (*p) {
-		unsigned c = *p;
-		int n = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
-		if (n > 1) {
-			c &= 0x7fu >> n;
-			for (int i = 1; i < n; i++) {
-				if ((p[i] & 0xc0) != 0x80)
-					return 0; /* not UTF-8: not white space either */
-				c = (c << 6) | (p[i] & 0x3f);
-			}
-		}
-		if (!py_space(c))
-			return 0;
-		p += n;
-	}
-	return 1;
+	char *t = bk_bake_strip(s);
+	int blank = !*t;
+	free(t);
+	return blank;
 }
 
 /* valid UTF-8 without NUL bytes (jansson's checker, through json_stringn) */

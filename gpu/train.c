@@ -697,7 +697,9 @@ static double get_amount(const char *path, json_t *pr, const char *key, double l
 	if (!json_is_number(v))
 		die("%s: key 'progress.%s' is missing or not a number", path, key);
 	double x = json_number_value(v);
-	if (!isfinite(x) || x < lo)
+	if (!isfinite(x))
+		die("%s: key 'progress.%s' is %g, not a finite number", path, key, x);
+	if (x < lo)
 		die("%s: key 'progress.%s' is %g, below 0", path, key, x);
 	return x;
 }
