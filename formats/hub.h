@@ -76,7 +76,10 @@ char *bk_hub_snapshot_dir(bk_hub_kind kind, const char *id, const char *commit);
  * first when the cache does not have it (HEAD on resolve/, then the bytes, from the
  * CDN the hub redirects to for LFS files).  Offline (or no connection): from the cache
  * only.  optional: NULL when the hub has no such file (.no_exist is written and read);
- * otherwise that dies. */
+ * otherwise that dies.  The bytes are capped at the size HEAD announced (a transfer
+ * that grows past it is stopped, the partial file removed); only a 200 or 206 body is
+ * written to the partial file (blobs/ETAG.incomplete): any other answer leaves it as it
+ * was and dies naming the URL (no query) and the status. */
 char *bk_hub_file(bk_hub_kind kind, const char *id, const char *revision, const char *file,
 		  int optional);
 

@@ -10,9 +10,10 @@ set -o pipefail
 command -v python3 >/dev/null || { echo "not ok - python3 is needed"; exit 1; }
 
 mkdir -p root/models/tiny/stories260K root/models/tiny/gated root/models/tiny/private \
-	root/models/tiny/corrupt root/models/tiny/cut root/models/tiny/nosafe root/models/tiny/expired
+	root/models/tiny/corrupt root/models/tiny/cut root/models/tiny/nosafe root/models/tiny/expired \
+	root/models/tiny/rangefail
 mkdir -p root/models/Qwen/Qwen3-0.6B
-for r in tiny/stories260K tiny/gated tiny/private tiny/corrupt tiny/cut tiny/expired Qwen/Qwen3-0.6B; do
+for r in tiny/stories260K tiny/gated tiny/private tiny/corrupt tiny/cut tiny/expired tiny/rangefail Qwen/Qwen3-0.6B; do
 	cp "$M"/* root/models/$r/
 done
 cp "$M"/config.json "$M"/tokenizer.model root/models/tiny/nosafe/
@@ -22,6 +23,8 @@ echo good-token >root/models/tiny/private/.private
 echo model.safetensors >root/models/tiny/corrupt/.corrupt
 echo 4096 >root/models/tiny/cut/.cut
 touch root/models/tiny/expired/.expired
+echo 4096 >root/models/tiny/rangefail/.cut
+touch root/models/tiny/rangefail/.rangefail
 python3 "$ROOT/tests/hubserver.py" --root root --port-file port 2>server.err &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; rm -rf "$TEST_TMP"' EXIT
@@ -219,6 +222,19 @@ test_expect_success 'a partial download is kept and resumed with a Range request
 	tok tiny/cut >c && test_cmp ids c &&
 	grep -q "^cdn GET /blob/models/tiny/cut/tokenizer.model.* range=bytes=4096-" root/requests.log &&
 	test -z "$(find hub/models--tiny--cut -name "*.incomplete")"
+'
+
+test_expect_success 'an error answer to a resumed download leaves the partial file as it was, naming the URL and status' '
+	test_must_fail bk-tokenize --model tiny/rangefail --prompt x 2>e &&
+	grep -q "download failed after 4096 bytes" e &&
+	part=$(ls hub/models--tiny--rangefail/blobs/*.incomplete | head -1) && test $(wc -c <"$part") -eq 4096 &&
+	test_must_fail bk-tokenize --model tiny/rangefail --prompt x 2>e && test $(grep -c "" e) -eq 1 &&
+	grep -q "tiny/rangefail tokenizer.model: the download host answered HTTP 503 for http://127.0.0.1:$CDNPORT/blob/models/tiny/rangefail/tokenizer.model; the partial file keeps its 4096 bytes" e &&
+	! grep -q "sig=" e &&
+	test $(wc -c <"$part") -eq 4096 && head -c 4096 "$M"/tokenizer.model | cmp - "$part" &&
+	tok tiny/rangefail >rf && test_cmp ids rf &&
+	test $(grep -c "^cdn GET /blob/models/tiny/rangefail/tokenizer.model.* range=bytes=4096-" root/requests.log) -eq 2 &&
+	test -z "$(find hub/models--tiny--rangefail -name "*.incomplete")"
 '
 
 test_expect_success 'a download waits for the lock of another process on the same blob' '
