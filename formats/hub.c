@@ -958,8 +958,9 @@ static char *file_offline(bk_hub_kind kind, const char *id, const char *rev, con
 	return p;
 }
 
-char *bk_hub_file(bk_hub_kind kind, const char *id, const char *revision, const char *file,
-		  int optional)
+/* bk_hub_file, with the size the repo's listing gives the file (-1: none) */
+static char *hub_file(bk_hub_kind kind, const char *id, const char *revision, const char *file,
+		      int optional, int64_t listed_size)
 {
 	const char *rev = revision ? revision : "main";
 	if (!bk_hub_is_id(id))
@@ -1044,6 +1045,14 @@ char *bk_hub_file(bk_hub_kind kind, const char *id, const char *revision, const 
 			char *label = xasprintf("%s %s", id, file);
 			bk_mkdir_p(bdir);
 			/* an LFS file: the redirect's Location is the CDN's signed URL */
+			/* the cap: the listing's size when it has one (an answer that announces
+			 * more is refused before a byte comes), else what HEAD announced */
+			if (listed_size >= 0 && size > listed_size)
+				die("%s: the hub announces %lld bytes, over the %lld its file listing "
+				    "gives: refused before downloading", label, (long long)size,
+				    (long long)listed_size);
+			if (listed_size >= 0)
+				size = listed_size;
 			char *get = m.status >= 300 && m.status < 400 && m.location
 					    ? join_location(url, m.location)
 					    : xstrdup(url);
@@ -1061,6 +1070,22 @@ out:
 	meta_clear(&m);
 	free(page), free(tok), free(url), free(qfile), free(qrev), free(ep), free(rdir);
 	return result;
+}
+
+char *bk_hub_file(bk_hub_kind kind, const char *id, const char *revision, const char *file,
+		  int optional)
+{
+	return hub_file(kind, id, revision, file, optional, -1);
+}
+
+char *bk_hub_file_listed(bk_hub_kind kind, const char *id, const char *revision,
+			 const char *file, int optional, const bk_hub_listing *l)
+{
+	int64_t size = -1;
+	for (size_t i = 0; l && i < l->n; i++)
+		if (!strcmp(l->v[i].path, file))
+			size = l->v[i].size;
+	return hub_file(kind, id, revision, file, optional, size);
 }
 
 /* ---- a repo's listing, snapshots ---- */
@@ -1290,7 +1315,7 @@ char *bk_hub_snapshot(bk_hub_kind kind, const char *id, const char *revision,
 	}
 	for (size_t i = 0; i < l.n; i++)
 		if (matches(l.v[i].path, patterns))
-			free(bk_hub_file(kind, id, l.commit, l.v[i].path, 0));
+			free(hub_file(kind, id, l.commit, l.v[i].path, 0, l.v[i].size));
 	char *rdir = repo_dir(kind, id), *snap = xasprintf("%s/snapshots/%s", rdir, l.commit);
 	bk_mkdir_p(snap);
 	free(rdir);
@@ -1339,9 +1364,9 @@ char *bk_hub_model_dir(const char *arg, const char *revision)
 			    arg, rev);
 		for (int i = 0; model_files[i]; i++)
 			if (listed(&l, model_files[i]))
-				free(bk_hub_file(BK_HUB_MODEL, arg, l.commit, model_files[i], 0));
+				free(bk_hub_file_listed(BK_HUB_MODEL, arg, l.commit, model_files[i], 0, &l));
 		if (listed(&l, idx)) {
-			char *ip = bk_hub_file(BK_HUB_MODEL, arg, l.commit, idx, 0);
+			char *ip = bk_hub_file_listed(BK_HUB_MODEL, arg, l.commit, idx, 0, &l);
 			json_error_t err;
 			json_t *j = json_load_file(ip, 0, &err);
 			json_t *wm = j ? json_object_get(j, "weight_map") : NULL;
@@ -1365,13 +1390,13 @@ char *bk_hub_model_dir(const char *arg, const char *revision)
 				if (!listed(&l, shards.v[i]))
 					die("%s names shard '%s', which model %s does not have", ip,
 					    shards.v[i], arg);
-				free(bk_hub_file(BK_HUB_MODEL, arg, l.commit, shards.v[i], 0));
+				free(bk_hub_file_listed(BK_HUB_MODEL, arg, l.commit, shards.v[i], 0, &l));
 			}
 			free(shards.v);
 			json_decref(j);
 			free(ip);
 		} else {
-			free(bk_hub_file(BK_HUB_MODEL, arg, l.commit, "model.safetensors", 0));
+			free(bk_hub_file_listed(BK_HUB_MODEL, arg, l.commit, "model.safetensors", 0, &l));
 		}
 		char *rdir = repo_dir(BK_HUB_MODEL, arg);
 		snap = xasprintf("%s/snapshots/%s", rdir, l.commit);

@@ -83,6 +83,12 @@ char *bk_hub_snapshot_dir(bk_hub_kind kind, const char *id, const char *commit);
 char *bk_hub_file(bk_hub_kind kind, const char *id, const char *revision, const char *file,
 		  int optional);
 
+/* The same, for a file of listing l (bk_hub_list): the size l gives it (when it gives
+ * one) caps the download: an answer that announces more is refused before downloading,
+ * and the transfer stops at that size; without one, the size HEAD announced. */
+char *bk_hub_file_listed(bk_hub_kind kind, const char *id, const char *revision,
+			 const char *file, int optional, const bk_hub_listing *l);
+
 /* The snapshot directory (malloc'd) of the repo at revision, holding at least every
  * file whose repo path matches one of patterns (NULL-terminated, Python fnmatch as
  * huggingface_hub's allow_patterns: '*' also matches '/'; NULL patterns: every file).

@@ -1238,6 +1238,7 @@ typedef struct {
 	char **paths;           /* the repo's files, relative */
 	size_t npaths;
 	const char *id, *commit; /* hub repos */
+	const bk_hub_listing *listing; /* online: the sizes that cap each download */
 	int fetch;               /* online: bk_hub_file fetches a file before it is read */
 	const char *why;         /* hub repos read offline: why ("HF_HUB_OFFLINE is set ...") */
 	int have_cols;           /* the columns, chosen from the first file opened */
@@ -1447,7 +1448,8 @@ static void check_cached(const repo_ctx *r, const char *split, char **files, siz
 /* fetches (hub) and opens one file of a split */
 static void open_split_file(repo_ctx *r, split_file *f, const char *file)
 {
-	f->path = r->fetch ? bk_hub_file(BK_HUB_DATASET, r->id, r->commit, file, 0)
+	f->path = r->fetch ? bk_hub_file_listed(BK_HUB_DATASET, r->id, r->commit, file, 0,
+						r->listing)
 			   : bk_path_join(r->dir, file);
 	file_open(r, f);
 }
@@ -1466,7 +1468,8 @@ static void read_readme(repo_ctx *r)
 	if (r->id && !r->fetch && !cached(r, "README.md"))
 		die("%s: README.md (its configs: say which files a split has) is not in the "
 		    "cache, and %s: read it online once", r->what, r->why);
-	char *p = r->fetch ? bk_hub_file(BK_HUB_DATASET, r->id, r->commit, "README.md", 0)
+	char *p = r->fetch ? bk_hub_file_listed(BK_HUB_DATASET, r->id, r->commit, "README.md", 0,
+						r->listing)
 			   : bk_path_join(r->dir, "README.md");
 	live_readme = r->readme = bk_read_file(p, &r->readme_len);
 	free(p);
@@ -1629,7 +1632,7 @@ void bk_dataset_load_hub(bk_dataset *ds, const char *id, const char *revision,
 	for (size_t i = 0; i < l.n; i++)
 		paths[i] = xstrdup(l.v[i].path);
 	repo_ctx r = {.what = id, .dir = snap, .paths = paths, .npaths = l.n, .id = id,
-		      .commit = l.commit, .fetch = fetch, .why = why};
+		      .commit = l.commit, .fetch = fetch, .why = why, .listing = &l};
 	load_spec(ds, &r, spec);
 	free_paths(&r);
 	bk_hub_listing_free(&l);

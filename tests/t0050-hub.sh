@@ -84,6 +84,9 @@ test_expect_success 'TRANSFORMERS_OFFLINE=1 is offline too, as huggingface_hub r
 
 # A download host that sends more than the hub announced (X-Linked-Size): an endless
 # chunked stream, and a Content-Length over the size.  The transfer must stop there.
+# Repos named listed*: the listing gives the size (1000); listedover's HEAD announces
+# 5000 (refused before any request to the host), listednosize's none (the listing's
+# size caps the stream).  Every request is logged to PORTFILE.log.
 cat >oversend.py <<'PY'
 import hashlib, json, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -94,28 +97,35 @@ class H(BaseHTTPRequestHandler):
     def do_HEAD(self): self.route()
     def do_GET(self): self.route()
     def route(self):
+        with open(sys.argv[1] + ".log", "a") as f:
+            f.write("%s %s\n" % (self.command, self.path))
         p = self.path.split("?")[0].split("/")
         if p[1] == "api":  # /api/datasets/org/NAME/revision/main
-            body = json.dumps({"sha": COMMIT, "siblings": [{"rfilename": "train.parquet"}]}).encode()
+            sib = {"rfilename": "train.parquet"}
+            if p[4].startswith("listed"):
+                sib["size"] = SIZE
+            body = json.dumps({"sha": COMMIT, "siblings": [sib]}).encode()
             self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
             return self.wfile.write(body)
         if p[1] == "datasets":  # HEAD /datasets/org/NAME/resolve/main/train.parquet
             self.send_response(302)
             self.send_header("Location", "http://127.0.0.1:%d/cdn/%s" % (self.server.server_address[1], p[3]))
-            for k, v in (("X-Repo-Commit", COMMIT), ("X-Linked-Etag", '"%s"' % ETAG),
-                         ("X-Linked-Size", str(SIZE)), ("ETag", '"%s"' % ("e" * 40)), ("Content-Length", "0")):
+            h = [("X-Repo-Commit", COMMIT), ("X-Linked-Etag", '"%s"' % ETAG), ("ETag", '"%s"' % ("e" * 40))]
+            if p[3] != "listednosize":
+                h += [("X-Linked-Size", str(5 * SIZE if p[3] == "listedover" else SIZE)), ("Content-Length", "0")]
+            for k, v in h:
                 self.send_header(k, v)
             return self.end_headers()
         chunk = b"\0" * 65536
         self.send_response(200)
-        if p[2] == "endless":
+        if p[2] != "biglen":
             self.send_header("Transfer-Encoding", "chunked")
         else:
             self.send_header("Content-Length", str(1 << 30))
         self.end_headers()
         try:
             while True:
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if p[2] == "endless" else chunk)
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if p[2] != "biglen" else chunk)
         except Exception:
             pass
 srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
@@ -136,6 +146,23 @@ test_expect_success 'a host that sends more than the announced size is cut off t
 		grep -q "org/$r train.parquet: the download host 127.0.0.1:$(cat evil.port) sent more than the 1000 bytes the hub announced" e &&
 		test -z "$(find evil -name "*.incomplete")" || { cat e; kill $EVIL; exit 1; }
 	done
+	kill $EVIL
+'
+
+test_expect_success 'the listing.s size caps a download: more announced is refused before it starts; a stream is cut there' '
+	python3 oversend.py listed.port 2>listed.err & EVIL=$! &&
+	for _ in $(seq 100); do [ -s listed.port ] && break; sleep 0.1; done &&
+	E=http://127.0.0.1:$(cat listed.port) &&
+	(ulimit -f 10240; HF_ENDPOINT=$E HF_HUB_CACHE=$TEST_TMP/evil2 \
+		timeout 60 bk-tokenize --model "$M" org/listedover >/dev/null 2>e); rc=$? &&
+	test $rc -eq 1 && test $(grep -c "" e) -eq 1 &&
+	grep -q "org/listedover train.parquet: the hub announces 5000 bytes, over the 1000 its file listing gives: refused before downloading" e &&
+	! grep -q "GET /cdn/listedover" listed.port.log && test -z "$(find evil2 -name "*.incomplete")" &&
+	(ulimit -f 10240; HF_ENDPOINT=$E HF_HUB_CACHE=$TEST_TMP/evil2 \
+		timeout 60 bk-tokenize --model "$M" org/listednosize >/dev/null 2>e); rc=$? &&
+	test $rc -eq 1 && test $(grep -c "" e) -eq 1 &&
+	grep -q "org/listednosize train.parquet: the download host 127.0.0.1:$(cat listed.port) sent more than the 1000 bytes the hub announced" e &&
+	grep -q "GET /cdn/listednosize" listed.port.log && test -z "$(find evil2 -name "*.incomplete")" || { cat e; kill $EVIL; exit 1; }
 	kill $EVIL
 '
 
