@@ -642,9 +642,13 @@ static size_t to_mem(char *p, size_t sz, size_t nm, void *ud)
 /* ---- downloading one blob ---- */
 
 typedef struct {
-	FILE *f;
-	int err;  /* errno of a failed write */
-	int over; /* more bytes came than total: the transfer was stopped */
+	FILE *f;          /* the partial file, opened at the first byte it may take */
+	const char *part; /* its path */
+	int append;       /* resumed: bytes go after what it has */
+	CURL *c;
+	long status;      /* the answer whose body came: only 200 and 206 are written */
+	int err;          /* errno of a failed open or write */
+	int over;         /* more bytes came than total: the transfer was stopped */
 	const char *label;
 	int64_t have, total;
 	double t0, last;
@@ -662,8 +666,18 @@ static size_t to_file(char *p, size_t sz, size_t nm, void *ud)
 {
 	dl_state *d = ud;
 	size_t n = sz * nm;
+	/* only the body of a 200 (from the start) or a 206 (the range asked for) is the
+	 * file's bytes: an error page, or a 200 to a Range request, never reaches the
+	 * partial file (returning short stops the transfer) */
+	curl_easy_getinfo(d->c, CURLINFO_RESPONSE_CODE, &d->status);
+	if (d->status != 206 && !(d->status == 200 && !d->append))
+		return 0;
+	if (!d->f && !(d->f = fopen(d->part, d->append ? "ab" : "wb"))) {
+		d->err = errno;
+		return 0;
+	}
 	/* never more than the hub announced: a host that streams on must not fill the
-	 * disk (returning short stops the transfer) */
+	 * disk */
 	if (d->total >= 0 && (int64_t)n > d->total - d->have) {
 		d->over = 1;
 		return 0;
@@ -744,9 +758,6 @@ static void fetch_blob(const char *url, const char *hub_url, const char *tok, co
 		int64_t have = stat(part, &st) == 0 ? (int64_t)st.st_size : 0;
 		if (size >= 0 && have > size)
 			have = 0; /* longer than the file: not a prefix of it */
-		FILE *f = fopen(part, have ? "ab" : "wb");
-		if (!f)
-			die_write(part, errno);
 		/* the CDN's URL is signed: Authorization only to the hub's own host */
 		struct curl_slist *h = auth_headers(same_host(url, hub_url) ? tok : NULL);
 		char range[64];
@@ -758,8 +769,8 @@ static void fetch_blob(const char *url, const char *hub_url, const char *tok, co
 		memset(&m, 0, sizeof m);
 		meta_clear(&m);
 		CURL *c = easy(url, h, &m);
-		dl_state d = {.f = f, .label = label, .have = have, .total = size, .t0 = mono(),
-			      .tty = progress_on()};
+		dl_state d = {.part = part, .append = have > 0, .c = c, .label = label,
+			      .have = have, .total = size, .t0 = mono(), .tty = progress_on()};
 		curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
 		curl_easy_setopt(c, CURLOPT_MAXREDIRS, 10L);
 		curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, to_file);
@@ -775,24 +786,49 @@ static void fetch_blob(const char *url, const char *hub_url, const char *tok, co
 		CURLcode rc = curl_easy_perform(c);
 		long status = 0;
 		curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+		char *eff = NULL;
+		if (!curl_easy_getinfo(c, CURLINFO_EFFECTIVE_URL, &eff) && eff)
+			eff = xstrndup(eff, strcspn(eff, "?#")); /* not the signature */
+		else
+			eff = xstrndup(url, strcspn(url, "?#"));
 		curl_easy_cleanup(c);
 		curl_slist_free_all(h);
-		if (fflush(f) && !d.err)
+		/* a 200/206 answer with no body: the (empty) file is still made */
+		if (!d.f && !d.err && rc == CURLE_OK && (status == 206 || (status == 200 && !have)) &&
+		    !(d.f = fopen(part, have ? "ab" : "wb")))
 			d.err = errno;
-		if (fclose(f) && !d.err)
+		if (d.f && fflush(d.f) && !d.err)
+			d.err = errno;
+		if (d.f && fclose(d.f) && !d.err)
 			d.err = errno;
 		if (d.err)
 			die_write(part, d.err);
-		/* a server that ignored Range sends it all after what we had (stopped as too
-		 * long, or whole); 416: a stale partial file.  Either way: once more from the
-		 * start */
+		int bad_status = status && status != 206 && !(status == 200 && !have);
+		/* a server that ignored Range answers 200 (nothing of it written); 416: a stale
+		 * partial file.  Either way: once more from the start */
 		int over = d.over || rc == CURLE_FILESIZE_EXCEEDED;
-		if (attempt == 0 && ((have && status == 200 && (rc == CURLE_OK || over)) ||
-				     (rc == CURLE_OK && status == 416))) {
+		if (attempt == 0 && ((have && status == 200) || status == 416)) {
+			free(eff);
 			if (truncate(part, 0))
 				die_write(part, errno);
 			meta_clear(&m);
 			continue;
+		}
+		if (bad_status) {
+			/* the partial file is as it was: an error page is no part of the file */
+			if (d.drawn && d.tty)
+				fputc('\n', stderr);
+			m.status = status;
+			if (same_host(eff, hub_url) && (m.error_code || status == 401 ||
+							 status == 403 || status == 404))
+				hub_http_die(q, &m, rev); /* gated, private, gone: the hub's words */
+			meta_clear(&m);
+			char kept[64] = "";
+			if (have)
+				snprintf(kept, sizeof kept, "; the partial file keeps its %lld bytes",
+					 (long long)have);
+			die("%s: the download host answered HTTP %ld for %s%s (run again; the hub "
+			    "signs a new URL each time)", label, status, eff, kept);
 		}
 		if (rc != CURLE_OK && !over) {
 			if (d.drawn && d.tty)
@@ -802,14 +838,7 @@ static void fetch_blob(const char *url, const char *hub_url, const char *tok, co
 			    "by the next run)",
 			    label, (long long)d.have, curl_easy_strerror(rc), part);
 		}
-		if (status >= 400) {
-			m.status = status;
-			if (same_host(url, hub_url))
-				hub_http_die(q, &m, rev);
-			meta_clear(&m);
-			die("%s: the download host answered HTTP %ld (run again; the hub signs a "
-			    "new URL each time)", label, status);
-		}
+		free(eff);
 		if (over) {
 			if (d.drawn && d.tty)
 				fputc('\n', stderr);
@@ -929,8 +958,9 @@ static char *file_offline(bk_hub_kind kind, const char *id, const char *rev, con
 	return p;
 }
 
-char *bk_hub_file(bk_hub_kind kind, const char *id, const char *revision, const char *file,
-		  int optional)
+/* bk_hub_file, with the size the repo's listing gives the file (-1: none) */
+static char *hub_file(bk_hub_kind kind, const char *id, const char *revision, const char *file,
+		      int optional, int64_t listed_size)
 {
 	const char *rev = revision ? revision : "main";
 	if (!bk_hub_is_id(id))
@@ -1015,6 +1045,14 @@ char *bk_hub_file(bk_hub_kind kind, const char *id, const char *revision, const 
 			char *label = xasprintf("%s %s", id, file);
 			bk_mkdir_p(bdir);
 			/* an LFS file: the redirect's Location is the CDN's signed URL */
+			/* the cap: the listing's size when it has one (an answer that announces
+			 * more is refused before a byte comes), else what HEAD announced */
+			if (listed_size >= 0 && size > listed_size)
+				die("%s: the hub announces %lld bytes, over the %lld its file listing "
+				    "gives: refused before downloading", label, (long long)size,
+				    (long long)listed_size);
+			if (listed_size >= 0)
+				size = listed_size;
 			char *get = m.status >= 300 && m.status < 400 && m.location
 					    ? join_location(url, m.location)
 					    : xstrdup(url);
@@ -1032,6 +1070,22 @@ out:
 	meta_clear(&m);
 	free(page), free(tok), free(url), free(qfile), free(qrev), free(ep), free(rdir);
 	return result;
+}
+
+char *bk_hub_file(bk_hub_kind kind, const char *id, const char *revision, const char *file,
+		  int optional)
+{
+	return hub_file(kind, id, revision, file, optional, -1);
+}
+
+char *bk_hub_file_listed(bk_hub_kind kind, const char *id, const char *revision,
+			 const char *file, int optional, const bk_hub_listing *l)
+{
+	int64_t size = -1;
+	for (size_t i = 0; l && i < l->n; i++)
+		if (!strcmp(l->v[i].path, file))
+			size = l->v[i].size;
+	return hub_file(kind, id, revision, file, optional, size);
 }
 
 /* ---- a repo's listing, snapshots ---- */
@@ -1261,7 +1315,7 @@ char *bk_hub_snapshot(bk_hub_kind kind, const char *id, const char *revision,
 	}
 	for (size_t i = 0; i < l.n; i++)
 		if (matches(l.v[i].path, patterns))
-			free(bk_hub_file(kind, id, l.commit, l.v[i].path, 0));
+			free(hub_file(kind, id, l.commit, l.v[i].path, 0, l.v[i].size));
 	char *rdir = repo_dir(kind, id), *snap = xasprintf("%s/snapshots/%s", rdir, l.commit);
 	bk_mkdir_p(snap);
 	free(rdir);
@@ -1310,9 +1364,9 @@ char *bk_hub_model_dir(const char *arg, const char *revision)
 			    arg, rev);
 		for (int i = 0; model_files[i]; i++)
 			if (listed(&l, model_files[i]))
-				free(bk_hub_file(BK_HUB_MODEL, arg, l.commit, model_files[i], 0));
+				free(bk_hub_file_listed(BK_HUB_MODEL, arg, l.commit, model_files[i], 0, &l));
 		if (listed(&l, idx)) {
-			char *ip = bk_hub_file(BK_HUB_MODEL, arg, l.commit, idx, 0);
+			char *ip = bk_hub_file_listed(BK_HUB_MODEL, arg, l.commit, idx, 0, &l);
 			json_error_t err;
 			json_t *j = json_load_file(ip, 0, &err);
 			json_t *wm = j ? json_object_get(j, "weight_map") : NULL;
@@ -1336,13 +1390,13 @@ char *bk_hub_model_dir(const char *arg, const char *revision)
 				if (!listed(&l, shards.v[i]))
 					die("%s names shard '%s', which model %s does not have", ip,
 					    shards.v[i], arg);
-				free(bk_hub_file(BK_HUB_MODEL, arg, l.commit, shards.v[i], 0));
+				free(bk_hub_file_listed(BK_HUB_MODEL, arg, l.commit, shards.v[i], 0, &l));
 			}
 			free(shards.v);
 			json_decref(j);
 			free(ip);
 		} else {
-			free(bk_hub_file(BK_HUB_MODEL, arg, l.commit, "model.safetensors", 0));
+			free(bk_hub_file_listed(BK_HUB_MODEL, arg, l.commit, "model.safetensors", 0, &l));
 		}
 		char *rdir = repo_dir(BK_HUB_MODEL, arg);
 		snap = xasprintf("%s/snapshots/%s", rdir, l.commit);

@@ -76,9 +76,18 @@ char *bk_hub_snapshot_dir(bk_hub_kind kind, const char *id, const char *commit);
  * first when the cache does not have it (HEAD on resolve/, then the bytes, from the
  * CDN the hub redirects to for LFS files).  Offline (or no connection): from the cache
  * only.  optional: NULL when the hub has no such file (.no_exist is written and read);
- * otherwise that dies. */
+ * otherwise that dies.  The bytes are capped at the size HEAD announced (a transfer
+ * that grows past it is stopped, the partial file removed); only a 200 or 206 body is
+ * written to the partial file (blobs/ETAG.incomplete): any other answer leaves it as it
+ * was and dies naming the URL (no query) and the status. */
 char *bk_hub_file(bk_hub_kind kind, const char *id, const char *revision, const char *file,
 		  int optional);
+
+/* The same, for a file of listing l (bk_hub_list): the size l gives it (when it gives
+ * one) caps the download: an answer that announces more is refused before downloading,
+ * and the transfer stops at that size; without one, the size HEAD announced. */
+char *bk_hub_file_listed(bk_hub_kind kind, const char *id, const char *revision,
+			 const char *file, int optional, const bk_hub_listing *l);
 
 /* The snapshot directory (malloc'd) of the repo at revision, holding at least every
  * file whose repo path matches one of patterns (NULL-terminated, Python fnmatch as

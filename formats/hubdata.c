@@ -11,11 +11,13 @@
 #include <fnmatch.h>
 #include <jansson.h>
 #include <math.h>
+#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <yaml.h>
 
 /* ---- split specs ---- */
 
@@ -428,6 +430,7 @@ static int cmp_str(const void *a, const void *b)
 }
 
 typedef BK_VEC(char) charvec;
+typedef BK_VEC(char *) strvec;
 
 static void names_add(charvec *nm, const char *name, size_t len)
 {
@@ -523,6 +526,681 @@ char **bk_split_files(const char *const *paths, size_t n, const char *split, siz
 	return out.v;
 }
 
+/* ---- the README's `configs:` ----
+ *
+ * datasets reads README.md's YAML front matter (huggingface_hub's REGEX_YAML_BLOCK, then
+ * yaml.safe_load: YAML 1.1 with its implicit types) and, when it has a non-empty
+ * `configs:` list, builds one config per entry (utils/metadata.py MetadataConfigs,
+ * load.py create_builder_configs_from_metadata_configs) and picks one
+ * (get_default_config_name, then a single README dataset_info, then the builder's
+ * rule).  Here, with libyaml's document API. */
+
+/* the YAML of the front matter: 1 with [*body, *body + *blen), 0 when there is none:
+ * ^\s*---(\r\n|\r|\n)(BODY, as short as can be)(\r\n|\r|\n)---[ \t]*(\r\n|\n|$) */
+static int front_matter(const char *t, size_t n, const char **body, size_t *blen)
+{
+	size_t i = 0;
+	while (i < n && is_blank(t[i]))
+		i++;
+	if (n - i < 3 || memcmp(t + i, "---", 3))
+		return 0;
+	i += 3;
+	if (i + 1 < n && t[i] == '\r' && t[i + 1] == '\n')
+		i += 2;
+	else if (i < n && (t[i] == '\r' || t[i] == '\n'))
+		i++;
+	else
+		return 0;
+	for (size_t k = i; k < n; k++) {
+		size_t j = k;
+		if (t[j] == '\r' && j + 1 < n && t[j + 1] == '\n')
+			j += 2;
+		else if (t[j] == '\r' || t[j] == '\n')
+			j++;
+		else
+			continue;
+		if (n - j < 3 || memcmp(t + j, "---", 3))
+			continue;
+		j += 3;
+		while (j < n && (t[j] == ' ' || t[j] == '\t'))
+			j++;
+		if (j == n || t[j] == '\n' || (t[j] == '\r' && j + 1 < n && t[j + 1] == '\n')) {
+			*body = t + i;
+			*blen = k - i;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* what yaml.safe_load makes of a node: a plain scalar's implicit type (YAML 1.1
+ * resolvers of PyYAML), else str, list or dict */
+enum { Y_NULL, Y_BOOL, Y_INT, Y_FLOAT, Y_TIME, Y_STR, Y_LIST, Y_DICT };
+
+static int re_full(const char *re, const char *s)
+{
+	regex_t rx;
+	if (regcomp(&rx, re, REG_EXTENDED | REG_NOSUB))
+		BUG("bad regex %s", re);
+	int m = !regexec(&rx, s, 0, NULL, 0);
+	regfree(&rx);
+	return m;
+}
+
+static const char re_bool[] =
+	"^(yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$";
+static const char re_true[] = "^(yes|Yes|YES|true|True|TRUE|on|On|ON)$";
+static const char re_int[] =
+	"^([-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+|"
+	"[-+]?[1-9][0-9_]*(:[0-5]?[0-9])+)$";
+static const char re_float[] =
+	"^([-+]?[0-9][0-9_]*\\.[0-9_]*([eE][-+][0-9]+)?|\\.[0-9_]+([eE][-+][0-9]+)?|"
+	"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+\\.[0-9_]*|[-+]?\\.(inf|Inf|INF)|\\.(nan|NaN|NAN))$";
+static const char re_time[] =
+	"^([0-9]{4}-[0-9]{2}-[0-9]{2}|[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}([Tt]|[ \t]+)[0-9]{1,2}:"
+	"[0-9]{2}:[0-9]{2}(\\.[0-9]*)?([ \t]*(Z|[-+][0-9]{1,2}(:[0-9]{2})?))?)$";
+
+static const char *y_scalar(const yaml_node_t *n)
+{
+	return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
+}
+
+static int y_type(const yaml_node_t *n)
+{
+	if (!n)
+		return Y_NULL;
+	if (n->type == YAML_SEQUENCE_NODE)
+		return Y_LIST;
+	if (n->type == YAML_MAPPING_NODE)
+		return Y_DICT;
+	const char *s = y_scalar(n);
+	if (n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+		return Y_STR;
+	if (!*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") ||
+	    !strcmp(s, "NULL"))
+		return Y_NULL;
+	if (re_full(re_bool, s))
+		return Y_BOOL;
+	if (re_full(re_int, s))
+		return Y_INT;
+	if (re_full(re_float, s))
+		return Y_FLOAT;
+	if (re_full(re_time, s))
+		return Y_TIME;
+	return Y_STR;
+}
+
+/* Python's truth of the value yaml.safe_load makes */
+static int y_truthy(const yaml_node_t *n)
+{
+	const char *s = y_scalar(n);
+	switch (y_type(n)) {
+	case Y_NULL: return 0;
+	case Y_BOOL: return re_full(re_true, s);
+	case Y_INT: /* nonzero: a digit other than 0 after the sign and base prefix */
+		s += *s == '-' || *s == '+';
+		if (s[0] == '0' && (s[1] == 'b' || s[1] == 'x'))
+			s += 2;
+		return strspn(s, "0_:") != strlen(s);
+	case Y_FLOAT:
+		if (strpbrk(s, "iInN"))
+			return 1; /* inf, nan */
+		return strspn(s, "+-0_.:") < strcspn(s, "eE");
+	case Y_TIME: return 1;
+	case Y_STR: return *s != 0;
+	case Y_LIST: return n->data.sequence.items.top > n->data.sequence.items.start;
+	default: return n->data.mapping.pairs.top > n->data.mapping.pairs.start;
+	}
+}
+
+/* dict[key] (the last of repeated keys, as a Python dict keeps it), or NULL */
+static yaml_node_t *y_get(yaml_document_t *d, yaml_node_t *map, const char *key)
+{
+	yaml_node_t *v = NULL;
+	if (!map || map->type != YAML_MAPPING_NODE)
+		return NULL;
+	for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+	     p++) {
+		yaml_node_t *k = yaml_document_get_node(d, p->key);
+		if (y_type(k) == Y_STR && !strcmp(y_scalar(k), key))
+			v = yaml_document_get_node(d, p->value);
+	}
+	return v;
+}
+
+static int y_has(yaml_document_t *d, yaml_node_t *map, const char *key)
+{
+	if (!map || map->type != YAML_MAPPING_NODE)
+		return 0;
+	for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+	     p++) {
+		yaml_node_t *k = yaml_document_get_node(d, p->key);
+		if (y_type(k) == Y_STR && !strcmp(y_scalar(k), key))
+			return 1;
+	}
+	return 0;
+}
+
+static size_t y_len(const yaml_node_t *n)
+{
+	if (n->type == YAML_SEQUENCE_NODE)
+		return (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
+	if (n->type == YAML_MAPPING_NODE)
+		return (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
+	return 0;
+}
+
+static yaml_node_t *y_item(yaml_document_t *d, yaml_node_t *seq, size_t i)
+{
+	return yaml_document_get_node(d, seq->data.sequence.items.start[i]);
+}
+
+/* a split name datasets takes: \w+(\.\w+)* */
+static int split_name_ok(const char *s)
+{
+	for (;;) {
+		if (!word_char(*s))
+			return 0;
+		while (word_char(*s))
+			s++;
+		if (!*s)
+			return 1;
+		if (*s++ != '.')
+			return 0;
+	}
+}
+
+/* one name of a pattern (Python's fnmatch inside a path part) */
+static int part_match(const char *pat, size_t pn, const char *s, size_t sn)
+{
+	char *p = xstrndup(pat, pn), *t = xstrndup(s, sn);
+	int m = !fnmatch(p, t, FNM_NOESCAPE);
+	free(p);
+	free(t);
+	return m;
+}
+
+/* fsspec's glob (glob_translate): '*' alone one name, '**' alone any number of names
+ * ('**' last: at least one), else fnmatch within one name */
+static int glob_match(const char *pat, const char *path)
+{
+	size_t pn = strcspn(pat, "/"), sn = strcspn(path, "/");
+	int plast = !pat[pn], slast = !path[sn];
+	if (pn == 2 && !memcmp(pat, "**", 2)) {
+		if (plast)
+			return *path != 0;
+		for (const char *q = path;; q += strcspn(q, "/") + 1) {
+			if (glob_match(pat + 3, q))
+				return 1;
+			if (!q[strcspn(q, "/")])
+				return 0;
+		}
+	}
+	if (!sn || !part_match(pat, pn, path, sn))
+		return 0;
+	if (plast || slast)
+		return plast && slast;
+	return glob_match(pat + pn + 1, path + sn + 1);
+}
+
+/* parts of a path as PurePath has them ("" and "." parts dropped) that are hidden
+ * (start with '.', not all dots) or, of the parent parts, special (start with "__") */
+static void count_parts(const char *p, int *hidden, int *special)
+{
+	*hidden = *special = 0;
+	while (*p) {
+		size_t n = strcspn(p, "/");
+		if (n && !(n == 1 && *p == '.')) {
+			int dots = 1;
+			for (size_t i = 0; i < n; i++)
+				dots &= p[i] == '.';
+			*hidden += p[0] == '.' && !dots;
+			*special += p[n] == '/' && n >= 2 && p[0] == '_' && p[1] == '_';
+		}
+		p += n + (p[n] == '/');
+	}
+}
+
+typedef struct {
+	const char *name;   /* its config_name as written */
+	int name_str;       /* config_name is a string (not a number, a list, ...) */
+	size_t index;       /* in configs */
+	yaml_node_t *files; /* data_files; NULL when absent or null */
+	const char *dir;    /* data_dir, or NULL */
+} card_config;
+
+typedef struct {
+	yaml_document_t *d;
+	char *err;
+	size_t errlen;
+	const char *const *paths; /* sorted */
+	size_t n;
+} card_ctx;
+
+#define CARD_ERR(c, cfg, ...)                                                               \
+	do {                                                                                \
+		int o_ = snprintf((c)->err, (c)->errlen, "README.md: configs[%zu] (config '%s'): ", \
+				  (cfg)->index, (cfg)->name);                                \
+		if (o_ >= 0 && (size_t)o_ < (c)->errlen)                                    \
+			snprintf((c)->err + o_, (c)->errlen - (size_t)o_, __VA_ARGS__);     \
+	} while (0)
+
+/* resolve_pattern: the files pattern matches under the config's data_dir, sorted, with
+ * data-file extensions; -1 when a pattern without wildcards matches none */
+static int glob_files(card_ctx *c, const card_config *cfg, const char *pat, strvec *out)
+{
+	for (const char *q = pat; *q; q += strcspn(q, "/") + (q[strcspn(q, "/")] == '/')) {
+		size_t k = strcspn(q, "/");
+		if (!(k == 2 && !memcmp(q, "**", 2)) && memmem(q, k, "**", 2)) {
+			CARD_ERR(c, cfg, "data_files: '%s': '**' can only be a whole path part", pat);
+			return -1;
+		}
+	}
+	size_t dl = cfg->dir ? strlen(cfg->dir) : 0;
+	while (dl && cfg->dir[dl - 1] == '/')
+		dl--;
+	int ph, ps;
+	count_parts(pat, &ph, &ps);
+	const char *pb = strrchr(pat, '/');
+	static const char *const ignore[] = {"README.md", "config.json", "dataset_info.json",
+					     "dataset_infos.json", "dummy_data.zip",
+					     "dataset_dict.json", NULL};
+	size_t found = 0;
+	for (size_t i = 0; i < c->n; i++) {
+		const char *p = c->paths[i];
+		if (dl) {
+			if (strncmp(p, cfg->dir, dl) || p[dl] != '/')
+				continue;
+			p += dl + 1;
+		}
+		if (!glob_match(pat, p))
+			continue;
+		const char *b = base_name(p);
+		int skip = 0;
+		for (int k = 0; ignore[k] && !skip; k++)
+			skip = !strcmp(b, ignore[k]) && strcmp(pb ? pb + 1 : pat, ignore[k]);
+		int h, s;
+		count_parts(p, &h, &s);
+		if (skip || h != ph || s != ps || !datasets_data_file(p))
+			continue;
+		bk_vec_push(out, xstrdup(c->paths[i]));
+		found++;
+	}
+	if (!found && !strpbrk(pat, "*?[")) {
+		CARD_ERR(c, cfg, "data_files: '%s'%s%.*s matches no data file", pat,
+			 dl ? " in data_dir " : "", (int)dl, dl ? cfg->dir : "");
+		return -1;
+	}
+	return 0;
+}
+
+/* the splits of a config's data_files (sanitize_patterns): names[i] and its patterns
+ * (nodes) pats[i]; -1 on a form datasets refuses */
+typedef struct {
+	const char *split;
+	yaml_node_t *path; /* a string or a list of strings */
+} card_split;
+
+static int card_splits(card_ctx *c, const card_config *cfg, card_split **out, size_t *nout)
+{
+	yaml_document_t *d = c->d;
+	yaml_node_t *f = cfg->files;
+	*out = NULL, *nout = 0;
+	int t = y_type(f);
+	if (t == Y_STR) {
+		*out = xcalloc(1, sizeof **out);
+		(*out)[0] = (card_split){"train", f};
+		*nout = 1;
+		return 0;
+	}
+	if (t != Y_LIST)
+		goto bad;
+	size_t n = y_len(f), dicts = 0;
+	for (size_t i = 0; i < n; i++) {
+		yaml_node_t *e = y_item(d, f, i);
+		int et = y_type(e);
+		if (et == Y_STR)
+			continue;
+		yaml_node_t *sp = y_get(d, e, "split"), *pa = y_get(d, e, "path");
+		if (et != Y_DICT || y_len(e) != 2 || !y_has(d, e, "split") || y_type(sp) != Y_STR ||
+		    !split_name_ok(y_scalar(sp)) || (y_type(pa) != Y_STR && y_type(pa) != Y_LIST))
+			goto bad;
+		dicts++;
+	}
+	if (dicts && dicts != n) {
+		CARD_ERR(c, cfg, "data_files: a list of both strings and {split, path} entries");
+		return -1;
+	}
+	if (!dicts) {
+		*out = xcalloc(1, sizeof **out);
+		(*out)[0] = (card_split){"train", f};
+		*nout = 1;
+		return 0;
+	}
+	*out = xcalloc(n, sizeof **out);
+	for (size_t i = 0; i < n; i++) {
+		yaml_node_t *e = y_item(d, f, i);
+		const char *sp = y_scalar(y_get(d, e, "split"));
+		for (size_t j = 0; j < i; j++)
+			if (!strcmp((*out)[j].split, sp)) {
+				CARD_ERR(c, cfg, "data_files: split '%s' is given twice", sp);
+				free(*out);
+				*out = NULL;
+				return -1;
+			}
+		(*out)[i] = (card_split){sp, y_get(d, e, "path")};
+	}
+	*nout = n;
+	return 0;
+bad:
+	CARD_ERR(c, cfg, "data_files: datasets takes a string, a list of strings or a list of "
+		 "{split, path} (split a name of \\w+(.\\w+)*, path a string or a list of them)");
+	return -1;
+}
+
+/* the files of split of a config with data_files: 0 (*nsplit: no such split), or -1 */
+static int card_files(card_ctx *c, const card_config *cfg, const char *split, strvec *out,
+		      charvec *names, int *nosplit)
+{
+	card_split *sp;
+	size_t ns;
+	*nosplit = 1;
+	if (card_splits(c, cfg, &sp, &ns))
+		return -1;
+	int rc = 0;
+	/* datasets resolves every split of the config before any is read */
+	for (size_t i = 0; i < ns && !rc; i++) {
+		names_add(names, sp[i].split, strlen(sp[i].split));
+		strvec got = {0};
+		yaml_node_t *p = sp[i].path;
+		size_t np = p->type == YAML_SEQUENCE_NODE ? y_len(p) : 1;
+		for (size_t k = 0; k < np && !rc; k++) {
+			yaml_node_t *e = p->type == YAML_SEQUENCE_NODE ? y_item(c->d, p, k) : p;
+			if (y_type(e) != Y_STR) {
+				CARD_ERR(c, cfg, "data_files: split '%s': a path that is not a string",
+					 sp[i].split);
+				rc = -1;
+			} else {
+				rc = glob_files(c, cfg, y_scalar(e), &got);
+			}
+		}
+		if (!rc && !strcmp(sp[i].split, split)) {
+			*nosplit = 0;
+			for (size_t k = 0; k < got.n; k++)
+				bk_vec_push(out, got.v[k]);
+		} else {
+			for (size_t k = 0; k < got.n; k++)
+				free(got.v[k]);
+		}
+		free(got.v);
+	}
+	free(sp);
+	return rc;
+}
+
+/* the files of split of a config without data_files: datasets' default patterns under
+ * its data_dir (NULL *names: no data files there) */
+static char **card_default_files(card_ctx *c, const card_config *cfg, const char *split,
+				 size_t *nf, char **names)
+{
+	size_t dl = cfg->dir ? strlen(cfg->dir) : 0;
+	while (dl && cfg->dir[dl - 1] == '/')
+		dl--;
+	BK_VEC(const char *) sub = {0};
+	for (size_t i = 0; i < c->n; i++)
+		if (!dl || (!strncmp(c->paths[i], cfg->dir, dl) && c->paths[i][dl] == '/'))
+			bk_vec_push(&sub, c->paths[i] + (dl ? dl + 1 : 0));
+	char **f = bk_split_files((const char *const *)sub.v, sub.n, split, nf, names);
+	for (size_t i = 0; dl && i < *nf; i++) {
+		char *full = xasprintf("%.*s/%s", (int)dl, cfg->dir, f[i]);
+		free(f[i]);
+		f[i] = full;
+	}
+	free(sub.v);
+	return f;
+}
+
+/* "'a', 'b'": the config names, for messages */
+static void config_names(const card_config *v, size_t n, charvec *nm)
+{
+	for (size_t i = 0; i < n; i++) {
+		char *q = xasprintf("'%s'", v[i].name);
+		names_add(nm, q, strlen(q));
+		free(q);
+	}
+	bk_vec_push(nm, 0);
+}
+
+/* the config load_dataset(repo) (config NULL) or load_dataset(repo, config) builds:
+ * its index, or -1 */
+static int card_pick(card_ctx *c, yaml_node_t *root, const card_config *v, size_t n,
+		     const char *config)
+{
+	yaml_document_t *d = c->d;
+	charvec nm = {0};
+	if (config) {
+		for (size_t i = 0; i < n; i++)
+			if (v[i].name_str && !strcmp(v[i].name, config))
+				return (int)i;
+		config_names(v, n, &nm);
+		snprintf(c->err, c->errlen, "README.md: configs: no config '%s' (its configs: %s)",
+			 config, nm.v);
+		free(nm.v);
+		return -1;
+	}
+	/* MetadataConfigs.get_default_config_name */
+	int pick = -1;
+	for (size_t i = 0; i < n; i++) {
+		yaml_node_t *e = y_item(d, y_get(d, root, "configs"), v[i].index);
+		if (n == 1 || (v[i].name_str && !strcmp(v[i].name, "default")) ||
+		    y_truthy(y_get(d, e, "default"))) {
+			if (pick >= 0) {
+				snprintf(c->err, c->errlen, "README.md: configs: two default configs, "
+					 "'%s' and '%s' (a config named default or with default: "
+					 "true)", v[pick].name, v[i].name);
+				return -1;
+			}
+			pick = (int)i;
+		}
+	}
+	if (pick >= 0)
+		return pick;
+	/* none: the one config a README dataset_info describes (DatasetInfosDict) */
+	yaml_node_t *di = y_get(d, root, "dataset_info");
+	const char *only = NULL;
+	int several = 0;
+	if (di && (di->type == YAML_MAPPING_NODE || di->type == YAML_SEQUENCE_NODE)) {
+		size_t k = di->type == YAML_SEQUENCE_NODE ? y_len(di) : 1;
+		for (size_t i = 0; i < k; i++) {
+			yaml_node_t *e = di->type == YAML_SEQUENCE_NODE ? y_item(d, di, i) : di;
+			if (e->type != YAML_MAPPING_NODE) {
+				snprintf(c->err, c->errlen, "README.md: dataset_info: an entry that "
+					 "is not a mapping");
+				return -1;
+			}
+			yaml_node_t *cn = y_get(d, e, "config_name");
+			const char *s = cn ? (y_scalar(cn) ? y_scalar(cn) : "?") : "default";
+			if (only && strcmp(only, s))
+				several = 1;
+			only = s;
+		}
+	}
+	if (only && !several) {
+		for (size_t i = 0; i < n; i++)
+			if (!strcmp(v[i].name, only))
+				return (int)i;
+		snprintf(c->err, c->errlen, "README.md: dataset_info: config '%s' is not one of "
+			 "configs", only);
+		return -1;
+	}
+	config_names(v, n, &nm);
+	snprintf(c->err, c->errlen, "README.md: configs: %zu configs (%s) and none is the "
+		 "default (config_name default, or default: true), so datasets needs a config "
+		 "name, which the tool does not give", n, nm.v);
+	free(nm.v);
+	return -1;
+}
+
+static int cmp_cstr(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+int bk_split_files_card(const char *readme, size_t len, const char *config,
+			const char *const *paths, size_t n, const char *split, char ***files,
+			size_t *nf, char **names, char *err, size_t errlen)
+{
+	*files = NULL, *nf = 0, *names = NULL;
+	const char *body;
+	size_t blen;
+	if (!readme || !front_matter(readme, len, &body, &blen)) {
+		*files = bk_split_files(paths, n, split, nf, names);
+		return 0;
+	}
+	/* the line of the README where the YAML starts, for messages */
+	size_t line0 = 1;
+	for (const char *q = readme; q < body; q++)
+		line0 += *q == '\n' || (*q == '\r' && q[1] != '\n');
+	yaml_parser_t ps;
+	yaml_document_t doc, next;
+	if (!yaml_parser_initialize(&ps))
+		die("libyaml: out of memory");
+	yaml_parser_set_input_string(&ps, (const unsigned char *)body, blen);
+	int rc = -1, have_doc = 0;
+	card_config *v = NULL;
+	const char **sorted = NULL;
+	strvec out = {0};
+	charvec nm = {0};
+	if (!yaml_parser_load(&ps, &doc)) {
+		snprintf(err, errlen, "README.md: the YAML front matter, line %zu: %s%s%s", line0 +
+			 ps.problem_mark.line, ps.problem ? ps.problem : "not YAML",
+			 ps.context ? " " : "", ps.context ? ps.context : "");
+		goto out;
+	}
+	have_doc = 1;
+	yaml_node_t *root = yaml_document_get_root_node(&doc);
+	if (root) {
+		if (!yaml_parser_load(&ps, &next)) {
+			snprintf(err, errlen, "README.md: the YAML front matter, line %zu: %s",
+				 line0 + ps.problem_mark.line, ps.problem ? ps.problem : "not YAML");
+			goto out;
+		}
+		int more = yaml_document_get_root_node(&next) != NULL;
+		yaml_document_delete(&next);
+		if (more) {
+			snprintf(err, errlen, "README.md: the YAML front matter holds more than one "
+				 "YAML document");
+			goto out;
+		}
+	}
+	if (root && y_type(root) != Y_NULL && root->type != YAML_MAPPING_NODE) {
+		snprintf(err, errlen, "README.md: the YAML front matter is not a mapping");
+		goto out;
+	}
+	yaml_node_t *cs = y_get(&doc, root, "configs");
+	if (!cs || !y_truthy(cs)) { /* no configs: datasets' default patterns */
+		*files = bk_split_files(paths, n, split, nf, names);
+		rc = 0;
+		goto out;
+	}
+	if (cs->type != YAML_SEQUENCE_NODE) {
+		snprintf(err, errlen, "README.md: configs: not a list");
+		goto out;
+	}
+	sorted = xcalloc(n + 1, sizeof *sorted);
+	memcpy(sorted, paths, n * sizeof *paths);
+	if (n)
+		qsort(sorted, n, sizeof *sorted, cmp_cstr);
+	card_ctx c = {.d = &doc, .err = err, .errlen = errlen, .paths = sorted, .n = n};
+	size_t nc = y_len(cs);
+	v = xcalloc(nc, sizeof *v);
+	for (size_t i = 0; i < nc; i++) {
+		yaml_node_t *e = y_item(&doc, cs, i);
+		if (e->type != YAML_MAPPING_NODE || !y_has(&doc, e, "config_name")) {
+			snprintf(err, errlen, "README.md: configs[%zu]: no config_name (each config "
+				 "is a mapping with one)", i);
+			goto out;
+		}
+		yaml_node_t *name = y_get(&doc, e, "config_name");
+		v[i].name = y_scalar(name) ? y_scalar(name) : "?";
+		v[i].name_str = y_type(name) == Y_STR;
+		v[i].index = i;
+		yaml_node_t *f = y_get(&doc, e, "data_files");
+		if (f && y_type(f) == Y_NULL) {
+			if (i == 0) { /* load.py: the first config's data_files pick the builder */
+				CARD_ERR(&c, &v[i], "data_files: null");
+				goto out;
+			}
+			f = NULL;
+		}
+		v[i].files = f;
+		yaml_node_t *dd = y_get(&doc, e, "data_dir");
+		if (dd && y_truthy(dd)) {
+			if (y_type(dd) != Y_STR) {
+				CARD_ERR(&c, &v[i], "data_dir: not a string");
+				goto out;
+			}
+			v[i].dir = y_scalar(dd);
+		}
+	}
+	/* create_builder_configs_from_metadata_configs: every config's data_files checked,
+	 * every config without them resolved by the default patterns */
+	for (size_t i = 0; i < nc; i++) {
+		if (v[i].files) {
+			card_split *sp;
+			size_t ns;
+			if (card_splits(&c, &v[i], &sp, &ns))
+				goto out;
+			free(sp);
+		} else {
+			size_t k;
+			char *nn;
+			char **f = card_default_files(&c, &v[i], "train", &k, &nn);
+			for (size_t j = 0; j < k; j++)
+				free(f[j]);
+			free(f);
+			int none = !nn;
+			free(nn);
+			if (none) {
+				CARD_ERR(&c, &v[i], "no data files%s%s%s", v[i].dir ? " in data_dir '" : "",
+					 v[i].dir ? v[i].dir : "", v[i].dir ? "'" : "");
+				goto out;
+			}
+		}
+	}
+	int pick = card_pick(&c, root, v, nc, config);
+	if (pick < 0)
+		goto out;
+	const card_config *cfg = &v[pick];
+	if (!cfg->files) {
+		*files = card_default_files(&c, cfg, split, nf, names);
+		rc = 0;
+		goto out;
+	}
+	int nosplit;
+	if (card_files(&c, cfg, split, &out, &nm, &nosplit))
+		goto out;
+	bk_vec_push(&nm, 0);
+	if (nosplit) {
+		CARD_ERR(&c, cfg, "data_files has no split '%s' (its splits: %s)", split, nm.v);
+		goto out;
+	}
+	*files = out.v, *nf = out.n, *names = nm.v;
+	out.v = NULL, out.n = 0, nm.v = NULL;
+	rc = 0;
+out:
+	for (size_t i = 0; i < out.n; i++)
+		free(out.v[i]);
+	free(out.v);
+	free(nm.v);
+	free(v);
+	free(sorted);
+	if (have_doc)
+		yaml_document_delete(&doc);
+	yaml_parser_delete(&ps);
+	return rc;
+}
+
 int bk_hub_dataset_id(const char *s)
 {
 	static const char *const exts[] = {".parquet", ".jsonl", ".ndjson", ".json", ".txt",
@@ -560,10 +1238,13 @@ typedef struct {
 	char **paths;           /* the repo's files, relative */
 	size_t npaths;
 	const char *id, *commit; /* hub repos */
+	const bk_hub_listing *listing; /* online: the sizes that cap each download */
 	int fetch;               /* online: bk_hub_file fetches a file before it is read */
 	const char *why;         /* hub repos read offline: why ("HF_HUB_OFFLINE is set ...") */
 	int have_cols;           /* the columns, chosen from the first file opened */
 	bk_row_columns cols;
+	char *readme;            /* README.md (its `configs:`), or NULL when there is none */
+	size_t readme_len;
 } repo_ctx;
 
 /* The tool picks the columns once, from the dataset's column names (a parquet
@@ -692,7 +1373,6 @@ static void file_rows(bk_dataset *ds, const repo_ctx *r, split_file *f, int64_t 
 
 /* the files under dir, relative, recursively (symlinks followed; dot names skipped:
  * datasets leaves hidden files out) */
-typedef BK_VEC(char *) strvec;
 
 static void walk(const char *dir, const char *rel, strvec *out, int depth)
 {
@@ -768,9 +1448,31 @@ static void check_cached(const repo_ctx *r, const char *split, char **files, siz
 /* fetches (hub) and opens one file of a split */
 static void open_split_file(repo_ctx *r, split_file *f, const char *file)
 {
-	f->path = r->fetch ? bk_hub_file(BK_HUB_DATASET, r->id, r->commit, file, 0)
+	f->path = r->fetch ? bk_hub_file_listed(BK_HUB_DATASET, r->id, r->commit, file, 0,
+						r->listing)
 			   : bk_path_join(r->dir, file);
 	file_open(r, f);
+}
+
+/* README.md of the repo into r->readme when it has one: its `configs:` picks the files
+ * of a split (fetched first online; offline it must be in the snapshot) */
+static char *volatile live_readme;
+
+static void read_readme(repo_ctx *r)
+{
+	int listed = 0;
+	for (size_t i = 0; i < r->npaths && !listed; i++)
+		listed = !strcmp(r->paths[i], "README.md");
+	if (!listed)
+		return;
+	if (r->id && !r->fetch && !cached(r, "README.md"))
+		die("%s: README.md (its configs: say which files a split has) is not in the "
+		    "cache, and %s: read it online once", r->what, r->why);
+	char *p = r->fetch ? bk_hub_file_listed(BK_HUB_DATASET, r->id, r->commit, "README.md", 0,
+						r->listing)
+			   : bk_path_join(r->dir, "README.md");
+	live_readme = r->readme = bk_read_file(p, &r->readme_len);
+	free(p);
 }
 
 static void load_spec(bk_dataset *ds, repo_ctx *r, const char *spec)
@@ -779,13 +1481,16 @@ static void load_spec(bk_dataset *ds, repo_ctx *r, const char *spec)
 	bk_split_spec sp;
 	if (bk_split_parse(spec, &sp, err, sizeof err))
 		die("%s: split '%s': %s", r->what, spec, err);
+	read_readme(r);
 	size_t n0 = ds->n, s0 = ds->skipped;
 	for (size_t k = 0; k < sp.n; k++) {
 		const bk_split_part *pt = &sp.v[k];
 		size_t nf;
-		char *names;
-		char **files = bk_split_files((const char *const *)r->paths, r->npaths, pt->split,
-					      &nf, &names);
+		char *names, **files;
+		if (bk_split_files_card(r->readme, r->readme_len, NULL,
+					(const char *const *)r->paths, r->npaths, pt->split, &files,
+					&nf, &names, err, sizeof err))
+			die("%s: %s", r->what, err);
 		live_paths = files, live_names = names;
 		if (!nf)
 			die("%s: no data files for split '%s'%s%s%s", r->what, pt->split,
@@ -869,6 +1574,8 @@ static void load_spec(bk_dataset *ds, repo_ctx *r, const char *spec)
 		free(files);
 	}
 	bk_split_free(&sp);
+	free(r->readme);
+	live_readme = r->readme = NULL;
 	if (ds->n == n0)
 		die("%s: split '%s': no samples%s", r->what, spec,
 		    ds->skipped > s0 ? " (every row skipped: null or empty prompt, or no "
@@ -925,7 +1632,7 @@ void bk_dataset_load_hub(bk_dataset *ds, const char *id, const char *revision,
 	for (size_t i = 0; i < l.n; i++)
 		paths[i] = xstrdup(l.v[i].path);
 	repo_ctx r = {.what = id, .dir = snap, .paths = paths, .npaths = l.n, .id = id,
-		      .commit = l.commit, .fetch = fetch, .why = why};
+		      .commit = l.commit, .fetch = fetch, .why = why, .listing = &l};
 	load_spec(ds, &r, spec);
 	free_paths(&r);
 	bk_hub_listing_free(&l);

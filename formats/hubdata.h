@@ -2,8 +2,7 @@
  * reads it: the split syntax ("train_sft[:1000]"), the files of a split in the repo's
  * layout, and their rows (parquet through parquet.h, JSON / JSON Lines) into a
  * bk_dataset by the row rules of inputs.h.  The repo comes from the HF cache or is
- * downloaded into it (hub.h).  Not a loader of datasets with scripts, not the README's
- * `configs:` YAML (the default layouts below only).
+ * downloaded into it (hub.h).  Not a loader of datasets with scripts.
  *
  * Split specs (datasets' ReadInstruction.from_spec): PART ("+" PART)*, blanks allowed
  * around "+"; PART = NAME ("[" [FROM] ":" [TO] "]")? ("(" ROUNDING ")")?, NAME =
@@ -33,6 +32,29 @@
  *     extension (any dot part of the name; .csv .txt .jsonl.gz ... count and are
  *     refused by the reader: bakery reads .parquet .jsonl .ndjson .json).
  * The rows of a split are the concatenation of its files' rows.
+ *
+ * README configs (datasets 5.2.0 load.py / utils/metadata.py; the README cases of
+ * split_files.json): README.md's YAML front matter (huggingface_hub's block: blanks,
+ * "---", a line end, the YAML, a line end, "---"), read by libyaml with PyYAML's
+ * implicit types, must be a mapping.  A non-empty `configs:` is a list of mappings,
+ * each with config_name, and optional data_files, data_dir, default.  data_files is
+ * a string or a list of strings (split train), or a list of {split, path} (path a
+ * string or a list of them; split names \w+(.\w+)*, each once); null in the first
+ * config is refused.  Every config is checked, and one without data_files must have
+ * data files by the default patterns (under its data_dir).  The config read: the one
+ * named, else the only one, the one named "default" or with a true `default` (two are
+ * refused), else the one config a README `dataset_info` describes; else refused (the
+ * tool cannot name a config).  Its files: without data_files the default patterns
+ * under data_dir; else, split by split (all are resolved: a path without wildcards
+ * that matches no data file is refused anywhere), each pattern relative to data_dir
+ * as fsspec's glob takes it ('*' one name, '**' alone any number of names, else
+ * fnmatch within a name; '**' inside a name refused), matches sorted, repeats kept,
+ * data-file extensions only, a hidden or "__" part only when the pattern has as many,
+ * README.md and the other FILES_TO_IGNORE only when the pattern's last part names
+ * them.  A split the data_files does not list is refused.  Not modelled: datasets'
+ * choice of a builder from the first config's files (it refuses a first config whose
+ * splits infer different formats, or one split without files), .huggingface.yaml,
+ * the legacy dataset_infos.json, Python's literal '^' in "[^...]".
  *
  * Rows: the columns the tool reads of a hub dataset (bakery-py's _load_hf): chosen
  * once from the first file read (a parquet schema, the keys of a JSON file's rows):
@@ -79,6 +101,18 @@ int bk_split_bounds(const bk_split_part *p, int64_t n, int64_t *from, int64_t *t
  * repo's split names ("a, b, c", malloc'd; NULL when it has none) for messages. */
 char **bk_split_files(const char *const *paths, size_t n, const char *split, size_t *nout,
 		      char **names);
+
+/* The same, as datasets.load_dataset(repo) / load_dataset(repo, config) picks them when
+ * the repo's README.md (readme, len bytes; NULL: the repo has none) has YAML front
+ * matter with a `configs:` section (see README configs above); without one, exactly
+ * bk_split_files.  0 with *files (*nf of them; none when the split matches no file, or
+ * the split is unknown to datasets' default patterns) and *names; -1 with a one-line
+ * reason in err naming README.md and the field (malformed front matter, a configs
+ * entry datasets refuses, no default config, a data_files pattern without wildcards
+ * that matches no file, a split the chosen config's data_files does not list). */
+int bk_split_files_card(const char *readme, size_t len, const char *config,
+			const char *const *paths, size_t n, const char *split, char ***files,
+			size_t *nf, char **names, char *err, size_t errlen);
 
 /* Does a data argument that is no local path name a hub dataset?  Org/Name as
  * bk_hub_is_id takes it, with the Org part (a missing "train.jsonl" or

@@ -15,7 +15,9 @@ GatedRepo; another token: 403 GatedRepo); .private likewise, answered as the hub
 a private repo (401 RepoNotFound); .corrupt names files whose bytes the CDN serves with
 one byte changed; .cut holds N: the CDN's first answer for one of the repo's LFS
 files ends after N bytes (a dropped connection; Range requests are honoured);
-.expired: the CDN answers 403, as S3 does to an expired signed URL.  A missing repo is
+.expired: the CDN answers 403, as S3 does to an expired signed URL; .rangefail: the
+CDN's first answer to a Range request for one of the repo's files is 503 with an error
+page (a resume that meets a failing host).  A missing repo is
 401 RepoNotFound (404 with a token); an unknown
 revision 404 RevisionNotFound; a missing file 404 EntryNotFound with X-Repo-Commit.
 
@@ -37,13 +39,14 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LFS_EXT = (".safetensors", ".model", ".parquet")
-CONTROL = (".gated", ".private", ".corrupt", ".cut", ".expired")
+CONTROL = (".gated", ".private", ".corrupt", ".cut", ".expired", ".rangefail")
 
 
 class Hub:
     def __init__(self, root):
         self.root = root
         self.cut_done = set()
+        self.rangefail_done = set()
         self.lock = threading.Lock()
         self.cdn_port = 0
 
@@ -251,6 +254,14 @@ def make_handler(hub, is_cdn):
                 data = bytes([data[0] ^ 1]) + data[1:]
             start = 0
             rng = self.headers.get("Range")
+            if rng and hub.control(d, ".rangefail") is not None:
+                with hub.lock:
+                    fail = (kind, rid) not in hub.rangefail_done
+                    hub.rangefail_done.add((kind, rid))
+                if fail:
+                    return self.send(503, {"Content-Type": "text/html"},
+                                     b"<html><body>503 Service Unavailable: the host is "
+                                     b"busy, try again</body></html>")
             if rng and rng.startswith("bytes=") and rng.endswith("-"):
                 start = int(rng[6:-1])
                 if start >= len(data):

@@ -10,9 +10,10 @@ set -o pipefail
 command -v python3 >/dev/null || { echo "not ok - python3 is needed"; exit 1; }
 
 mkdir -p root/models/tiny/stories260K root/models/tiny/gated root/models/tiny/private \
-	root/models/tiny/corrupt root/models/tiny/cut root/models/tiny/nosafe root/models/tiny/expired
+	root/models/tiny/corrupt root/models/tiny/cut root/models/tiny/nosafe root/models/tiny/expired \
+	root/models/tiny/rangefail
 mkdir -p root/models/Qwen/Qwen3-0.6B
-for r in tiny/stories260K tiny/gated tiny/private tiny/corrupt tiny/cut tiny/expired Qwen/Qwen3-0.6B; do
+for r in tiny/stories260K tiny/gated tiny/private tiny/corrupt tiny/cut tiny/expired tiny/rangefail Qwen/Qwen3-0.6B; do
 	cp "$M"/* root/models/$r/
 done
 cp "$M"/config.json "$M"/tokenizer.model root/models/tiny/nosafe/
@@ -22,6 +23,8 @@ echo good-token >root/models/tiny/private/.private
 echo model.safetensors >root/models/tiny/corrupt/.corrupt
 echo 4096 >root/models/tiny/cut/.cut
 touch root/models/tiny/expired/.expired
+echo 4096 >root/models/tiny/rangefail/.cut
+touch root/models/tiny/rangefail/.rangefail
 python3 "$ROOT/tests/hubserver.py" --root root --port-file port 2>server.err &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; rm -rf "$TEST_TMP"' EXIT
@@ -81,6 +84,9 @@ test_expect_success 'TRANSFORMERS_OFFLINE=1 is offline too, as huggingface_hub r
 
 # A download host that sends more than the hub announced (X-Linked-Size): an endless
 # chunked stream, and a Content-Length over the size.  The transfer must stop there.
+# Repos named listed*: the listing gives the size (1000); listedover's HEAD announces
+# 5000 (refused before any request to the host), listednosize's none (the listing's
+# size caps the stream).  Every request is logged to PORTFILE.log.
 cat >oversend.py <<'PY'
 import hashlib, json, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -91,28 +97,35 @@ class H(BaseHTTPRequestHandler):
     def do_HEAD(self): self.route()
     def do_GET(self): self.route()
     def route(self):
+        with open(sys.argv[1] + ".log", "a") as f:
+            f.write("%s %s\n" % (self.command, self.path))
         p = self.path.split("?")[0].split("/")
         if p[1] == "api":  # /api/datasets/org/NAME/revision/main
-            body = json.dumps({"sha": COMMIT, "siblings": [{"rfilename": "train.parquet"}]}).encode()
+            sib = {"rfilename": "train.parquet"}
+            if p[4].startswith("listed"):
+                sib["size"] = SIZE
+            body = json.dumps({"sha": COMMIT, "siblings": [sib]}).encode()
             self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
             return self.wfile.write(body)
         if p[1] == "datasets":  # HEAD /datasets/org/NAME/resolve/main/train.parquet
             self.send_response(302)
             self.send_header("Location", "http://127.0.0.1:%d/cdn/%s" % (self.server.server_address[1], p[3]))
-            for k, v in (("X-Repo-Commit", COMMIT), ("X-Linked-Etag", '"%s"' % ETAG),
-                         ("X-Linked-Size", str(SIZE)), ("ETag", '"%s"' % ("e" * 40)), ("Content-Length", "0")):
+            h = [("X-Repo-Commit", COMMIT), ("X-Linked-Etag", '"%s"' % ETAG), ("ETag", '"%s"' % ("e" * 40))]
+            if p[3] != "listednosize":
+                h += [("X-Linked-Size", str(5 * SIZE if p[3] == "listedover" else SIZE)), ("Content-Length", "0")]
+            for k, v in h:
                 self.send_header(k, v)
             return self.end_headers()
         chunk = b"\0" * 65536
         self.send_response(200)
-        if p[2] == "endless":
+        if p[2] != "biglen":
             self.send_header("Transfer-Encoding", "chunked")
         else:
             self.send_header("Content-Length", str(1 << 30))
         self.end_headers()
         try:
             while True:
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if p[2] == "endless" else chunk)
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if p[2] != "biglen" else chunk)
         except Exception:
             pass
 srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
@@ -133,6 +146,23 @@ test_expect_success 'a host that sends more than the announced size is cut off t
 		grep -q "org/$r train.parquet: the download host 127.0.0.1:$(cat evil.port) sent more than the 1000 bytes the hub announced" e &&
 		test -z "$(find evil -name "*.incomplete")" || { cat e; kill $EVIL; exit 1; }
 	done
+	kill $EVIL
+'
+
+test_expect_success 'the listing.s size caps a download: more announced is refused before it starts; a stream is cut there' '
+	python3 oversend.py listed.port 2>listed.err & EVIL=$! &&
+	for _ in $(seq 100); do [ -s listed.port ] && break; sleep 0.1; done &&
+	E=http://127.0.0.1:$(cat listed.port) &&
+	(ulimit -f 10240; HF_ENDPOINT=$E HF_HUB_CACHE=$TEST_TMP/evil2 \
+		timeout 60 bk-tokenize --model "$M" org/listedover >/dev/null 2>e); rc=$? &&
+	test $rc -eq 1 && test $(grep -c "" e) -eq 1 &&
+	grep -q "org/listedover train.parquet: the hub announces 5000 bytes, over the 1000 its file listing gives: refused before downloading" e &&
+	! grep -q "GET /cdn/listedover" listed.port.log && test -z "$(find evil2 -name "*.incomplete")" &&
+	(ulimit -f 10240; HF_ENDPOINT=$E HF_HUB_CACHE=$TEST_TMP/evil2 \
+		timeout 60 bk-tokenize --model "$M" org/listednosize >/dev/null 2>e); rc=$? &&
+	test $rc -eq 1 && test $(grep -c "" e) -eq 1 &&
+	grep -q "org/listednosize train.parquet: the download host 127.0.0.1:$(cat listed.port) sent more than the 1000 bytes the hub announced" e &&
+	grep -q "GET /cdn/listednosize" listed.port.log && test -z "$(find evil2 -name "*.incomplete")" || { cat e; kill $EVIL; exit 1; }
 	kill $EVIL
 '
 
@@ -219,6 +249,19 @@ test_expect_success 'a partial download is kept and resumed with a Range request
 	tok tiny/cut >c && test_cmp ids c &&
 	grep -q "^cdn GET /blob/models/tiny/cut/tokenizer.model.* range=bytes=4096-" root/requests.log &&
 	test -z "$(find hub/models--tiny--cut -name "*.incomplete")"
+'
+
+test_expect_success 'an error answer to a resumed download leaves the partial file as it was, naming the URL and status' '
+	test_must_fail bk-tokenize --model tiny/rangefail --prompt x 2>e &&
+	grep -q "download failed after 4096 bytes" e &&
+	part=$(ls hub/models--tiny--rangefail/blobs/*.incomplete | head -1) && test $(wc -c <"$part") -eq 4096 &&
+	test_must_fail bk-tokenize --model tiny/rangefail --prompt x 2>e && test $(grep -c "" e) -eq 1 &&
+	grep -q "tiny/rangefail tokenizer.model: the download host answered HTTP 503 for http://127.0.0.1:$CDNPORT/blob/models/tiny/rangefail/tokenizer.model; the partial file keeps its 4096 bytes" e &&
+	! grep -q "sig=" e &&
+	test $(wc -c <"$part") -eq 4096 && head -c 4096 "$M"/tokenizer.model | cmp - "$part" &&
+	tok tiny/rangefail >rf && test_cmp ids rf &&
+	test $(grep -c "^cdn GET /blob/models/tiny/rangefail/tokenizer.model.* range=bytes=4096-" root/requests.log) -eq 2 &&
+	test -z "$(find hub/models--tiny--rangefail -name "*.incomplete")"
 '
 
 test_expect_success 'a download waits for the lock of another process on the same blob' '

@@ -125,6 +125,33 @@ test_expect_success 'the files of a split as datasets picks them, the same onlin
 	grep -q "no data files for split .dev. (its splits: train, validation)" e
 '
 
+# README configs: data_files override the file-name inference (train.jsonl would be
+# train without them); a default among several configs; refusals name README.md
+mk cfg train.jsonl keep/a.jsonl keep/b.jsonl other.jsonl
+printf -- '---\npretty_name: x\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: "keep/*.jsonl"\n  - split: test\n    path: other.jsonl\n---\n# cfg\n' >root/datasets/org/cfg/README.md
+mk cfg2 en/train.jsonl fr/train.jsonl
+printf -- '---\nconfigs:\n- config_name: en\n  data_dir: en\n- config_name: fr\n  data_dir: fr\n  default: true\n---\n' >root/datasets/org/cfg2/README.md
+mk cfgbad train.jsonl
+printf -- '---\nconfigs:\n- config_name: default\n  data_files: [a.jsonl\n---\n' >root/datasets/org/cfgbad/README.md
+
+test_expect_success 'a README configs: section picks the files of a split, online, offline and as a directory' '
+	bk-tokenize --model "$M" --split train org/cfg | users >on &&
+	printf "keep/a.jsonl\nkeep/b.jsonl\n" >want && test_cmp want on &&
+	HF_HUB_OFFLINE=1 bk-tokenize --model "$M" --split train org/cfg | users >off && test_cmp want off &&
+	bk-tokenize --model "$M" --split train root/datasets/org/cfg | users >dir && test_cmp want dir &&
+	bk-tokenize --model "$M" --split test org/cfg | users >t && echo other.jsonl >want && test_cmp want t &&
+	! grep -q "cfg/resolve/main/train.jsonl" root/requests.log &&
+	bk-tokenize --model "$M" org/cfg2 | users >fr && echo fr/train.jsonl >want && test_cmp want fr &&
+	test_must_fail bk-tokenize --model "$M" --split validation org/cfg 2>e && test $(grep -c "" e) -eq 1 &&
+	grep -q "org/cfg: README.md: configs\[0\] (config .default.): data_files has no split .validation. (its splits: train, test)" e &&
+	test_must_fail bk-tokenize --model "$M" org/cfgbad 2>e && test $(grep -c "" e) -eq 1 &&
+	grep -q "org/cfgbad: README.md: the YAML front matter, line [0-9]*: " e &&
+	rm -rf hub3 && mkdir hub3 && cp -a hub/datasets--org--cfg hub3/ &&
+	rm hub3/datasets--org--cfg/snapshots/*/README.md &&
+	HF_HUB_CACHE=$TEST_TMP/hub3 HF_HUB_OFFLINE=1 test_must_fail bk-tokenize --model "$M" --split train org/cfg 2>e &&
+	test $(grep -c "" e) -eq 1 && grep -q "org/cfg: README.md (its configs: say which files a split has) is not in the cache, and HF_HUB_OFFLINE is set" e
+'
+
 mkdir -p root/datasets/org/rows root/datasets/org/msgs
 cat >root/datasets/org/rows/train.jsonl <<'J'
 {"prompt": "P1", "question": "Q1", "response": "R1"}

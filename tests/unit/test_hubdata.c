@@ -78,15 +78,38 @@ static char *files_of(const char *const *paths, size_t n, const char *split, cha
 	return s;
 }
 
+/* the same through bk_split_files_card: rc, and the files joined by ' ' */
+static int card_files_of(const char *readme, const char *config, const char *const *paths,
+			 size_t n, const char *split, char **got, char **names, char *err,
+			 size_t errlen)
+{
+	size_t k;
+	char **f;
+	int rc = bk_split_files_card(readme, strlen(readme), config, paths, n, split, &f, &k,
+				     names, err, errlen);
+	char *s = xstrdup("");
+	for (size_t i = 0; i < k; i++) {
+		char *t = xasprintf("%s%s%s", s, i ? " " : "", f[i]);
+		free(s);
+		s = t;
+		free(f[i]);
+	}
+	free(f);
+	*got = s;
+	return rc;
+}
+
 /* every layout of tests/golden/hubdata/split_files.json: the files of each split
- * (and of train/validation/test/nosuch) and the splits found, as datasets has them */
+ * (and of train/validation/test/nosuch) and the splits found, as datasets has them;
+ * with a README (its `configs:`), through bk_split_files_card, and datasets' refusals
+ * refused in one line naming README.md */
 static void check_files(void)
 {
 	json_error_t err;
 	json_t *root = json_load_file("tests/golden/hubdata/split_files.json", 0, &err);
 	if (!root)
 		BUG("split_files.json: %s", err.text);
-	size_t ci, ncase = 0;
+	size_t ci, ncase = 0, ncard = 0, nrefused = 0;
 	json_t *c;
 	json_array_foreach(json_object_get(root, "cases"), ci, c) {
 		json_t *jp = json_object_get(c, "paths"), *splits = json_object_get(c, "splits");
@@ -94,6 +117,27 @@ static void check_files(void)
 		const char **paths = xcalloc(n + 1, sizeof *paths);
 		for (size_t i = 0; i < n; i++)
 			paths[i] = json_string_value(json_array_get(jp, i));
+		const char *readme = json_string_value(json_object_get(c, "readme"));
+		const char *config = json_string_value(json_object_get(c, "config"));
+		const char *gerr = json_string_value(json_object_get(c, "error"));
+		char emsg[512];
+		if (readme)
+			ncard++;
+		if (gerr) {
+			char *got, *gn;
+			emsg[0] = 0;
+			int rc = card_files_of(readme, config, paths, n, "train", &got, &gn, emsg,
+					       sizeof emsg);
+			CHECK(rc == -1 && !strncmp(emsg, "README.md: ", 11) && !strchr(emsg, '\n'),
+			      "layout %zu: datasets refuses it (%s), we give rc %d, files '%s' (%s)",
+			      ci, gerr, rc, got, emsg);
+			nrefused++;
+			free(got);
+			free(gn);
+			free(paths);
+			ncase++;
+			continue;
+		}
 		char *names = xstrdup("");
 		const char *k;
 		json_t *v;
@@ -120,8 +164,22 @@ static void check_files(void)
 				free(want);
 				want = t;
 			}
-			char *got_names;
-			char *got = files_of(paths, n, split, &got_names);
+			char *got_names, *got;
+			int listed = json_object_get(splits, split) != NULL;
+			if (readme) {
+				emsg[0] = 0;
+				int rc = card_files_of(readme, config, paths, n, split, &got, &got_names,
+						       emsg, sizeof emsg);
+				/* a split the config's data_files does not list is refused */
+				CHECK(rc == 0 || (!listed && !strncmp(emsg, "README.md: ", 11)),
+				      "layout %zu, split %s: rc %d (%s)", ci, split, rc, emsg);
+				if (rc) {
+					free(got_names);
+					got_names = xstrdup(names);
+				}
+			} else {
+				got = files_of(paths, n, split, &got_names);
+			}
 			CHECK(!strcmp(got, want), "layout %zu, split %s: files '%s', datasets '%s'", ci,
 			      split, got, want);
 			CHECK(!strcmp(got_names ? got_names : "", names),
@@ -135,7 +193,8 @@ static void check_files(void)
 		free(paths);
 		ncase++;
 	}
-	CHECK(ncase >= 15, "%zu layouts", ncase);
+	CHECK(ncase >= 45 && ncard >= 30 && nrefused >= 14,
+	      "%zu layouts, %zu with a README, %zu refused", ncase, ncard, nrefused);
 	json_decref(root);
 }
 
