@@ -1064,12 +1064,15 @@ static void train_file(run *R, bk_reader *in, file_index *fx, int64_t n_epochs)
 			stop = should_stop(R);
 		}
 		if (!stop || (!R->interrupted && R->prog.micro_in_epoch == (int64_t)nmb)) {
-			/* the epoch is complete: its end is a checkpoint (a partial last one's:
-			 * bk_step_run's at the end of the run) */
+			/* the epoch is complete: without --save-steps its end is a checkpoint
+			 * (HF's save_strategy epoch; a partial last one's: bk_step_run's at the
+			 * end of the run); with it, not (HF's steps: every N steps and the end
+			 * of training only) */
 			R->prog.epoch = ep + 1;
 			R->prog.micro_in_epoch = 0;
 			R->prog.records_in_epoch = 0;
-			save_checkpoint(R);
+			if (!o->save_steps)
+				save_checkpoint(R);
 		}
 	}
 	msgpack_unpacked_destroy(&up);
@@ -1436,9 +1439,9 @@ int bk_step_run(const bk_step_opts *o)
 	    R.last_eval != R.tr->step && R.tr->step >= o->eval_delay)
 		evaluate(&R, R.last_epoch_pos);
 	/* the end of the run is a checkpoint too, after its evaluation, as HF's Trainer
-	 * saves at the end of training (save_strategy steps) and at the end of the last
-	 * epoch, a partial one (--max-steps) included (epoch): over a file it is an
-	 * epoch's end; over a pipe, with --save-steps */
+	 * saves at the end of training (save_strategy steps: --save-steps) and at the end
+	 * of the last epoch, a partial one (--max-steps) included (epoch): over a file
+	 * always; over a pipe, with --save-steps */
 	if (!R.interrupted && steps > 0 && (is_file || o->save_steps > 0))
 		save_checkpoint(&R);
 	char *final = NULL;
