@@ -726,6 +726,12 @@ static void load_eval(run *R)
 	}
 	if (!R->ev.n)
 		die("--eval %s: no records", o->eval);
+	int64_t resp = 0;
+	for (int i = 0; i < R->ev.n; i++)
+		resp += (int64_t)R->ev.v[i].nr;
+	if (!resp) /* every batch's loss would be 0: an eval_loss of 0 that means nothing */
+		die("--eval %s: no response tokens in its %d %s (every 'resp' is empty): nothing "
+		    "to evaluate", o->eval, R->ev.n, plural(R->ev.n, "record", "records"));
 	if (strcmp(kind, "exact"))
 		check_teacher_q4(R, in);
 	bk_reader_close(in);
