@@ -19,6 +19,10 @@ typedef struct {
 bk_map bk_map_file(const char *path);
 void bk_unmap(bk_map *m);
 
+/* A check of a file's whole bytes as a reader read them, before it parses any of them
+ * (a checksum that dies naming the path on a mismatch): one read serves both. */
+typedef void (*bk_bytes_check)(const char *path, const void *data, size_t len, void *ctx);
+
 /* Atomic output file.  bk_out_open("-") gives stdout.  Otherwise the data go to
  * "PATH.tmp.PID" which bk_out_commit() fsyncs and renames to PATH; if the process
  * dies (die(), SIGINT, SIGTERM) before that, the temporary file is removed, so PATH

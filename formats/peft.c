@@ -311,10 +311,12 @@ typedef struct {
 	char *base_model;
 } adapter_cfg;
 
-static adapter_cfg parse_adapter_config(const char *path)
+static adapter_cfg parse_adapter_config(const char *path, bk_bytes_check check, void *ctx)
 {
 	size_t len;
 	char *text = bk_read_file(path, &len);
+	if (check)
+		check(path, text, len, ctx);
 	json_error_t jerr;
 	json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
 	free(text);
@@ -404,8 +406,14 @@ static int cmp_str(const void *a, const void *b)
 
 bk_adapter *bk_adapter_load(const char *dir, const bk_config *c)
 {
+	return bk_adapter_load_checked(dir, c, NULL, NULL);
+}
+
+bk_adapter *bk_adapter_load_checked(const char *dir, const bk_config *c,
+				    bk_bytes_check check, void *ctx)
+{
 	char *cfg_path = bk_path_join(dir, "adapter_config.json");
-	adapter_cfg a = parse_adapter_config(cfg_path);
+	adapter_cfg a = parse_adapter_config(cfg_path, check, ctx);
 	free(cfg_path);
 	if (a.vlm_pattern && !c->multimodal)
 		die("%s/adapter_config.json: key 'target_modules' names the language model of a "
@@ -416,7 +424,7 @@ bk_adapter *bk_adapter_load(const char *dir, const bk_config *c)
 	free(a.base_model);
 
 	char *st_path = bk_path_join(dir, "adapter_model.safetensors");
-	bk_st *st = bk_st_open(st_path);
+	bk_st *st = bk_st_open_checked(st_path, check, ctx);
 	if (c->multimodal) { /* transformers 4's module path when its first tensor is there */
 		for (int m = 0; m < BK_PEFT_NMOD; m++)
 			if (l->targets & (1u << m)) {

@@ -13,6 +13,7 @@
 #ifndef BK_PEFT_H
 #define BK_PEFT_H
 
+#include "common/files.h"
 #include "formats/hfconfig.h"
 
 typedef enum {
@@ -84,6 +85,10 @@ void bk_adapter_save(const bk_adapter *l, const char *dir);
  * naming the field, and missing, extra or mis-shaped tensors naming the tensor.
  * Tensors may be F32, F16 or BF16; they are converted to fp32. */
 bk_adapter *bk_adapter_load(const char *dir, const bk_config *c);
+/* The same, each file's bytes seen by check() as read, before they are parsed
+ * (adapter_config.json, then adapter_model.safetensors; check NULL: none). */
+bk_adapter *bk_adapter_load_checked(const char *dir, const bk_config *c,
+				    bk_bytes_check check, void *ctx);
 
 /* PEFT's tensor name for (layer, module, 'A' or 'B') in a layout; malloc'd. */
 char *bk_peft_tensor_name_in(int layout, int layer, int m, char ab);

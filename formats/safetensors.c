@@ -444,6 +444,19 @@ bk_st *bk_st_open(const char *path)
 	return st;
 }
 
+bk_st *bk_st_open_checked(const char *path, bk_bytes_check check, void *ctx)
+{
+	if (!check)
+		return bk_st_open(path);
+	bk_st *st = xcalloc(1, sizeof *st);
+	st->path = xstrdup(path);
+	add_file(st, path);
+	check(path, st->files[0].map.data, st->files[0].map.len, ctx);
+	parse_file(st, &st->files[0], 1);
+	sort_tensors(st);
+	return st;
+}
+
 void bk_st_close(bk_st *st)
 {
 	if (!st)

@@ -15,6 +15,8 @@
 #ifndef BK_SAFETENSORS_H
 #define BK_SAFETENSORS_H
 
+#include "common/files.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,6 +44,9 @@ typedef struct bk_st bk_st; /* one model: one file or all its shards */
 /* path_or_model_dir: a .safetensors file, a model.safetensors.index.json, or a
  * directory holding model.safetensors or model.safetensors.index.json. Dies on error. */
 bk_st *bk_st_open(const char *path_or_model_dir);
+/* one .safetensors file whose mapped bytes check() sees before they are parsed (check
+ * NULL: bk_st_open) */
+bk_st *bk_st_open_checked(const char *path, bk_bytes_check check, void *ctx);
 void bk_st_close(bk_st *st);
 const char *bk_st_path(const bk_st *st); /* the path given to bk_st_open */
 

@@ -726,6 +726,12 @@ static void load_eval(run *R)
 	}
 	if (!R->ev.n)
 		die("--eval %s: no records", o->eval);
+	int64_t resp = 0;
+	for (int i = 0; i < R->ev.n; i++)
+		resp += (int64_t)R->ev.v[i].nr;
+	if (!resp) /* every batch's loss would be 0: an eval_loss of 0 that means nothing */
+		die("--eval %s: no response tokens in its %d %s (every 'resp' is empty): nothing "
+		    "to evaluate", o->eval, R->ev.n, plural(R->ev.n, "record", "records"));
 	if (strcmp(kind, "exact"))
 		check_teacher_q4(R, in);
 	bk_reader_close(in);
@@ -1064,12 +1070,15 @@ static void train_file(run *R, bk_reader *in, file_index *fx, int64_t n_epochs)
 			stop = should_stop(R);
 		}
 		if (!stop || (!R->interrupted && R->prog.micro_in_epoch == (int64_t)nmb)) {
-			/* the epoch is complete: its end is a checkpoint (a partial last one's:
-			 * bk_step_run's at the end of the run) */
+			/* the epoch is complete: without --save-steps its end is a checkpoint
+			 * (HF's save_strategy epoch; a partial last one's: bk_step_run's at the
+			 * end of the run); with it, not (HF's steps: every N steps and the end
+			 * of training only) */
 			R->prog.epoch = ep + 1;
 			R->prog.micro_in_epoch = 0;
 			R->prog.records_in_epoch = 0;
-			save_checkpoint(R);
+			if (!o->save_steps)
+				save_checkpoint(R);
 		}
 	}
 	msgpack_unpacked_destroy(&up);
@@ -1436,9 +1445,9 @@ int bk_step_run(const bk_step_opts *o)
 	    R.last_eval != R.tr->step && R.tr->step >= o->eval_delay)
 		evaluate(&R, R.last_epoch_pos);
 	/* the end of the run is a checkpoint too, after its evaluation, as HF's Trainer
-	 * saves at the end of training (save_strategy steps) and at the end of the last
-	 * epoch, a partial one (--max-steps) included (epoch): over a file it is an
-	 * epoch's end; over a pipe, with --save-steps */
+	 * saves at the end of training (save_strategy steps: --save-steps) and at the end
+	 * of the last epoch, a partial one (--max-steps) included (epoch): over a file
+	 * always; over a pipe, with --save-steps */
 	if (!R.interrupted && steps > 0 && (is_file || o->save_steps > 0))
 		save_checkpoint(&R);
 	char *final = NULL;

@@ -15,7 +15,8 @@
  *     progress is not the one this run's plan reaches at its step (train.c checks
  *     each field, check_progress the plan); a damaged input file (stream.c verifies
  *     a regular file whole at open);
- *     sequences longer than the model's context.
+ *     sequences longer than the model's context; an --eval file with no response
+ *     token (its eval_loss would be a meaningless 0).
  *  2. Nothing is saved unless a step was taken in this process: a refusal, or a
  *     signal before the first step, leaves --out as it was.
  *  3. A checkpoint directory is complete or absent: train.c writes DIR.tmp.PID and

@@ -559,10 +559,10 @@ static void load_codes(const bk_trainer *t, const bk_st *s, const char *path,
 	free(h);
 }
 
-static void optim_load(bk_trainer *t, const char *path)
+static void optim_load(bk_trainer *t, const char *path, bk_bytes_check check, void *ctx)
 {
 	size_t n = t->lora->n_flat, nb = t->opt.n_blocks;
-	bk_st *s = bk_st_open(path);
+	bk_st *s = bk_st_open_checked(path, check, ctx);
 	if (t->o.optim == BK_OPTIM_ADAMW) {
 		load_f32(t, s, "exp_avg", t->opt.m, n);
 		load_f32(t, s, "exp_avg_sq", t->opt.v, n);
@@ -758,31 +758,55 @@ static void read_progress(const char *path, json_t *o, int64_t step, int64_t tot
 		p->log_history = json_incref(lh);
 }
 
-/* the data files against the checksums trainer_state.json recorded when they were
- * written; a version 1 state (an older bakery) recorded none: a warning */
-static void verify_files(const char *dir, const char *path, json_t *o, int version)
+/* the checksums trainer_state.json recorded of the data files when they were written,
+ * in ckpt_files' order, each file present; NULL: a version 1 state (an older bakery)
+ * recorded none (a warning).  The bytes are compared as they are loaded (sum_check). */
+typedef struct {
+	char sum[N_CKPT_FILES][32];
+} ckpt_sums;
+
+static ckpt_sums *read_sums(const char *dir, const char *path, json_t *o, int version)
 {
 	if (version < 2) {
 		warn("%s: trainer state version %d (an older bakery) records no checksums; the "
 		     "checkpoint's files are not verified", path, version);
-		return;
+		return NULL;
 	}
 	json_t *sums = json_object_get(o, "checksums");
 	if (!json_is_object(sums))
 		die("%s: key 'checksums' is missing or not an object", path);
+	ckpt_sums *cs = xcalloc(1, sizeof *cs);
 	for (size_t i = 0; i < N_CKPT_FILES; i++) {
 		json_t *v = json_object_get(sums, ckpt_files[i]);
 		if (!json_is_string(v))
 			die("%s: key 'checksums' has no string for '%s'", path, ckpt_files[i]);
-		char *f = bk_path_join(dir, ckpt_files[i]), sum[32];
+		char *f = bk_path_join(dir, ckpt_files[i]);
 		if (!bk_file_exists(f))
 			die("%s: missing (the checkpoint is incomplete)", f);
-		file_sum(f, sum);
-		if (strcmp(sum, json_string_value(v)))
-			die("%s: damaged or changed since it was saved (its checksum is %s, "
-			    "trainer_state.json recorded %s)", f, sum, json_string_value(v));
 		free(f);
+		snprintf(cs->sum[i], sizeof cs->sum[i], "%s", json_string_value(v));
 	}
+	return cs;
+}
+
+/* bk_bytes_check: a checkpoint file's bytes, as its reader read them, against the
+ * checksum trainer_state.json recorded, before any of them is parsed */
+static void sum_check(const char *f, const void *data, size_t len, void *ctx)
+{
+	const ckpt_sums *cs = ctx;
+	const char *base = strrchr(f, '/');
+	base = base ? base + 1 : f;
+	size_t i = 0;
+	while (i < N_CKPT_FILES && strcmp(base, ckpt_files[i]))
+		i++;
+	if (i == N_CKPT_FILES)
+		BUG("%s: not a checkpoint data file", f);
+	char hex[17], sum[32];
+	bk_hash_hex(bk_hash(data, len, 0), hex);
+	snprintf(sum, sizeof sum, "xxh3-64:%s", hex);
+	if (strcmp(sum, cs->sum[i]))
+		die("%s: damaged or changed since it was saved (its checksum is %s, "
+		    "trainer_state.json recorded %s)", f, sum, cs->sum[i]);
 }
 
 void bk_trainer_resume(bk_trainer *t, const bk_config *cfg, const char *dir,
@@ -833,17 +857,20 @@ void bk_trainer_resume(bk_trainer *t, const bk_config *cfg, const char *dir,
 		die("%s: keys 'step' %lld and 'adam_step' %lld are inconsistent", path,
 		    (long long)step, (long long)adam_step);
 	read_progress(path, o, step, t->o.total, p);
-	verify_files(dir, path, o, (int)version);
+	ckpt_sums *cs = read_sums(dir, path, o, (int)version);
 	json_decref(o);
 	free(path);
 
-	bk_adapter *a = bk_adapter_load(dir, cfg);
+	/* each data file read once: its checksum over the bytes that are then parsed */
+	bk_bytes_check check = cs ? sum_check : NULL;
+	bk_adapter *a = bk_adapter_load_checked(dir, cfg, check, cs);
 	bk_lora_from_adapter(t->m, t->lora, a);
 	bk_adapter_free(a);
 
 	path = bk_path_join(dir, "trainer_state.safetensors");
-	optim_load(t, path);
+	optim_load(t, path, check, cs);
 	free(path);
+	free(cs);
 	t->step = step;
 	t->opt.step = adam_step;
 	bk_trainer_drop(t);

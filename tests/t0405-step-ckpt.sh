@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bk-step --resume refuses a damaged or inconsistent checkpoint in one line naming the
-# file and key: checksums of the data files, progress against itself and the plan;
-# an intact one (and one of an older bakery, with a warning) resumes bit for bit.
+# file and key: checksums of the data files (over the bytes that are loaded, each file
+# read once), progress against itself and the plan; an intact one (and one of an older
+# bakery, with a warning) resumes bit for bit.
 . "$(dirname "$0")/lib.sh"
 M="$MODELS/stories260K"
 export XDG_CACHE_HOME="$TEST_TMP/cache"
@@ -43,6 +44,23 @@ test_expect_success 'an intact checkpoint resumes to the same adapter (mid-epoch
 	bk-step $F --out ok5 --resume ok5/checkpoint-4 b.bk >/dev/null 2>&1 &&
 	cmp c0/final/adapter_model.safetensors ok5/final/adapter_model.safetensors
 '
+
+# the checksums are taken over the bytes the loaders then parse: one read of each file
+if command -v strace >/dev/null && strace -o /dev/null true 2>/dev/null; then
+test_expect_success 'a resume opens each checksummed data file once' '
+	damaged once checkpoint-3 . &&
+	# (LeakSanitizer, under make asan, does not run under ptrace)
+	ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" strace -f -e trace=open,openat \
+		-o trace bk-step $F --out once --resume once/checkpoint-3 b.bk >/dev/null 2>&1 &&
+	cmp c0/final/adapter_model.safetensors once/final/adapter_model.safetensors &&
+	for f in adapter_model.safetensors adapter_config.json trainer_state.safetensors; do
+		n=$(grep -c "\"once/checkpoint-3/$f\"" trace) && echo "$f: opened $n times" &&
+		test $n -eq 1 || return 1
+	done
+'
+else
+	echo "ok - # skip: no strace here (a resume opens each data file once)"
+fi
 
 test_expect_success 'a flipped byte in the adapter, its config or the optimizer state is refused, naming the file' '
 	damaged d1 checkpoint-3 . &&

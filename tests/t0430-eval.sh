@@ -92,6 +92,19 @@ test_expect_success 'refused: --eval flags without --eval, --eval without when, 
 	! test -e x
 '
 
+# the tool's loss over a batch without a response is 0, so over such a set every
+# eval_loss would be 0: refused, before anything is trained or saved
+test_expect_success 'an --eval file with no response token is refused before the first step' '
+	bk-dump ev.bk | jq -c ".resp = []" | bk-dump --from-json -o evnr.bk &&
+	test_must_fail bk-step $F --out nx --eval evnr.bk --eval-steps 1 train.bk >out 2>err &&
+	grep -q "^bk-step: error: --eval evnr.bk: no response tokens in its 3 records" err &&
+	! test -e nx && ! test -s out &&
+	{ bk-dump ev.bk | sed -n 1p | jq -c ".resp = []"; bk-dump ev2.bk; } |
+		bk-dump --from-json -o evhalf.bk &&
+	bk-step $F --lr 0 --out y --max-steps 1 --eval evhalf.bk --eval-final train.bk >h.bk 2>/dev/null &&
+	test "$(evals h.bk | cut -d" " -f1)" = 1
+'
+
 test_expect_success 'an --eval record with an id outside the vocabulary is refused before the first step' '
 	bk-dump --header ev.bk | jq -c "if input_line_number == 3 then .resp[1] = 600 else . end" |
 		bk-dump --from-json -o evbad.bk &&
