@@ -16,7 +16,7 @@ CUDA    ?= $(if $(NVCC),1,0)
 DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libxxhash-dev libsentencepiece-dev \
                 libjansson-dev libopenblas-openmp-dev libyaml-dev gnuplot-nox clang jq man-db groff-base \
                 libutf8proc-dev xz-utils libcurl4-openssl-dev libsnappy-dev libzstd-dev zlib1g-dev \
-                libopenmpi-dev openmpi-bin python3-pip
+                libopenmpi-dev openmpi-bin python3-pip strace
 
 WARN     := -Wall -Wextra -Werror
 OPT      ?= -O2
